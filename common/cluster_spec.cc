@@ -1,0 +1,153 @@
+#include "common/cluster_spec.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/optimizer.h"
+#include "common/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace rubato {
+namespace {
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+}  // namespace
+
+absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
+  ConsistencyConfig c;
+  if (text == "bsp") {
+    c.set_mode(BSP);
+    return c;
+  }
+  if (text == "async") {
+    c.set_mode(ASYNC);
+    return c;
+  }
+  absl::string_view rest = text;
+  int value = -1;
+  if (absl::ConsumePrefix(&rest, "backup:") && absl::SimpleAtoi(rest, &value) && value >= 0) {
+    c.set_mode(BACKUP);
+    c.set_backup_workers(value);
+    return c;
+  }
+  rest = text;
+  if (absl::ConsumePrefix(&rest, "ssp:") && absl::SimpleAtoi(rest, &value) && value >= 0) {
+    c.set_mode(SSP);
+    c.set_staleness(value);
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mode: '", text, "' is not one of bsp, async, backup:B, ssp:S (B, S integers >= 0)"));
+}
+
+std::string FormatConsistency(const ConsistencyConfig& config) {
+  switch (config.mode()) {
+    case BSP:
+      return "bsp";
+    case ASYNC:
+      return "async";
+    case BACKUP:
+      return absl::StrCat("backup:", config.backup_workers());
+    case SSP:
+      return absl::StrCat("ssp:", config.staleness());
+    default:
+      return "unspecified";
+  }
+}
+
+absl::StatusOr<ClusterSpec> ReadClusterSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cluster spec file not found: ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  ClusterSpec spec;
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster spec ", path, " does not parse: ", errors.first()));
+  }
+  return spec;
+}
+
+void FillClusterSpecDefaults(ClusterSpec* spec) {
+  if (spec->consistency().mode() == CONSISTENCY_MODE_UNSPECIFIED) {
+    spec->mutable_consistency()->set_mode(BSP);
+  }
+  OptimizerConfig* opt = spec->mutable_optimizer();
+  if (opt->type().empty()) opt->set_type("sgd");
+  if (opt->learning_rate() == 0) opt->set_learning_rate(kDefaultLearningRate);
+  if (spec->lease_ms() == 0) spec->set_lease_ms(kDefaultLeaseMs);
+  if (spec->wait_timeout_ms() == 0) spec->set_wait_timeout_ms(kDefaultWaitTimeoutMs);
+}
+
+absl::Status ValidateHostPort(absl::string_view address, absl::string_view field) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", address, "' is not host:port with a port in 0..65535"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
+  if (need_servers && spec.servers().empty()) {
+    return absl::InvalidArgumentError("servers: at least one server address is needed");
+  }
+  for (int i = 0; i < spec.servers_size(); ++i) {
+    RETURN_IF_ERROR(ValidateHostPort(spec.servers(i), absl::StrCat("servers[", i, "]")));
+  }
+  if (spec.num_workers() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers must be >= 1, got ", spec.num_workers()));
+  }
+  const ConsistencyConfig& c = spec.consistency();
+  switch (c.mode()) {
+    case BSP:
+    case ASYNC:
+      break;
+    case BACKUP:
+      if (c.backup_workers() < 0 || c.backup_workers() >= spec.num_workers()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("consistency.backup_workers must be in [0, num_workers), got ",
+                         c.backup_workers(), " with ", spec.num_workers(), " workers"));
+      }
+      break;
+    case SSP:
+      if (c.staleness() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("consistency.staleness must be >= 0, got ", c.staleness()));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("consistency.mode is not set");
+  }
+  RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
+  if (spec.lease_ms() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_ms must be > 0, got ", spec.lease_ms()));
+  }
+  if (spec.wait_timeout_ms() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait_timeout_ms must be > 0, got ", spec.wait_timeout_ms()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rubato

@@ -1,0 +1,24 @@
+#include "common/grpc_options.h"
+
+namespace rubato {
+
+grpc::ChannelArguments RubatoChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
+  args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect quickly after a server restart instead of backing off for up to two minutes.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return args;
+}
+
+void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
+  builder->SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+}
+
+}  // namespace rubato

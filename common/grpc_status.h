@@ -1,0 +1,16 @@
+// The one place where gRPC and Abseil statuses are converted into each other.
+#ifndef RUBATO_COMMON_GRPC_STATUS_H_
+#define RUBATO_COMMON_GRPC_STATUS_H_
+
+#include "absl/status/status.h"
+#include "grpcpp/support/status.h"
+
+namespace rubato {
+
+// Same code and message. The numeric codes of the two libraries are identical by design.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace rubato
+
+#endif  // RUBATO_COMMON_GRPC_STATUS_H_

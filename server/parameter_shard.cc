@@ -1,0 +1,472 @@
+#include "server/parameter_shard.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/cluster_spec.h"
+#include "common/status_macros.h"
+#include "common/tensor_bytes.h"
+
+namespace rubato {
+
+absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
+    const ShardOptions& options) {
+  if (options.num_shards < 1 || options.shard_id < 0 || options.shard_id >= options.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_id ", options.shard_id,
+                                                   " is not in [0, num_shards=",
+                                                   options.num_shards, ")"));
+  }
+  RETURN_IF_ERROR(ValidateClusterSpec(options.cluster, /*need_servers=*/false));
+  if (options.cluster.consistency().mode() != BSP) {
+    return absl::UnimplementedError(
+        absl::StrCat("consistency mode '", FormatConsistency(options.cluster.consistency()),
+                     "' is not implemented yet; use bsp"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(options.cluster.optimizer()));
+  return std::unique_ptr<ParameterShard>(new ParameterShard(options, std::move(optimizer)));
+}
+
+ParameterShard::ParameterShard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer)
+    : options_(options),
+      optimizer_(std::move(optimizer)),
+      max_wait_(absl::Milliseconds(options.cluster.wait_timeout_ms())),
+      workers_(options.cluster.num_workers()) {
+  deadline_thread_ = std::thread([this] { DeadlineLoop(); });
+}
+
+ParameterShard::~ParameterShard() {
+  Shutdown();
+  deadline_thread_.join();
+}
+
+void ParameterShard::Shutdown() {
+  std::vector<Completion> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    for (PendingPull& p : waiting_) {
+      failed.push_back({std::move(p.done),
+                        absl::UnavailableError(absl::StrCat("parameter server shard ",
+                                                            options_.shard_id, " is shutting down")),
+                        PullResponse()});
+    }
+    waiting_.clear();
+    waiting_changed_.SignalAll();
+  }
+  Run(&failed);
+}
+
+void ParameterShard::Run(std::vector<Completion>* completions) {
+  for (Completion& c : *completions) c.done(std::move(c.status), std::move(c.response));
+  completions->clear();
+}
+
+int ParameterShard::RegisteredCount() const {
+  int n = 0;
+  for (const Worker& w : workers_) n += w.registered ? 1 : 0;
+  return n;
+}
+
+int64_t ParameterShard::MinVersion() const {
+  int64_t v = tensors_.empty() ? 0 : tensors_[0].version;
+  for (const Tensor& t : tensors_) v = std::min(v, t.version);
+  return v;
+}
+
+absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest& request) {
+  const int id = request.worker_id();
+  if (id < 0 || id >= options_.cluster.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker_id ", id, " is not in [0, num_workers=", options_.cluster.num_workers(), ")"));
+  }
+  if (request.model().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", id, " registered with an empty model"));
+  }
+  if (request.batch_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", id, ": batch_size must be >= 1, got ", request.batch_size()));
+  }
+  // Validate the request on its own before looking at the shard's state.
+  absl::flat_hash_map<std::string, int> model_index;
+  for (int i = 0; i < request.model_size(); ++i) {
+    const TensorSpec& spec = request.model(i);
+    if (spec.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": tensor ", i, " has no name"));
+    }
+    if (ElementCount(spec.shape()) < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": tensor '", spec.name(),
+                                                     "' has invalid shape ",
+                                                     ShapeString(spec.shape())));
+    }
+    if (!model_index.emplace(spec.name(), i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", id, ": tensor '", spec.name(), "' appears twice in the model"));
+    }
+  }
+  if (request.initial_values_size() != 0 && request.initial_values_size() != request.model_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": ", request.initial_values_size(),
+                                                   " initial values for ", request.model_size(),
+                                                   " tensors"));
+  }
+  for (int i = 0; i < request.initial_values_size(); ++i) {
+    const TensorValue& v = request.initial_values(i);
+    const TensorSpec& spec = request.model(i);
+    if (v.name() != spec.name()) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": initial value ", i, " is '",
+                                                     v.name(), "' but model tensor ", i, " is '",
+                                                     spec.name(), "'"));
+    }
+    RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("initial value of '", v.name(), "'"), v.data(),
+                                    ElementCount(spec.shape())));
+  }
+
+  std::vector<Completion> ready;
+  RegisterResponse response;
+  {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
+  if (!initialised_) {
+    if (request.initial_values().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard_id, " has no weights yet and worker ", id,
+          " sent no initial values"));
+    }
+    tensors_.resize(request.model_size());
+    for (int i = 0; i < request.model_size(); ++i) {
+      Tensor& t = tensors_[i];
+      t.name = request.model(i).name();
+      t.shape.assign(request.model(i).shape().begin(), request.model(i).shape().end());
+      t.weights.resize(ElementCount(t.shape));
+      BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(t.weights));
+      t.pending.assign(options_.cluster.num_workers(), {});
+      t.received.assign(options_.cluster.num_workers(), false);
+      index_[t.name] = i;
+    }
+    initialised_ = true;
+  } else {
+    // The model must match the adopted one exactly.
+    for (const Tensor& t : tensors_) {
+      auto it = model_index.find(t.name);
+      if (it == model_index.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model mismatch on shard ", options_.shard_id, ": worker ", id, " has no tensor '",
+            t.name, "' ", ShapeString(t.shape)));
+      }
+      const TensorSpec& theirs = request.model(it->second);
+      if (!std::equal(t.shape.begin(), t.shape.end(), theirs.shape().begin(), theirs.shape().end())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model mismatch on shard ", options_.shard_id, ": tensor '", t.name, "' is ",
+            ShapeString(t.shape), " on the server but ", ShapeString(theirs.shape()),
+            " on worker ", id));
+      }
+    }
+    if (request.model_size() != static_cast<int>(tensors_.size())) {
+      for (const TensorSpec& spec : request.model()) {
+        if (!index_.contains(spec.name())) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "model mismatch on shard ", options_.shard_id, ": worker ", id, " has tensor '",
+              spec.name(), "' which the server does not"));
+        }
+      }
+    }
+  }
+  Worker& w = workers_[id];
+  w.registered = true;
+  w.batch_size = request.batch_size();
+  w.last_step = request.resume_step() - 1;
+  w.last_seen = absl::Now();
+
+  CollectReady(&ready);  // The last registrant may release the step-0 pulls.
+  response.set_shard_id(options_.shard_id);
+  response.set_num_shards(options_.num_shards);
+  *response.mutable_consistency() = options_.cluster.consistency();
+  response.set_num_workers(options_.cluster.num_workers());
+  response.set_min_version(MinVersion());
+  response.set_lease_ms(options_.cluster.lease_ms());
+  }
+  Run(&ready);
+  return response;
+}
+
+absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
+  std::vector<Completion> ready;
+  PushResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status status = [&]() -> absl::Status {
+      const int id = request.worker_id();
+      if (id < 0 || id >= options_.cluster.num_workers() || !workers_[id].registered) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
+      }
+      if (RegisteredCount() < options_.cluster.num_workers()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "training has not started: ", RegisteredCount(), " of ", options_.cluster.num_workers(),
+            " workers registered"));
+      }
+      if (request.step() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
+      }
+      absl::flat_hash_set<absl::string_view> seen;
+      for (const TensorValue& g : request.gradients()) {
+        auto it = index_.find(g.name());
+        if (it == index_.end()) {
+          return absl::InvalidArgumentError(absl::StrCat("unknown tensor '", g.name(),
+                                                         "' (not on shard ", options_.shard_id, ")"));
+        }
+        if (!seen.insert(g.name()).second) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor '", g.name(), "' appears twice in one push"));
+        }
+        const Tensor& t = tensors_[it->second];
+        RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("gradient '", g.name(), "'"), g.data(),
+                                        static_cast<int64_t>(t.weights.size())));
+        if (request.step() > t.version) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "step ", request.step(), " from worker ", id, " is from the future: tensor '",
+              t.name, "' is at version ", t.version));
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) {
+      ++rejected_pushes_;
+      return status;
+    }
+    // Everything checked: apply.
+    const int id = request.worker_id();
+    Worker& worker = workers_[id];
+    worker.last_seen = absl::Now();
+    worker.last_step = std::max(worker.last_step, request.step());
+    bool any_applied = false;
+    for (const TensorValue& g : request.gradients()) {
+      Tensor& t = tensors_[index_.at(g.name())];
+      if (request.step() < t.version || t.received[id]) {
+        response.set_duplicates(response.duplicates() + 1);
+        ++duplicate_gradients_;
+        continue;
+      }
+      t.pending[id].resize(t.weights.size());
+      BytesToFloats(g.data(), absl::MakeSpan(t.pending[id]));
+      t.received[id] = true;
+      ++t.received_count;
+      response.set_accepted(response.accepted() + 1);
+      if (t.received_count == options_.cluster.num_workers()) {
+        ApplyUpdate(&t);
+        any_applied = true;
+      }
+    }
+    ++pushes_;
+    if (any_applied) CollectReady(&ready);
+  }
+  Run(&ready);
+  return response;
+}
+
+void ParameterShard::ApplyUpdate(Tensor* t) {
+  const size_t n = t->weights.size();
+  const int workers = options_.cluster.num_workers();
+  // Reuse worker 0's buffer for the mean: summed in double in worker-id order.
+  std::vector<float>& mean = t->pending[0];
+  const double inv = 1.0 / workers;
+  for (size_t i = 0; i < n; ++i) {
+    double sum = 0;
+    for (int w = 0; w < workers; ++w) sum += t->pending[w][i];
+    mean[i] = static_cast<float>(sum * inv);
+  }
+  optimizer_->Update(static_cast<float>(options_.cluster.optimizer().learning_rate()), mean,
+                     absl::MakeSpan(t->weights), &t->optimizer_state);
+  ++t->version;
+  ++applied_updates_;
+  std::fill(t->received.begin(), t->received.end(), false);
+  t->received_count = 0;
+}
+
+absl::Status ParameterShard::CheckPull(const PullRequest& request) const {
+  const int id = request.worker_id();
+  if (shutdown_) {
+    return absl::UnavailableError(
+        absl::StrCat("parameter server shard ", options_.shard_id, " is shutting down"));
+  }
+  if (id < 0 || id >= options_.cluster.num_workers() || !workers_[id].registered) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
+  }
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
+  }
+  for (const std::string& name : request.names()) {
+    if (!index_.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown tensor '", name, "' (not on shard ", options_.shard_id, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool ParameterShard::PullReady(const PullRequest& request) const {
+  if (RegisteredCount() < options_.cluster.num_workers()) return false;
+  if (request.names().empty()) return MinVersion() >= request.step();
+  for (const std::string& name : request.names()) {
+    if (tensors_[index_.at(name)].version < request.step()) return false;
+  }
+  return true;
+}
+
+PullResponse ParameterShard::Snapshot(const PullRequest& request) const {
+  PullResponse response;
+  auto add = [&response](const Tensor& t) {
+    TensorValue* v = response.add_tensors();
+    v->set_name(t.name);
+    v->set_version(t.version);
+    FloatsToBytes(t.weights, v->mutable_data());
+  };
+  if (request.names().empty()) {
+    for (const Tensor& t : tensors_) add(t);
+  } else {
+    for (const std::string& name : request.names()) add(tensors_[index_.at(name)]);
+  }
+  return response;
+}
+
+std::string ParameterShard::DescribeWait(const PullRequest& request) const {
+  const int registered = RegisteredCount();
+  if (registered < options_.cluster.num_workers()) {
+    std::vector<int> missing;
+    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
+      if (!workers_[w].registered) missing.push_back(w);
+    }
+    return absl::StrCat("waiting for worker(s) ", absl::StrJoin(missing, ", "), " to register (",
+                        registered, " of ", options_.cluster.num_workers(), " registered)");
+  }
+  // The first tensor that is behind, and whose gradients it lacks.
+  for (const Tensor& t : tensors_) {
+    if (t.version >= request.step()) continue;
+    if (!request.names().empty() &&
+        std::find(request.names().begin(), request.names().end(), t.name) == request.names().end()) {
+      continue;
+    }
+    std::vector<int> missing;
+    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
+      if (!t.received[w]) missing.push_back(w);
+    }
+    return absl::StrCat("tensor '", t.name, "' is at version ", t.version,
+                        "; waiting for step ", t.version, " gradients from worker(s) ",
+                        absl::StrJoin(missing, ", "));
+  }
+  return "nothing (ready)";
+}
+
+void ParameterShard::CollectReady(std::vector<Completion>* out) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (PullReady(it->request)) {
+      out->push_back({std::move(it->done), absl::OkStatus(), Snapshot(it->request)});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
+  absl::Status status;
+  PullResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    status = CheckPull(request);
+    if (status.ok()) {
+      if (PullReady(request)) {
+        response = Snapshot(request);
+      } else {
+        workers_[request.worker_id()].last_seen = absl::Now();
+        waiting_.push_back({request, std::min(deadline, absl::Now() + max_wait_), std::move(done)});
+        waiting_changed_.Signal();
+        return;
+      }
+    }
+  }
+  done(std::move(status), std::move(response));
+}
+
+void ParameterShard::DeadlineLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!shutdown_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const PendingPull& p : waiting_) next = std::min(next, p.deadline);
+    waiting_changed_.WaitWithDeadline(&mu_, next);
+    const absl::Time now = absl::Now();
+    std::vector<Completion> expired;
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (it->deadline <= now) {
+        expired.push_back(
+            {std::move(it->done),
+             absl::DeadlineExceededError(absl::StrCat(
+                 "pull for step ", it->request.step(), " by worker ", it->request.worker_id(),
+                 " timed out on shard ", options_.shard_id, ": ", DescribeWait(it->request))),
+             PullResponse()});
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!expired.empty()) {
+      mu_.Unlock();
+      Run(&expired);
+      mu_.Lock();
+    }
+  }
+}
+
+absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  const int id = request.worker_id();
+  if (id < 0 || id >= options_.cluster.num_workers() || !workers_[id].registered) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
+  }
+  workers_[id].last_seen = absl::Now();
+  workers_[id].last_step = std::max(workers_[id].last_step, request.step());
+  HeartbeatResponse response;
+  response.set_min_version(MinVersion());
+  return response;
+}
+
+GetStatsResponse ParameterShard::Stats() const {
+  absl::MutexLock lock(&mu_);
+  GetStatsResponse s;
+  s.set_shard_id(options_.shard_id);
+  *s.mutable_consistency() = options_.cluster.consistency();
+  s.set_num_workers(options_.cluster.num_workers());
+  s.set_min_version(MinVersion());
+  int64_t bytes = 0;
+  for (const Tensor& t : tensors_) {
+    bytes += static_cast<int64_t>(t.weights.size() * sizeof(float));
+    TensorStats* ts = s.add_tensors();
+    ts->set_name(t.name);
+    ts->set_elements(static_cast<int64_t>(t.weights.size()));
+    ts->set_version(t.version);
+  }
+  s.set_bytes(bytes);
+  s.set_pushes(pushes_);
+  s.set_rejected_pushes(rejected_pushes_);
+  s.set_duplicate_gradients(duplicate_gradients_);
+  s.set_applied_updates(applied_updates_);
+  s.set_pending_pulls(static_cast<int64_t>(waiting_.size()));
+  const absl::Time now = absl::Now();
+  for (int id = 0; id < static_cast<int>(workers_.size()); ++id) {
+    const Worker& w = workers_[id];
+    if (!w.registered) continue;
+    WorkerStats* ws = s.add_workers();
+    ws->set_worker_id(id);
+    ws->set_last_step(w.last_step);
+    ws->set_ms_since_seen(absl::ToInt64Milliseconds(now - w.last_seen));
+    ws->set_batch_size(w.batch_size);
+  }
+  return s;
+}
+
+}  // namespace rubato

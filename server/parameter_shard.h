@@ -1,0 +1,153 @@
+// ParameterShard: the tensors of one parameter-server shard, and the rule that updates them.
+//
+// Pure logic with no network inside: server/parameter_service.cc adapts it to gRPC, and tests drive
+// it directly. Thread-safe; every public method may be called from any thread.
+//
+// Consistency: BSP (bulk synchronous parallel). Each tensor has a version, the number of updates
+// applied to it. The gradient a worker pushes for step t was computed on version t. When every
+// worker of the job has pushed its gradient of tensor T for step t, their mean (summed in double in
+// worker-id order, so the result does not depend on arrival order) is handed to the optimizer once,
+// and T's version becomes t + 1. Completion is tracked per tensor, not per push message.
+//
+// Training starts when all `num_workers` workers of the cluster spec have registered: pulls wait for
+// that, and pushes before it are refused. Every wait has a deadline; a pull that times out fails
+// with DEADLINE_EXCEEDED naming the workers it was waiting for.
+#ifndef RUBATO_SERVER_PARAMETER_SHARD_H_
+#define RUBATO_SERVER_PARAMETER_SHARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/optimizer.h"
+#include "proto/cluster.pb.h"
+#include "proto/parameter_server.pb.h"
+
+namespace rubato {
+
+struct ShardOptions {
+  int shard_id = 0;
+  int num_shards = 1;
+  // num_workers, consistency, optimizer, lease_ms and wait_timeout_ms are used; servers is not.
+  ClusterSpec cluster;
+};
+
+class ParameterShard {
+ public:
+  // Called exactly once per Pull, possibly on another thread, never with the shard's lock held.
+  using PullDone = std::function<void(absl::Status, PullResponse)>;
+
+  // InvalidArgument for a bad spec; Unimplemented for a consistency mode other than BSP.
+  static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardOptions& options);
+
+  // Fails every waiting pull with UNAVAILABLE and stops the deadline thread.
+  ~ParameterShard();
+
+  ParameterShard(const ParameterShard&) = delete;
+  ParameterShard& operator=(const ParameterShard&) = delete;
+
+  // Adds the worker to the job. The first registrant's model and initial values are adopted; a later
+  // registrant's model must match exactly (FAILED_PRECONDITION naming the first difference).
+  // Registering again (a restarted worker) is allowed and changes nothing but its bookkeeping.
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+
+  // Validates the whole request first: on any error nothing is applied (INVALID_ARGUMENT for an
+  // unknown tensor, a repeated tensor, a wrong byte size, a NaN or Inf, a negative step;
+  // FAILED_PRECONDITION for an unregistered worker, a push before all workers registered, or a step
+  // from the future). A gradient whose (worker, step, tensor) was already received is acknowledged
+  // as a duplicate and ignored.
+  absl::StatusOr<PushResponse> Push(const PushRequest& request);
+
+  // Answers with the requested tensors once each has version >= request.step, or fails at
+  // `deadline` (capped by the cluster's wait_timeout_ms) with DEADLINE_EXCEEDED naming whom it
+  // waited for. Bad requests fail at once.
+  void Pull(const PullRequest& request, absl::Time deadline, PullDone done);
+
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+
+  GetStatsResponse Stats() const;
+
+  // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> weights;        // (elements)
+    int64_t version = 0;               // Updates applied.
+    TensorOptimizerState optimizer_state;
+    // Gradients received for step == version, indexed by worker id; (num_workers, elements).
+    std::vector<std::vector<float>> pending;
+    std::vector<bool> received;        // (num_workers)
+    int received_count = 0;
+  };
+  struct Worker {
+    bool registered = false;
+    int32_t batch_size = 0;
+    int64_t last_step = -1;
+    absl::Time last_seen;
+  };
+  struct PendingPull {
+    PullRequest request;
+    absl::Time deadline;
+    PullDone done;
+  };
+  struct Completion {
+    PullDone done;
+    absl::Status status;
+    PullResponse response;
+  };
+
+  ParameterShard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer);
+
+  // Checks names and the worker; InvalidArgument / FailedPrecondition, or OK.
+  absl::Status CheckPull(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PullReady(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PullResponse Snapshot(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DescribeWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every satisfied waiter into `out`.
+  void CollectReady(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Averages the pending gradients, applies the optimizer and bumps the version.
+  void ApplyUpdate(Tensor* tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int RegisteredCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MinVersion() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeadlineLoop();
+  static void Run(std::vector<Completion>* completions);
+
+  // Constant after construction.
+  const ShardOptions options_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  const absl::Duration max_wait_;
+
+  mutable absl::Mutex mu_;
+  bool initialised_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> index_ ABSL_GUARDED_BY(mu_);  // name -> tensors_ slot
+  std::vector<Worker> workers_ ABSL_GUARDED_BY(mu_);                     // (num_workers)
+  std::list<PendingPull> waiting_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar waiting_changed_;
+  // Counters for GetStats.
+  int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rejected_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t duplicate_gradients_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::thread deadline_thread_;  // Last member: started when everything else is ready.
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_SERVER_PARAMETER_SHARD_H_

@@ -1,0 +1,359 @@
+#include "server/parameter_shard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/tensor_bytes.h"
+#include "gtest/gtest.h"
+
+namespace rubato {
+namespace {
+
+constexpr double kLr = 0.5;
+
+ShardOptions Options(int workers) {
+  ShardOptions o;
+  o.cluster.set_num_workers(workers);
+  o.cluster.mutable_consistency()->set_mode(BSP);
+  o.cluster.mutable_optimizer()->set_type("sgd");
+  o.cluster.mutable_optimizer()->set_learning_rate(kLr);
+  o.cluster.set_lease_ms(10000);
+  o.cluster.set_wait_timeout_ms(10000);
+  return o;
+}
+
+TensorValue Value(const std::string& name, const std::vector<float>& v) {
+  TensorValue t;
+  t.set_name(name);
+  FloatsToBytes(v, t.mutable_data());
+  return t;
+}
+
+std::vector<float> Floats(const TensorValue& t) {
+  std::vector<float> v(t.data().size() / 4);
+  BytesToFloats(t.data(), absl::MakeSpan(v));
+  return v;
+}
+
+// Model: "w" of shape [2,2] and "b" of shape [3].
+const std::vector<float> kW0 = {1.0f, -2.0f, 0.5f, 3.0f};
+const std::vector<float> kB0 = {0.0f, 0.25f, -1.0f};
+
+RegisterRequest Registration(int worker) {
+  RegisterRequest r;
+  r.set_worker_id(worker);
+  r.set_batch_size(8);
+  TensorSpec* w = r.add_model();
+  w->set_name("w");
+  w->add_shape(2);
+  w->add_shape(2);
+  TensorSpec* b = r.add_model();
+  b->set_name("b");
+  b->add_shape(3);
+  *r.add_initial_values() = Value("w", kW0);
+  *r.add_initial_values() = Value("b", kB0);
+  return r;
+}
+
+std::unique_ptr<ParameterShard> StartedShard(int workers) {
+  auto shard = ParameterShard::Create(Options(workers));
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  for (int w = 0; w < workers; ++w) {
+    auto r = (*shard)->Register(Registration(w));
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  return std::move(*shard);
+}
+
+PushRequest PushOf(int worker, int64_t step, std::vector<TensorValue> grads) {
+  PushRequest p;
+  p.set_worker_id(worker);
+  p.set_step(step);
+  for (TensorValue& g : grads) *p.add_gradients() = std::move(g);
+  return p;
+}
+
+struct PullResult {
+  absl::Notification done;
+  absl::Status status;
+  PullResponse response;
+};
+
+// Starts a pull; the result lands in the returned object when the shard answers.
+std::unique_ptr<PullResult> StartPull(ParameterShard* shard, int worker, int64_t step,
+                                      absl::Duration timeout = absl::Seconds(10),
+                                      std::vector<std::string> names = {}) {
+  auto result = std::make_unique<PullResult>();
+  PullRequest req;
+  req.set_worker_id(worker);
+  req.set_step(step);
+  for (auto& n : names) req.add_names(n);
+  PullResult* r = result.get();
+  shard->Pull(req, absl::Now() + timeout, [r](absl::Status s, PullResponse resp) {
+    r->status = std::move(s);
+    r->response = std::move(resp);
+    r->done.Notify();
+  });
+  return result;
+}
+
+PullResponse PullNow(ParameterShard* shard, int worker, int64_t step) {
+  auto r = StartPull(shard, worker, step);
+  EXPECT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(r->status.ok()) << r->status;
+  return r->response;
+}
+
+// Reference: the mean summed in double in worker-id order, then one SGD step in float.
+std::vector<float> ExpectedSgd(const std::vector<float>& w0,
+                               const std::vector<std::vector<float>>& grads) {
+  std::vector<float> w = w0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    double sum = 0;
+    for (const auto& g : grads) sum += g[i];
+    const float mean = static_cast<float>(sum * (1.0 / grads.size()));
+    w[i] -= static_cast<float>(kLr) * mean;
+  }
+  return w;
+}
+
+TEST(ParameterShardTest, BspAveragesExactlyInEveryArrivalOrder) {
+  // Magnitudes chosen so that float summation would depend on the order.
+  const std::vector<std::vector<float>> grads = {
+      {1e8f, 1.0f, -3.0f, 0.1f}, {-1e8f, 1e-8f, 7.0f, 0.2f}, {1.0f, 3.0f, 1e-3f, 0.3f}};
+  const std::vector<float> expected = ExpectedSgd(kW0, grads);
+  std::vector<int> order = {0, 1, 2};
+  int permutations = 0;
+  do {
+    auto shard = StartedShard(3);
+    auto waiting = StartPull(shard.get(), 0, 1, absl::Seconds(10), {"w"});
+    for (size_t k = 0; k < order.size(); ++k) {
+      EXPECT_FALSE(waiting->done.HasBeenNotified()) << "released before all pushes";
+      auto r = shard->Push(PushOf(order[k], 0, {Value("w", grads[order[k]])}));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->accepted(), 1);
+    }
+    ASSERT_TRUE(waiting->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    ASSERT_TRUE(waiting->status.ok()) << waiting->status;
+    const GetStatsResponse stats = shard->Stats();
+    EXPECT_EQ(stats.applied_updates(), 1);
+    auto w_only = StartPull(shard.get(), 1, 1, absl::Seconds(5), {"w"});
+    ASSERT_TRUE(w_only->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    ASSERT_TRUE(w_only->status.ok());
+    ASSERT_EQ(w_only->response.tensors_size(), 1);
+    EXPECT_EQ(w_only->response.tensors(0).version(), 1);
+    EXPECT_EQ(Floats(w_only->response.tensors(0)), expected);  // Bit-exact.
+    ++permutations;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(permutations, 6);
+}
+
+TEST(ParameterShardTest, PullOfAllTensorsWaitsForEveryTensor) {
+  auto shard = StartedShard(2);
+  auto all = StartPull(shard.get(), 0, 1);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard->Push(PushOf(w, 0, {Value("w", {1, 1, 1, 1})})).ok());
+  }
+  // "w" is done, "b" is not: the pull of everything keeps waiting.
+  EXPECT_FALSE(all->done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard->Push(PushOf(w, 0, {Value("b", {2, 2, 2})})).ok());
+  }
+  ASSERT_TRUE(all->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(all->status.ok());
+  ASSERT_EQ(all->response.tensors_size(), 2);
+  EXPECT_EQ(Floats(all->response.tensors(1)), ExpectedSgd(kB0, {{2, 2, 2}, {2, 2, 2}}));
+}
+
+TEST(ParameterShardTest, EachStepIsAppliedOnceAndDuplicatesAreIgnored) {
+  auto shard = StartedShard(2);
+  const std::vector<float> g0 = {1, 2, 3, 4}, g1 = {-1, 0, 5, 2};
+  ASSERT_TRUE(shard->Push(PushOf(0, 0, {Value("w", g0)})).ok());
+  // A retry of the same (worker, step, tensor), even with other values, changes nothing.
+  auto dup = shard->Push(PushOf(0, 0, {Value("w", {100, 100, 100, 100})}));
+  ASSERT_TRUE(dup.ok());
+  EXPECT_EQ(dup->duplicates(), 1);
+  EXPECT_EQ(dup->accepted(), 0);
+  ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("w", g1)})).ok());
+  // A retry after the update was applied is a duplicate too.
+  auto late = shard->Push(PushOf(1, 0, {Value("w", g1)}));
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->duplicates(), 1);
+  const GetStatsResponse stats = shard->Stats();
+  EXPECT_EQ(stats.applied_updates(), 1);
+  EXPECT_EQ(stats.duplicate_gradients(), 2);
+  auto r = StartPull(shard.get(), 0, 1, absl::Seconds(5), {"w"});
+  ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(Floats(r->response.tensors(0)), ExpectedSgd(kW0, {g0, g1}));
+}
+
+TEST(ParameterShardTest, SeveralStepsMatchTheReference) {
+  auto shard = StartedShard(2);
+  std::vector<float> w = kW0, b = kB0;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::vector<float>> gw, gb;
+    for (int worker = 0; worker < 2; ++worker) {
+      gw.push_back({0.1f * step, -0.2f * worker, 0.3f, 0.05f * (step + worker)});
+      gb.push_back({0.5f, -0.5f * step, 0.01f * worker});
+    }
+    // Worker 1 pushes first each step, and both push tensors separately.
+    for (int worker : {1, 0}) {
+      ASSERT_TRUE(shard->Push(PushOf(worker, step, {Value("b", gb[worker])})).ok());
+      ASSERT_TRUE(shard->Push(PushOf(worker, step, {Value("w", gw[worker])})).ok());
+    }
+    w = ExpectedSgd(w, gw);
+    b = ExpectedSgd(b, gb);
+    const PullResponse r = PullNow(shard.get(), 0, step + 1);
+    EXPECT_EQ(Floats(r.tensors(0)), w) << "step " << step;
+    EXPECT_EQ(Floats(r.tensors(1)), b) << "step " << step;
+  }
+  EXPECT_EQ(shard->Stats().applied_updates(), 10);
+}
+
+TEST(ParameterShardTest, MalformedPushesAreRejectedAndChangeNothing) {
+  auto shard = StartedShard(2);
+  ASSERT_TRUE(shard->Push(PushOf(0, 0, {Value("w", {1, 1, 1, 1})})).ok());
+  const PullResponse before = PullNow(shard.get(), 0, 0);
+  const GetStatsResponse stats_before = shard->Stats();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char* what;
+    PushRequest push;
+    absl::StatusCode code;
+  };
+  std::vector<Case> cases = {
+      {"unknown tensor", PushOf(1, 0, {Value("w", {1, 1, 1, 1}), Value("nope", {1})}),
+       absl::StatusCode::kInvalidArgument},
+      {"wrong size", PushOf(1, 0, {Value("w", {1, 1, 1})}), absl::StatusCode::kInvalidArgument},
+      {"NaN", PushOf(1, 0, {Value("b", {1, 1, 1}), Value("w", {1, nan, 1, 1})}),
+       absl::StatusCode::kInvalidArgument},
+      {"Inf", PushOf(1, 0, {Value("w", {1, 1, 1, -inf})}), absl::StatusCode::kInvalidArgument},
+      {"tensor twice", PushOf(1, 0, {Value("w", {1, 1, 1, 1}), Value("w", {1, 1, 1, 1})}),
+       absl::StatusCode::kInvalidArgument},
+      {"negative step", PushOf(1, -1, {Value("w", {1, 1, 1, 1})}),
+       absl::StatusCode::kInvalidArgument},
+      {"future step", PushOf(1, 3, {Value("w", {1, 1, 1, 1})}),
+       absl::StatusCode::kFailedPrecondition},
+      {"unknown worker", PushOf(7, 0, {Value("w", {1, 1, 1, 1})}),
+       absl::StatusCode::kFailedPrecondition},
+  };
+  for (const Case& c : cases) {
+    auto r = shard->Push(c.push);
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status();
+  }
+  // Bit-for-bit unchanged, and no half-accepted gradient: worker 1's valid "w" in the rejected
+  // pushes above must not have counted, so nothing was applied.
+  const PullResponse after = PullNow(shard.get(), 0, 0);
+  ASSERT_EQ(after.tensors_size(), before.tensors_size());
+  for (int i = 0; i < after.tensors_size(); ++i) {
+    EXPECT_EQ(after.tensors(i).data(), before.tensors(i).data());
+    EXPECT_EQ(after.tensors(i).version(), 0);
+  }
+  const GetStatsResponse stats = shard->Stats();
+  EXPECT_EQ(stats.applied_updates(), stats_before.applied_updates());
+  EXPECT_EQ(stats.rejected_pushes(), static_cast<int64_t>(cases.size()));
+  // The shard still works: worker 1's real push completes the step.
+  auto ok = shard->Push(PushOf(1, 0, {Value("w", {3, 3, 3, 3})}));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->accepted(), 1);
+  EXPECT_EQ(shard->Stats().applied_updates(), 1);
+}
+
+TEST(ParameterShardTest, PushBeforeAllWorkersRegisteredIsRefused) {
+  auto shard = ParameterShard::Create(Options(2));
+  ASSERT_TRUE(shard.ok());
+  ASSERT_TRUE((*shard)->Register(Registration(0)).ok());
+  auto r = (*shard)->Push(PushOf(0, 0, {Value("w", {1, 1, 1, 1})}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("1 of 2"), std::string::npos) << r.status();
+}
+
+TEST(ParameterShardTest, PullWaitsForRegistrationThenTimesOutNamingTheMissingWorker) {
+  auto shard = ParameterShard::Create(Options(3));
+  ASSERT_TRUE(shard.ok());
+  ASSERT_TRUE((*shard)->Register(Registration(0)).ok());
+  ASSERT_TRUE((*shard)->Register(Registration(2)).ok());
+  auto r = StartPull(shard->get(), 0, 0, absl::Milliseconds(100));
+  ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(r->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r->status.message().find("worker(s) 1 to register"), std::string::npos) << r->status;
+
+  // Registration of the last worker releases a waiting step-0 pull.
+  auto waiting = StartPull(shard->get(), 2, 0);
+  ASSERT_TRUE((*shard)->Register(Registration(1)).ok());
+  ASSERT_TRUE(waiting->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(waiting->status.ok()) << waiting->status;
+  EXPECT_EQ(Floats(waiting->response.tensors(0)), kW0);
+}
+
+TEST(ParameterShardTest, PullTimeoutNamesTheWorkersWhoseGradientsAreMissing) {
+  auto shard = StartedShard(3);
+  ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("w", {1, 1, 1, 1})})).ok());
+  auto r = StartPull(shard.get(), 1, 1, absl::Milliseconds(100), {"w"});
+  ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(r->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r->status.message().find("worker(s) 0, 2"), std::string::npos) << r->status;
+  EXPECT_EQ(shard->Stats().pending_pulls(), 0);
+}
+
+TEST(ParameterShardTest, BadPullsFailAtOnce) {
+  auto shard = StartedShard(1);
+  auto unknown = StartPull(shard.get(), 0, 0, absl::Seconds(5), {"nope"});
+  ASSERT_TRUE(unknown->done.HasBeenNotified());
+  EXPECT_EQ(unknown->status.code(), absl::StatusCode::kInvalidArgument);
+  auto stranger = StartPull(shard.get(), 5, 0);
+  ASSERT_TRUE(stranger->done.HasBeenNotified());
+  EXPECT_EQ(stranger->status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterShardTest, ModelMismatchIsRefusedNamingTheTensor) {
+  auto shard = ParameterShard::Create(Options(2));
+  ASSERT_TRUE(shard.ok());
+  ASSERT_TRUE((*shard)->Register(Registration(0)).ok());
+  RegisterRequest other = Registration(1);
+  other.mutable_model(0)->set_shape(1, 3);
+  other.clear_initial_values();  // Later registrants need not send initial values.
+  auto r = (*shard)->Register(other);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("'w' is [2,2] on the server but [2,3]"), std::string::npos)
+      << r.status();
+
+  RegisterRequest extra = Registration(1);
+  extra.mutable_model(1)->set_name("c");
+  extra.clear_initial_values();
+  r = (*shard)->Register(extra);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("no tensor 'b'"), std::string::npos) << r.status();
+
+  RegisterRequest bad_init = Registration(1);
+  bad_init.mutable_initial_values(0)->set_data("abc");
+  EXPECT_EQ((*shard)->Register(bad_init).status().code(), absl::StatusCode::kInvalidArgument);
+
+  RegisterRequest out_of_range = Registration(2);
+  EXPECT_EQ((*shard)->Register(out_of_range).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ParameterShardTest, OnlyBspIsImplemented) {
+  ShardOptions o = Options(2);
+  o.cluster.mutable_consistency()->set_mode(ASYNC);
+  EXPECT_EQ(ParameterShard::Create(o).status().code(), absl::StatusCode::kUnimplemented);
+  o = Options(0);
+  EXPECT_EQ(ParameterShard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ParameterShardTest, ShutdownFailsWaitingPulls) {
+  auto shard = StartedShard(2);
+  auto r = StartPull(shard.get(), 0, 1);
+  shard->Shutdown();
+  ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(r->status.code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace rubato
