@@ -1,0 +1,175 @@
+// The gRPC service against a real server on 127.0.0.1:0: errors cross the wire with their codes,
+// a malformed push leaves the parameters bit-for-bit unchanged, parked pulls are released by a
+// push from another client, and tensors larger than gRPC's 4 MiB default travel.
+#include "server/parameter_service.h"
+
+#include <future>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "common/grpc_options.h"
+#include "common/tensor_bytes.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+
+namespace rubato {
+namespace {
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void Start(int workers) {
+    ShardOptions o;
+    o.cluster.set_num_workers(workers);
+    o.cluster.mutable_consistency()->set_mode(BSP);
+    o.cluster.mutable_optimizer()->set_type("sgd");
+    o.cluster.mutable_optimizer()->set_learning_rate(0.1);
+    o.cluster.set_lease_ms(10000);
+    o.cluster.set_wait_timeout_ms(10000);
+    auto shard = ParameterShard::Create(o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    shard_ = std::move(*shard);
+    service_ = std::make_unique<ParameterService>(shard_.get());
+    grpc::ServerBuilder builder;
+    ConfigureServerBuilder(&builder);
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                             grpc::InsecureChannelCredentials(),
+                                             RubatoChannelArguments());
+    stub_ = ParameterServer::NewStub(channel);
+  }
+
+  void TearDown() override {
+    if (shard_) shard_->Shutdown();
+    if (server_) server_->Shutdown();
+  }
+
+  grpc::Status Register(int worker, int64_t elements) {
+    RegisterRequest req;
+    req.set_worker_id(worker);
+    req.set_batch_size(4);
+    TensorSpec* spec = req.add_model();
+    spec->set_name("w");
+    spec->add_shape(elements);
+    TensorValue* init = req.add_initial_values();
+    init->set_name("w");
+    std::vector<float> values(elements);
+    for (int64_t i = 0; i < elements; ++i) values[i] = 0.001f * static_cast<float>(i % 1000);
+    FloatsToBytes(values, init->mutable_data());
+    RegisterResponse resp;
+    grpc::ClientContext ctx;
+    return stub_->Register(&ctx, req, &resp);
+  }
+
+  grpc::Status Pull(int worker, int64_t step, PullResponse* resp) {
+    PullRequest req;
+    req.set_worker_id(worker);
+    req.set_step(step);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub_->Pull(&ctx, req, resp);
+  }
+
+  grpc::Status Push(int worker, int64_t step, const std::vector<float>& grad,
+                    const std::string& name = "w") {
+    PushRequest req;
+    req.set_worker_id(worker);
+    req.set_step(step);
+    TensorValue* g = req.add_gradients();
+    g->set_name(name);
+    FloatsToBytes(grad, g->mutable_data());
+    PushResponse resp;
+    grpc::ClientContext ctx;
+    return stub_->Push(&ctx, req, &resp);
+  }
+
+  std::unique_ptr<ParameterShard> shard_;
+  std::unique_ptr<ParameterService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+};
+
+TEST_F(ServiceTest, MalformedPushIsRejectedOverTheWireAndLeavesParametersUnchanged) {
+  Start(2);
+  ASSERT_TRUE(Register(0, 8).ok());
+  ASSERT_TRUE(Register(1, 8).ok());
+  PullResponse before;
+  ASSERT_TRUE(Pull(0, 0, &before).ok());
+
+  std::vector<float> nan_grad(8, 1.0f);
+  nan_grad[5] = std::numeric_limits<float>::quiet_NaN();
+  grpc::Status s = Push(0, 0, nan_grad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("non-finite"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Push(0, 0, std::vector<float>(7, 1.0f)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Push(0, 0, std::vector<float>(8, 1.0f), "bogus").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Push(0, 5, std::vector<float>(8, 1.0f)).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  PullResponse after;
+  ASSERT_TRUE(Pull(0, 0, &after).ok());
+  ASSERT_EQ(after.tensors_size(), 1);
+  EXPECT_EQ(after.tensors(0).data(), before.tensors(0).data());  // Bit for bit.
+  EXPECT_EQ(after.tensors(0).version(), 0);
+
+  // The server kept running and still trains.
+  ASSERT_TRUE(Push(0, 0, std::vector<float>(8, 1.0f)).ok());
+  ASSERT_TRUE(Push(1, 0, std::vector<float>(8, 1.0f)).ok());
+  PullResponse next;
+  ASSERT_TRUE(Pull(1, 1, &next).ok());
+  EXPECT_EQ(next.tensors(0).version(), 1);
+  EXPECT_NE(next.tensors(0).data(), before.tensors(0).data());
+}
+
+TEST_F(ServiceTest, ParkedPullIsReleasedByAnotherClientsPush) {
+  Start(2);
+  ASSERT_TRUE(Register(0, 4).ok());
+  ASSERT_TRUE(Register(1, 4).ok());
+  ASSERT_TRUE(Push(0, 0, {1, 2, 3, 4}).ok());
+  PullResponse resp;
+  auto pulled = std::async(std::launch::async, [&] { return Pull(0, 1, &resp); });
+  EXPECT_EQ(pulled.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  ASSERT_TRUE(Push(1, 0, {3, 2, 1, 0}).ok());
+  ASSERT_EQ(pulled.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(pulled.get().ok());
+  std::vector<float> w(4);
+  BytesToFloats(resp.tensors(0).data(), absl::MakeSpan(w));
+  EXPECT_FLOAT_EQ(w[1], 0.001f - 0.1f * 2.0f);
+}
+
+TEST_F(ServiceTest, PullDeadlineComesBackAsDeadlineExceeded) {
+  Start(2);
+  ASSERT_TRUE(Register(0, 4).ok());
+  PullRequest req;
+  req.set_worker_id(0);
+  req.set_step(0);
+  PullResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  grpc::Status s = stub_->Pull(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+TEST_F(ServiceTest, TensorsLargerThanFourMebibytesTravel) {
+  Start(1);
+  const int64_t n = 3 << 20;  // 12 MiB of float32.
+  ASSERT_TRUE(Register(0, n).ok());
+  ASSERT_TRUE(Push(0, 0, std::vector<float>(n, 0.5f)).ok());
+  PullResponse resp;
+  ASSERT_TRUE(Pull(0, 1, &resp).ok());
+  ASSERT_EQ(resp.tensors(0).data().size(), static_cast<size_t>(4 * n));
+  std::vector<float> w(n);
+  BytesToFloats(resp.tensors(0).data(), absl::MakeSpan(w));
+  EXPECT_FLOAT_EQ(w[n - 1], 0.001f * ((n - 1) % 1000) - 0.05f);
+}
+
+}  // namespace
+}  // namespace rubato

@@ -1,0 +1,113 @@
+// rubato_server: one parameter-server shard.
+//
+//   rubato_server --shard_id=0 --num_shards=1 --listen=127.0.0.1:0 --port_file=/tmp/s0.port
+//                 --num_workers=2 --mode=bsp --learning_rate=0.1
+//
+// With --listen port 0 the kernel picks a free port; the chosen host:port is written to --port_file
+// (atomically, by rename) once the server accepts connections. SIGINT or SIGTERM shut it down.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/cluster_flags.h"
+#include "common/cluster_spec.h"
+#include "common/grpc_options.h"
+#include "common/log.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/parameter_service.h"
+#include "server/parameter_shard.h"
+
+ABSL_FLAG(int, shard_id, 0, "This server's shard index in [0, num_shards).");
+ABSL_FLAG(int, num_shards, 0, "Number of shards (default: the number of --servers, else 1).");
+ABSL_FLAG(std::string, listen, "",
+          "host:port to listen on; port 0 picks a free one (default: servers[shard_id], "
+          "else 127.0.0.1:0).");
+ABSL_FLAG(std::string, port_file, "", "Write the bound host:port here once serving.");
+
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void OnSignal(int sig) { g_signal = sig; }
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "rubato_server: error: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One Rubato parameter-server shard. See README.md for the flags.");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "'"));
+
+  auto spec = rubato::ClusterSpecFromFlags(/*need_servers=*/false);
+  if (!spec.ok()) return Fail(std::string(spec.status().message()));
+  const int shard_id = absl::GetFlag(FLAGS_shard_id);
+  int num_shards = absl::GetFlag(FLAGS_num_shards);
+  if (num_shards == 0) num_shards = spec->servers_size() > 0 ? spec->servers_size() : 1;
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) {
+    listen = shard_id >= 0 && shard_id < spec->servers_size() ? spec->servers(shard_id)
+                                                               : "127.0.0.1:0";
+  }
+  if (auto s = rubato::ValidateHostPort(listen, "--listen"); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  rubato::SetLogTag(absl::StrCat("server-", shard_id));
+
+  rubato::ShardOptions options;
+  options.shard_id = shard_id;
+  options.num_shards = num_shards;
+  options.cluster = *spec;
+  auto shard = rubato::ParameterShard::Create(options);
+  if (!shard.ok()) return Fail(std::string(shard.status().message()));
+
+  rubato::ParameterService service(shard->get());
+  grpc::ServerBuilder builder;
+  rubato::ConfigureServerBuilder(&builder);
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
+  }
+  const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound
+                   << ": " << spec->num_workers() << " workers, mode "
+                   << rubato::FormatConsistency(spec->consistency()) << ", optimizer "
+                   << spec->optimizer().type() << " lr " << spec->optimizer().learning_rate()
+                   << ", wait timeout " << spec->wait_timeout_ms() << " ms";
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << bound << "\n";
+    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      server->Shutdown();
+      return Fail(absl::StrCat("cannot write --port_file ", port_file));
+    }
+  }
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  while (g_signal == 0) absl::SleepFor(absl::Milliseconds(50));
+
+  RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
+  const rubato::GetStatsResponse stats = (*shard)->Stats();
+  (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  RUBATO_LOG(INFO) << "done: " << stats.applied_updates() << " tensor updates, " << stats.pushes()
+                   << " pushes, " << stats.rejected_pushes() << " rejected, min version "
+                   << stats.min_version();
+  return 0;
+}
