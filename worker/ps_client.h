@@ -1,0 +1,61 @@
+// PsClient: a worker's view of the sharded parameter servers.
+//
+// The model is a list of tensors (proto TensorSpec) in a fixed order; values are passed as one
+// float vector per tensor in that order. Each tensor lives on the shard chosen by PlaceTensors
+// (common/placement.h), which every worker computes identically. Calls go to all shards at once
+// (asynchronous RPCs, one channel per shard) and return when every shard has answered; the first
+// error, prefixed with the shard and its address, is returned.
+#ifndef RUBATO_WORKER_PS_CLIENT_H_
+#define RUBATO_WORKER_PS_CLIENT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/parameter_server.pb.h"
+
+namespace rubato {
+
+class PsClient {
+ public:
+  virtual ~PsClient() = default;
+
+  // Registers with every shard, offering `initial` values (one per tensor) for shards not yet
+  // initialised. Waits up to the connect timeout for servers that are not up yet.
+  virtual absl::Status Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
+                                int64_t resume_step) = 0;
+
+  // Fills `params` (one vector per tensor, resized as needed) with weights of version >= step.
+  virtual absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params) = 0;
+
+  // Sends the gradients computed at `step` (one per tensor).
+  virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads) = 0;
+
+  virtual absl::Status Heartbeat(int64_t step) = 0;
+
+  // Placement: the shard of each tensor, and bytes per shard.
+  virtual const std::vector<int>& shard_of() const = 0;
+  virtual const std::vector<int64_t>& shard_bytes() const = 0;
+};
+
+struct PsClientOptions {
+  std::vector<std::string> servers;  // host:port per shard.
+  int worker_id = 0;
+  std::vector<TensorSpec> model;
+  // Register waits this long for unreachable servers before failing with UNAVAILABLE.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Deadline of one pull or push; should exceed the servers' wait_timeout_ms.
+  absl::Duration rpc_timeout = absl::Seconds(150);
+};
+
+// InvalidArgument for an empty server list, a bad tensor shape, or a tensor that cannot fit in one
+// message (common/grpc_options.h).
+absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptions& options);
+
+}  // namespace rubato
+
+#endif  // RUBATO_WORKER_PS_CLIENT_H_

@@ -1,0 +1,106 @@
+#include "worker/training_loop.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+
+namespace rubato {
+namespace {
+
+absl::Status AtStep(int64_t step, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+}
+
+template <typename T>
+std::vector<absl::Span<const T>> ConstSpans(const std::vector<std::vector<T>>& v) {
+  return std::vector<absl::Span<const T>>(v.begin(), v.end());
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const MlpSpec& spec,
+                                           PsClient* client, MlpBackend* backend,
+                                           ShardedBatcher* batcher, const Dataset& test,
+                                           std::vector<std::vector<float>>* params,
+                                           std::ostream* progress) {
+  const std::vector<ParamSpec> specs = MlpParamSpecs(spec);
+  const int64_t batch = batcher->batch_size();
+  std::vector<float> x(batch * spec.input_dim);  // (batch, input_dim)
+  std::vector<int32_t> y(batch);                 // (batch)
+  std::vector<std::vector<float>> grads(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) grads[i].resize(specs[i].elements());
+  std::vector<absl::Span<float>> grad_spans(grads.begin(), grads.end());
+
+  auto evaluate = [&](int64_t step, double t) -> absl::StatusOr<EvalResult> {
+    ASSIGN_OR_RETURN(EvalResult r, backend->Evaluate(ConstSpans(*params), test.features.data(),
+                                                     test.labels.data(), test.size));
+    *progress << absl::StrFormat(
+                     "{\"event\":\"eval\",\"worker\":%d,\"step\":%d,\"t\":%.3f,"
+                     "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"examples\":%d}",
+                     options.worker_id, step, t, r.loss, r.accuracy, r.examples)
+              << std::endl;
+    return r;
+  };
+
+  const absl::Time start = absl::Now();
+  absl::Time interval_start = start;
+  double loss_sum = 0, compute_s = 0, comm_s = 0;
+  int64_t interval_steps = 0;
+  TrainingResult result;
+  for (int64_t step = 0; step < options.steps; ++step) {
+    const absl::Time t0 = absl::Now();
+    // Pull weights of version `step` (BSP: every worker's step-1 gradient applied).
+    RETURN_IF_ERROR(AtStep(step, client->Pull(step, absl::MakeSpan(*params))));
+    const absl::Time t1 = absl::Now();
+    batcher->Next(x.data(), y.data());
+    // Forward and backward on this worker's minibatch.
+    absl::StatusOr<float> loss =
+        backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(), batch, grad_spans);
+    RETURN_IF_ERROR(AtStep(step, loss.status()));
+    const absl::Time t2 = absl::Now();
+    // Push this step's gradients; the servers average them over the workers.
+    RETURN_IF_ERROR(AtStep(step, client->Push(step, grads)));
+    const absl::Time t3 = absl::Now();
+
+    loss_sum += *loss;
+    compute_s += absl::ToDoubleSeconds(t2 - t1);
+    comm_s += absl::ToDoubleSeconds((t1 - t0) + (t3 - t2));
+    ++interval_steps;
+    const int64_t done = step + 1;
+    if (done % options.log_every == 0 || done == options.steps) {
+      const double elapsed = absl::ToDoubleSeconds(t3 - interval_start);
+      result.final_loss = loss_sum / interval_steps;
+      *progress << absl::StrFormat(
+                       "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
+                       "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f}",
+                       options.worker_id, done, batcher->epoch(),
+                       absl::ToDoubleSeconds(t3 - start), result.final_loss,
+                       interval_steps / std::max(elapsed, 1e-9), 1e3 * compute_s / interval_steps,
+                       1e3 * comm_s / interval_steps)
+                << std::endl;
+      interval_start = t3;
+      loss_sum = compute_s = comm_s = 0;
+      interval_steps = 0;
+    }
+    if (test.size > 0 && options.eval_every > 0 && done % options.eval_every == 0 &&
+        done != options.steps) {
+      RETURN_IF_ERROR(evaluate(done, absl::ToDoubleSeconds(absl::Now() - start)).status());
+    }
+  }
+  result.steps = options.steps;
+  // The final weights: everything every worker pushed, applied.
+  RETURN_IF_ERROR(AtStep(options.steps, client->Pull(options.steps, absl::MakeSpan(*params))));
+  if (test.size > 0) {
+    ASSIGN_OR_RETURN(result.test,
+                     evaluate(options.steps, absl::ToDoubleSeconds(absl::Now() - start)));
+  }
+  result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return result;
+}
+
+}  // namespace rubato

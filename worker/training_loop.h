@@ -1,0 +1,45 @@
+// TrainingLoop: the worker's data-parallel SGD loop, pull -> forward/backward -> push.
+//
+// It knows nothing of gRPC or flags: it drives a PsClient, an MlpBackend and a ShardedBatcher, and
+// reports progress as JSON lines (one object per line) to a stream, for ./rubato launch to read.
+#ifndef RUBATO_WORKER_TRAINING_LOOP_H_
+#define RUBATO_WORKER_TRAINING_LOOP_H_
+
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dataset.h"
+#include "worker/mlp.h"
+#include "worker/mlp_backend.h"
+#include "worker/ps_client.h"
+
+namespace rubato {
+
+struct TrainingOptions {
+  int worker_id = 0;
+  int64_t steps = 0;          // Steps to run; every worker of a BSP job must run the same number.
+  int64_t eval_every = 0;     // Evaluate on the test set every this many steps (0: only at the end).
+  int64_t log_every = 20;     // Emit a "step" record every this many steps.
+};
+
+struct TrainingResult {
+  int64_t steps = 0;
+  double final_loss = 0;      // Mean training loss over the last log interval.
+  EvalResult test;            // At the end.
+  double wall_seconds = 0;
+};
+
+// Runs options.steps steps. `params` holds the weights (one vector per MlpParamSpecs entry) and is
+// overwritten by every pull. `test` may be empty (no evaluation). Stops at the first error, which
+// names the step.
+absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const MlpSpec& spec,
+                                           PsClient* client, MlpBackend* backend,
+                                           ShardedBatcher* batcher, const Dataset& test,
+                                           std::vector<std::vector<float>>* params,
+                                           std::ostream* progress);
+
+}  // namespace rubato
+
+#endif  // RUBATO_WORKER_TRAINING_LOOP_H_

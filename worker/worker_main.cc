@@ -1,0 +1,167 @@
+// rubato_worker: one data-parallel worker. Loads its shard of Fashion-MNIST, registers with every
+// parameter-server shard, and runs pull -> forward/backward -> push for the configured steps.
+//
+//   rubato_worker --worker_id=0 --servers=127.0.0.1:5000 --num_workers=2 --layers=784-256-10
+//
+// Progress goes to stdout as JSON lines; logs and the one-line error on failure go to stderr.
+// Exit status: 0 done, 1 runtime failure (unreachable server, timeout, model mismatch), 2 bad
+// flags or data.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/cluster_flags.h"
+#include "common/cluster_spec.h"
+#include "common/dataset.h"
+#include "common/log.h"
+#include "worker/cpu_mlp_backend.h"
+#include "worker/mlp.h"
+#include "worker/ps_client.h"
+#include "worker/training_loop.h"
+
+ABSL_FLAG(int, worker_id, -1, "This worker's rank in [0, num_workers). Required.");
+ABSL_FLAG(std::string, data_dir, rubato::kFashionMnistDefaultDir, "Fashion-MNIST IDX directory.");
+ABSL_FLAG(std::string, layers, "784-256-10", "MLP layer sizes: input-hidden...-classes.");
+ABSL_FLAG(int, batch_size, 64, "Examples per step on this worker.");
+ABSL_FLAG(int, epochs, 3, "Passes over the training set (all workers together).");
+ABSL_FLAG(int64_t, steps, 0, "Steps to run; overrides --epochs when > 0.");
+ABSL_FLAG(int64_t, eval_every, 0, "Evaluate every this many steps (default: twice per epoch).");
+ABSL_FLAG(int64_t, log_every, 20, "Emit a progress record every this many steps.");
+ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training examples (0: all).");
+ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples (0: all).");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the weight initialisation and the data order.");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu (Eigen).");
+ABSL_FLAG(int64_t, connect_timeout_ms, 30000, "How long to wait for unreachable servers at start.");
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "rubato_worker: error: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One Rubato worker. See README.md for the flags.");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
+
+  auto cluster = rubato::ClusterSpecFromFlags(/*need_servers=*/true);
+  if (!cluster.ok()) return Fail(kExitUsage, std::string(cluster.status().message()));
+  const int worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (worker_id < 0 || worker_id >= cluster->num_workers()) {
+    return Fail(kExitUsage, absl::StrCat("--worker_id must be in [0, num_workers=",
+                                         cluster->num_workers(), "), got ", worker_id));
+  }
+  rubato::SetLogTag(absl::StrCat("worker-", worker_id));
+  const int batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (batch_size < 1) return Fail(kExitUsage, absl::StrCat("--batch_size must be >= 1, got ", batch_size));
+  if (absl::GetFlag(FLAGS_epochs) < 1 && absl::GetFlag(FLAGS_steps) <= 0) {
+    return Fail(kExitUsage, "--epochs must be >= 1 (or give --steps)");
+  }
+  if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_eval_every) < 0 ||
+      absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_train_limit) < 0 ||
+      absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1) {
+    return Fail(kExitUsage,
+                "--steps, --eval_every, --train_limit and --test_limit must be >= 0, --log_every "
+                "and --connect_timeout_ms >= 1");
+  }
+  if (absl::GetFlag(FLAGS_backend) != "cpu") {
+    return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '", absl::GetFlag(FLAGS_backend),
+                                         "' (available: cpu)"));
+  }
+  auto spec = rubato::ParseMlpLayers(absl::GetFlag(FLAGS_layers));
+  if (!spec.ok()) return Fail(kExitUsage, absl::StrCat("--layers: ", spec.status().message()));
+
+  // Data: this worker's shard of the training set, and the test set.
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  auto train = rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain, absl::GetFlag(FLAGS_train_limit));
+  if (!train.ok()) return Fail(kExitUsage, std::string(train.status().message()));
+  auto test = rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
+  if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
+  if (spec->input_dim != train->dim || spec->num_classes != train->num_classes) {
+    return Fail(kExitUsage, absl::StrCat("--layers ", absl::GetFlag(FLAGS_layers), " needs ",
+                                         spec->input_dim, " inputs and ", spec->num_classes,
+                                         " classes; the data has ", train->dim, " and ",
+                                         train->num_classes));
+  }
+  auto batcher = rubato::ShardedBatcher::Create(&*train, worker_id, cluster->num_workers(),
+                                                batch_size, absl::GetFlag(FLAGS_seed));
+  if (!batcher.ok()) return Fail(kExitUsage, std::string(batcher.status().message()));
+
+  // Every worker runs the same number of steps, so that no BSP barrier waits for a finished worker.
+  const int64_t global_batch = int64_t{batch_size} * cluster->num_workers();
+  const int64_t steps_per_epoch = std::max<int64_t>(1, (train->size + global_batch - 1) / global_batch);
+  const int64_t steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps)
+                                                       : absl::GetFlag(FLAGS_epochs) * steps_per_epoch;
+  int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (eval_every == 0) eval_every = std::max<int64_t>(1, steps_per_epoch / 2);
+
+  auto backend = rubato::CreateCpuMlpBackend(*spec);
+  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+
+  const std::vector<rubato::ParamSpec> params_spec = rubato::MlpParamSpecs(*spec);
+  rubato::PsClientOptions client_options;
+  client_options.servers.assign(cluster->servers().begin(), cluster->servers().end());
+  client_options.worker_id = worker_id;
+  for (const rubato::ParamSpec& p : params_spec) {
+    rubato::TensorSpec t;
+    t.set_name(p.name);
+    for (int64_t d : p.shape) t.add_shape(d);
+    client_options.model.push_back(std::move(t));
+  }
+  client_options.connect_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms));
+  // Past the servers' own wait timeout, so that their error (naming whom they waited for) arrives.
+  client_options.rpc_timeout = absl::Milliseconds(cluster->wait_timeout_ms()) + absl::Seconds(10);
+  auto client = rubato::CreateGrpcPsClient(client_options);
+  if (!client.ok()) return Fail(kExitUsage, std::string(client.status().message()));
+
+  std::vector<std::vector<float>> params = rubato::InitMlpParams(*spec, absl::GetFlag(FLAGS_seed));
+  if (auto s = (*client)->Register(params, batch_size, /*resume_step=*/0); !s.ok()) {
+    return Fail(kExitRuntime, std::string(s.message()));
+  }
+  RUBATO_LOG(INFO) << "registered with " << cluster->servers_size() << " shard(s) ["
+                   << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes; model "
+                   << rubato::MlpLayersString(*spec) << " (" << rubato::MlpParamCount(*spec)
+                   << " parameters), backend " << (*backend)->name() << ", shard of "
+                   << batcher->shard_size() << " examples, " << steps << " steps";
+  std::cout << absl::StrFormat(
+                   "{\"event\":\"start\",\"worker\":%d,\"steps\":%d,\"steps_per_epoch\":%d,"
+                   "\"batch_size\":%d,\"global_batch\":%d,\"parameters\":%d,\"backend\":\"%s\","
+                   "\"mode\":\"%s\",\"shard_examples\":%d}",
+                   worker_id, steps, steps_per_epoch, batch_size, global_batch,
+                   rubato::MlpParamCount(*spec), (*backend)->name(),
+                   rubato::FormatConsistency(cluster->consistency()), batcher->shard_size())
+            << std::endl;
+
+  rubato::TrainingOptions options;
+  options.worker_id = worker_id;
+  options.steps = steps;
+  options.eval_every = eval_every;
+  options.log_every = absl::GetFlag(FLAGS_log_every);
+  auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher,
+                                    *test, &params, &std::cout);
+  if (!result.ok()) return Fail(kExitRuntime, std::string(result.status().message()));
+  std::cout << absl::StrFormat(
+                   "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"wall_s\":%.3f,"
+                   "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f}",
+                   worker_id, result->steps, result->wall_seconds, result->final_loss,
+                   result->test.loss, result->test.accuracy)
+            << std::endl;
+  RUBATO_LOG(INFO) << "done: " << result->steps << " steps in " << result->wall_seconds
+                   << " s, test accuracy " << result->test.accuracy;
+  return 0;
+}
