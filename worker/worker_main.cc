@@ -24,6 +24,7 @@
 #include "common/dataset.h"
 #include "common/log.h"
 #include "worker/cpu_mlp_backend.h"
+#include "worker/cuda/cuda_device.h"
 #include "worker/mlp.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
@@ -39,7 +40,9 @@ ABSL_FLAG(int64_t, log_every, 20, "Emit a progress record every this many steps.
 ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training examples (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples (0: all).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the weight initialisation and the data order.");
-ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu (Eigen).");
+ABSL_FLAG(std::string, backend, "cpu",
+          "Compute backend: cpu (Eigen). The CUDA backend is not written yet; the worker logs "
+          "whether a CUDA device is usable.");
 ABSL_FLAG(int64_t, connect_timeout_ms, 30000, "How long to wait for unreachable servers at start.");
 
 namespace {
@@ -112,6 +115,12 @@ int main(int argc, char** argv) {
 
   auto backend = rubato::CreateCpuMlpBackend(*spec);
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  if (auto gpus = rubato::ProbeCudaDevices(); gpus.ok()) {
+    RUBATO_LOG(INFO) << rubato::CudaBuildDescription() << ": " << gpus->count
+                     << " device(s), device 0 " << gpus->device0;
+  } else {
+    RUBATO_LOG(INFO) << rubato::CudaBuildDescription() << ": " << gpus.status().message();
+  }
 
   const std::vector<rubato::ParamSpec> params_spec = rubato::MlpParamSpecs(*spec);
   rubato::PsClientOptions client_options;
