@@ -9,18 +9,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/idx_reader.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 
 namespace rubato {
 namespace {
-
-// SplitMix64's finaliser: a bijective mix, so nearby (seed, rank, epoch) give unrelated streams.
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform in [0, bound), unbiased by rejection. std::uniform_int_distribution would do, but its
 // algorithm differs between standard libraries, and the order must not.

@@ -7,17 +7,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/random.h"
 
 namespace rubato {
 namespace {
-
-// SplitMix64's finaliser, to derive one independent stream per tensor from (seed, tensor index).
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Layer i maps sizes[i] -> sizes[i + 1].
 std::vector<int64_t> LayerSizes(const MlpSpec& spec) {

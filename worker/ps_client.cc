@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,7 @@ class GrpcPsClient final : public PsClient {
           address, grpc::InsecureChannelCredentials(), RubatoChannelArguments())));
     }
     for (const TensorSpec& spec : options_.model) elements_.push_back(ElementCount(spec.shape()));
+    for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
   }
 
   absl::Status Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
@@ -62,14 +64,12 @@ class GrpcPsClient final : public PsClient {
     const int shards = static_cast<int>(stubs_.size());
     std::vector<RegisterRequest> requests(shards);
     std::vector<RegisterResponse> responses(shards);
-    std::vector<grpc::ClientContext> contexts(shards);
+    std::vector<int> call_shards(shards);
     for (int s = 0; s < shards; ++s) {
+      call_shards[s] = s;
       requests[s].set_worker_id(options_.worker_id);
       requests[s].set_batch_size(batch_size);
       requests[s].set_resume_step(resume_step);
-      // Waits for a server that is still starting, up to the connect timeout.
-      contexts[s].set_wait_for_ready(true);
-      contexts[s].set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
     }
     for (size_t i = 0; i < options_.model.size(); ++i) {
       RegisterRequest& r = requests[placement_.shard_of[i]];
@@ -78,24 +78,11 @@ class GrpcPsClient final : public PsClient {
       v->set_name(options_.model[i].name());
       FloatsToBytes(initial[i], v->mutable_data());
     }
-    FirstError error;
-    absl::BlockingCounter pending(shards);
-    for (int s = 0; s < shards; ++s) {
-      stubs_[s]->async()->Register(&contexts[s], &requests[s], &responses[s],
-                                   [this, s, &error, &pending](grpc::Status status) {
-                                     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-                                       error.Add(absl::UnavailableError(absl::StrCat(
-                                           "cannot reach parameter server shard ", s, " at ",
-                                           options_.servers[s], " within ",
-                                           absl::FormatDuration(options_.connect_timeout))));
-                                     } else {
-                                       error.Add(Annotate(s, status));
-                                     }
-                                     pending.DecrementCount();
-                                   });
-    }
-    pending.Wait();
-    RETURN_IF_ERROR(error.Get());
+    RETURN_IF_ERROR(FanOut(call_shards, options_.connect_timeout, /*wait_for_ready=*/true,
+                           [&](ParameterServer::Stub::async_interface* async, int call,
+                               grpc::ClientContext* context, Done done) {
+                             async->Register(context, &requests[call], &responses[call], done);
+                           }));
     for (int s = 0; s < shards; ++s) {
       if (responses[s].num_shards() != shards || responses[s].shard_id() != s) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -115,24 +102,16 @@ class GrpcPsClient final : public PsClient {
     const size_t n = groups_.size();
     std::vector<PullRequest> requests(n);
     std::vector<PullResponse> responses(n);
-    std::vector<grpc::ClientContext> contexts(n);
-    const auto deadline = absl::ToChronoTime(absl::Now() + options_.rpc_timeout);
-    FirstError error;
-    absl::BlockingCounter pending(static_cast<int>(n));
     for (size_t g = 0; g < n; ++g) {
       requests[g].set_worker_id(options_.worker_id);
       requests[g].set_step(step);
       for (int i : groups_[g].tensors) requests[g].add_names(options_.model[i].name());
-      contexts[g].set_deadline(deadline);
-      const int shard = groups_[g].shard;
-      stubs_[shard]->async()->Pull(&contexts[g], &requests[g], &responses[g],
-                                   [this, shard, &error, &pending](grpc::Status status) {
-                                     error.Add(Annotate(shard, status));
-                                     pending.DecrementCount();
-                                   });
     }
-    pending.Wait();
-    RETURN_IF_ERROR(error.Get());
+    RETURN_IF_ERROR(FanOut(group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
+                           [&](ParameterServer::Stub::async_interface* async, int call,
+                               grpc::ClientContext* context, Done done) {
+                             async->Pull(context, &requests[call], &responses[call], done);
+                           }));
     for (size_t g = 0; g < n; ++g) {
       const std::vector<int>& want = groups_[g].tensors;
       if (responses[g].tensors_size() != static_cast<int>(want.size())) {
@@ -161,10 +140,6 @@ class GrpcPsClient final : public PsClient {
     const size_t n = groups_.size();
     std::vector<PushRequest> requests(n);
     std::vector<PushResponse> responses(n);
-    std::vector<grpc::ClientContext> contexts(n);
-    const auto deadline = absl::ToChronoTime(absl::Now() + options_.rpc_timeout);
-    FirstError error;
-    absl::BlockingCounter pending(static_cast<int>(n));
     for (size_t g = 0; g < n; ++g) {
       requests[g].set_worker_id(options_.worker_id);
       requests[g].set_step(step);
@@ -173,16 +148,12 @@ class GrpcPsClient final : public PsClient {
         v->set_name(options_.model[i].name());
         FloatsToBytes(grads[i], v->mutable_data());
       }
-      contexts[g].set_deadline(deadline);
-      const int shard = groups_[g].shard;
-      stubs_[shard]->async()->Push(&contexts[g], &requests[g], &responses[g],
-                                   [this, shard, &error, &pending](grpc::Status status) {
-                                     error.Add(Annotate(shard, status));
-                                     pending.DecrementCount();
-                                   });
     }
-    pending.Wait();
-    return error.Get();
+    return FanOut(group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
+                  [&](ParameterServer::Stub::async_interface* async, int call,
+                      grpc::ClientContext* context, Done done) {
+                    async->Push(context, &requests[call], &responses[call], done);
+                  });
   }
 
   absl::Status Heartbeat(int64_t step) override {
@@ -202,6 +173,40 @@ class GrpcPsClient final : public PsClient {
   const std::vector<int64_t>& shard_bytes() const override { return placement_.shard_bytes; }
 
  private:
+  using Done = std::function<void(grpc::Status)>;
+
+  // Starts one asynchronous call per entry of `call_shards` (the shard each call goes to) with
+  // start(async stub, call index, context, done), all at once, and waits for every one. Returns the
+  // first error, naming its shard. With wait_for_ready, calls wait for a server that is not up yet,
+  // and running out of time means the server could not be reached.
+  template <typename StartCall>
+  absl::Status FanOut(const std::vector<int>& call_shards, absl::Duration timeout,
+                      bool wait_for_ready, StartCall start) {
+    const size_t n = call_shards.size();
+    std::vector<grpc::ClientContext> contexts(n);
+    const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+    FirstError error;
+    absl::BlockingCounter pending(static_cast<int>(n));
+    for (size_t call = 0; call < n; ++call) {
+      contexts[call].set_deadline(deadline);
+      contexts[call].set_wait_for_ready(wait_for_ready);
+      const int shard = call_shards[call];
+      start(stubs_[shard]->async(), static_cast<int>(call), &contexts[call],
+            [this, shard, timeout, wait_for_ready, &error, &pending](grpc::Status status) {
+              if (wait_for_ready && status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+                error.Add(absl::UnavailableError(absl::StrCat(
+                    "cannot reach parameter server shard ", shard, " at ",
+                    options_.servers[shard], " within ", absl::FormatDuration(timeout))));
+              } else {
+                error.Add(Annotate(shard, status));
+              }
+              pending.DecrementCount();
+            });
+    }
+    pending.Wait();
+    return error.Get();
+  }
+
   absl::Status Annotate(int shard, const grpc::Status& status) const {
     if (status.ok()) return absl::OkStatus();
     absl::Status s = FromGrpcStatus(status);
@@ -229,6 +234,7 @@ class GrpcPsClient final : public PsClient {
   const std::vector<CallGroup> groups_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   std::vector<int64_t> elements_;
+  std::vector<int> group_shards_;  // Shard of each entry of groups_.
 };
 
 }  // namespace
