@@ -1,0 +1,317 @@
+// Bad flags, missing data, unreachable servers, mismatched models and dead workers: every case must
+// end in a non-zero exit and a one-line error that names the problem, and nothing may hang.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+#include "tests/test_cluster.h"
+
+namespace rubato {
+namespace {
+
+constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+// Usage errors and runtime failures, as rubato_worker and rubato_server document them.
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+// No case here should take more than a few seconds; this only turns a hang into a failure.
+constexpr absl::Duration kRunTimeout = absl::Seconds(20);
+
+bool HaveDataset() {
+  struct stat st;
+  return stat(kDataDir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Success if `stderr_text` has exactly one "<program>: error: " line and it contains every needle.
+::testing::AssertionResult OneErrorLineContaining(const std::string& stderr_text,
+                                                  absl::string_view program,
+                                                  const std::vector<std::string>& needles) {
+  const std::vector<std::string> errors = ErrorLines(stderr_text, program);
+  if (errors.size() != 1) {
+    return ::testing::AssertionFailure()
+           << errors.size() << " lines start with '" << program << ": error: ', not 1; stderr:\n"
+           << stderr_text;
+  }
+  for (const std::string& needle : needles) {
+    if (errors[0].find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure()
+             << "the error does not mention '" << needle << "': " << errors[0];
+    }
+  }
+  return ::testing::AssertionSuccess() << errors[0];
+}
+
+// A loopback port that nothing listens on: bound by the kernel's choice, then released.
+int UnusedLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = TestCluster::Create();
+    ASSERT_TRUE(IsOk(cluster));
+    cluster_ = *std::move(cluster);
+  }
+
+  // Runs rubato_worker alone (no servers are started) with flags that are valid on their own,
+  // then `flags`; a later flag overrides an earlier one. --servers points at port 1, where nothing
+  // listens, and the short connect timeout keeps a flag that is wrongly accepted from hanging.
+  ProcessResult RunWorker(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {
+        "--worker_id=0",       "--num_workers=1",  "--servers=127.0.0.1:1",
+        "--connect_timeout_ms=1000", absl::StrCat("--data_dir=", kDataDir),
+        "--train_limit=100",   "--test_limit=100", "--steps=1",
+    };
+    args.insert(args.end(), flags.begin(), flags.end());
+    return Run("worker", *TestCluster::WorkerBinary(), args);
+  }
+
+  // Runs rubato_server alone with valid flags for 2 workers, then `flags`.
+  ProcessResult RunServer(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {
+        "--num_workers=2",
+        "--listen=127.0.0.1:0",
+        absl::StrCat("--port_file=", cluster_->dir(), "/server.port"),
+    };
+    args.insert(args.end(), flags.begin(), flags.end());
+    return Run("server", *TestCluster::ServerBinary(), args);
+  }
+
+  ProcessResult Run(const std::string& name, const std::string& binary,
+                    const std::vector<std::string>& args) {
+    absl::StatusOr<ProcessResult> result =
+        cluster_->Run(absl::StrCat(name, "-", ++runs_), binary, args, kRunTimeout);
+    EXPECT_TRUE(IsOk(result)) << absl::StrJoin(args, " ");
+    return result.ok() ? *std::move(result) : ProcessResult();
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  int runs_ = 0;
+};
+
+// --- rubato_worker: flags and data -----------------------------------------------------------
+
+struct BadFlagCase {
+  std::string name;
+  std::vector<std::string> flags;
+  std::vector<std::string> error_mentions;
+};
+
+// For gtest's failure messages, which otherwise dump the struct's bytes.
+void PrintTo(const BadFlagCase& c, std::ostream* os) { *os << absl::StrJoin(c.flags, " "); }
+
+class BadWorkerFlagTest : public BadInputTest,
+                          public ::testing::WithParamInterface<BadFlagCase> {};
+
+TEST_P(BadWorkerFlagTest, ExitsWithUsageErrorNamingTheFlag) {
+  const BadFlagCase& c = GetParam();
+  const ProcessResult r = RunWorker(c.flags);
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  EXPECT_TRUE(OneErrorLineContaining(r.stderr_text, "rubato_worker", c.error_mentions));
+  EXPECT_EQ(r.stdout_text, "") << "no progress record before the flags are checked";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, BadWorkerFlagTest,
+    ::testing::Values(
+        BadFlagCase{"ZeroBatchSize", {"--batch_size=0"}, {"--batch_size", "got 0"}},
+        BadFlagCase{"NonNumericLayer", {"--layers=784-x-10"}, {"--layers", "784-x-10", "\"x\""}},
+        BadFlagCase{"UnknownMode", {"--mode=bogus"}, {"mode", "'bogus'"}},
+        BadFlagCase{"WorkerIdOutOfRange",
+                    {"--worker_id=5", "--num_workers=2"},
+                    {"--worker_id", "num_workers=2", "got 5"}}),
+    [](const ::testing::TestParamInfo<BadFlagCase>& info) { return info.param.name; });
+
+TEST_F(BadInputTest, WorkerLayersThatDoNotMatchTheData) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  const ProcessResult r = RunWorker({"--layers=100-10"});
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  // "--layers 100-10 needs 100 inputs and 10 classes; the data has 784 and 10"
+  EXPECT_TRUE(OneErrorLineContaining(r.stderr_text, "rubato_worker", {"--layers 100-10", "784"}));
+}
+
+TEST_F(BadInputTest, WorkerUnknownFlag) {
+  const ProcessResult r = RunWorker({"--no_such_flag=3"});
+  // Abseil's flag parser rejects it before main() can: it prints its own "ERROR: Unknown command
+  // line flag" line and exits 1, not the worker's usage status 2.
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_TRUE(HasLineContaining(r.stderr_text, "'no_such_flag'")) << r.stderr_text;
+  EXPECT_EQ(r.stdout_text, "");
+}
+
+TEST_F(BadInputTest, WorkerMissingDataDir) {
+  const ProcessResult r = RunWorker({"--data_dir=/nonexistent"});
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  EXPECT_TRUE(OneErrorLineContaining(r.stderr_text, "rubato_worker", {"/nonexistent"}));
+}
+
+TEST_F(BadInputTest, WorkerCannotReachServer) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  const int port = UnusedLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  const absl::Time start = absl::Now();
+  const ProcessResult r = RunWorker({"--servers=" + address, "--connect_timeout_ms=1000"});
+  EXPECT_EQ(r.exit_status, kExitRuntime) << r.stderr_text;
+  EXPECT_TRUE(OneErrorLineContaining(r.stderr_text, "rubato_worker", {"cannot reach", address}));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "--connect_timeout_ms=1000 not honoured";
+}
+
+// --- rubato_server: flags --------------------------------------------------------------------
+
+class BadServerFlagTest : public BadInputTest,
+                          public ::testing::WithParamInterface<BadFlagCase> {};
+
+TEST_P(BadServerFlagTest, ExitsWithUsageErrorNamingTheFlag) {
+  const BadFlagCase& c = GetParam();
+  const ProcessResult r = RunServer(c.flags);
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  EXPECT_TRUE(OneErrorLineContaining(r.stderr_text, "rubato_server", c.error_mentions));
+  struct stat st;
+  EXPECT_NE(stat((cluster_->dir() + "/server.port").c_str(), &st), 0)
+      << "a server that rejects its flags must not report a port";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, BadServerFlagTest,
+    ::testing::Values(
+        BadFlagCase{"UnknownMode", {"--mode=bogus"}, {"mode", "'bogus'"}},
+        BadFlagCase{"NegativeLearningRate", {"--learning_rate=-1"}, {"learning_rate", "-1"}},
+        BadFlagCase{"AsyncNotImplemented", {"--mode=async"}, {"'async'", "not implemented"}},
+        BadFlagCase{"ZeroWorkers", {"--num_workers=0"}, {"num_workers", "got 0"}}),
+    [](const ::testing::TestParamInfo<BadFlagCase>& info) { return info.param.name; });
+
+// --- Running jobs that go wrong -----------------------------------------------------------------
+
+// Flags for a short job on little data; the steps are plenty for the cases below, which end early.
+std::vector<std::string> SmallJobFlags(const std::vector<std::string>& more) {
+  std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir), "--train_limit=2000",
+                                    "--test_limit=100", "--steps=100000", "--log_every=5"};
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+TEST_F(BadInputTest, ModelMismatchFailsTheLateWorkerAndTimesOutTheOther) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  TestServerOptions options;
+  options.num_workers = 2;
+  options.extra_flags = {"--wait_timeout_ms=3000"};
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+
+  // Worker 0 registers first, so that its model is the one the server holds.
+  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, SmallJobFlags({"--layers=784-256-10"}));
+  ASSERT_TRUE(IsOk(w0));
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w0, "\"event\":\"start\"", kRunTimeout)));
+  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, SmallJobFlags({"--layers=784-128-10"}));
+  ASSERT_TRUE(IsOk(w1));
+
+  absl::StatusOr<int> status1 = (*w1)->Wait(kRunTimeout);
+  ASSERT_TRUE(IsOk(status1));
+  EXPECT_EQ(*status1, kExitRuntime);
+  // "model mismatch on shard 0: tensor 'fc0.weight' is [784,256] on the server but [784,128] on
+  // worker 1"
+  EXPECT_TRUE(OneErrorLineContaining((*w1)->ReadStderr(), "rubato_worker",
+                                     {"model mismatch", "[784,256]", "[784,128]", "worker 1"}));
+
+  // Worker 0 waits at its first BSP barrier for worker 1, which never registered, until the
+  // server's wait timeout (3 s) fails its pull.
+  absl::StatusOr<int> status0 = (*w0)->Wait(absl::Seconds(15));
+  ASSERT_TRUE(IsOk(status0));
+  EXPECT_EQ(*status0, kExitRuntime);
+  EXPECT_TRUE(OneErrorLineContaining((*w0)->ReadStderr(), "rubato_worker",
+                                     {"timed out", "waiting for worker(s) 1 to register"}));
+
+  EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
+}
+
+TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  TestServerOptions options;
+  options.num_workers = 2;
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  // Worker 1 never comes, so worker 0's step-0 pull is parked on the server (for up to the default
+  // 120 s wait timeout).
+  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, SmallJobFlags({}));
+  ASSERT_TRUE(IsOk(w0));
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w0, "\"event\":\"start\"", kRunTimeout)));
+  // The pull follows the start record at once; this leaves it ample time to arrive.
+  absl::SleepFor(absl::Seconds(1));
+
+  Subprocess* server = cluster_->server(0);
+  ASSERT_TRUE(IsOk(server->Signal(SIGTERM)));
+  absl::StatusOr<int> server_status = server->Wait(absl::Seconds(10));
+  ASSERT_TRUE(IsOk(server_status)) << "a parked pull must not hold up shutdown";
+  EXPECT_EQ(*server_status, 0) << server->ReadStderr();
+
+  absl::StatusOr<int> status0 = (*w0)->Wait(absl::Seconds(10));
+  ASSERT_TRUE(IsOk(status0));
+  EXPECT_EQ(*status0, kExitRuntime);
+  // "step 0: parameter server shard 0 (127.0.0.1:P): parameter server shard 0 is shutting down"
+  EXPECT_TRUE(OneErrorLineContaining((*w0)->ReadStderr(), "rubato_worker",
+                                     {"step 0", "shard 0 is shutting down"}));
+}
+
+TEST_F(BadInputTest, WorkerKilledMidRunTimesOutItsPeer) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  TestServerOptions options;
+  options.num_workers = 2;
+  options.extra_flags = {"--wait_timeout_ms=3000"};
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, SmallJobFlags({}));
+  ASSERT_TRUE(IsOk(w0));
+  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, SmallJobFlags({}));
+  ASSERT_TRUE(IsOk(w1));
+
+  // Both are training once worker 1 reports a step.
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w1, "\"event\":\"step\"", kRunTimeout)));
+  ASSERT_TRUE(IsOk((*w1)->Signal(SIGKILL)));
+  const absl::Time killed = absl::Now();
+  absl::StatusOr<int> status1 = (*w1)->Wait(absl::Seconds(5));
+  ASSERT_TRUE(IsOk(status1));
+  EXPECT_EQ(*status1, 128 + SIGKILL);
+
+  absl::StatusOr<int> status0 = (*w0)->Wait(absl::Seconds(15));
+  ASSERT_TRUE(IsOk(status0)) << "worker 0 must give up on its dead peer";
+  EXPECT_EQ(*status0, kExitRuntime);
+  // "... pull for step N by worker 0 timed out on shard 0: tensor '...' is at version N-1; waiting
+  // for step N-1 gradients from worker(s) 1"
+  EXPECT_TRUE(OneErrorLineContaining((*w0)->ReadStderr(), "rubato_worker",
+                                     {"timed out", "gradients from worker(s) 1"}));
+  // Not before the server's wait timeout, and not much after it.
+  const absl::Duration waited = absl::Now() - killed;
+  EXPECT_GE(waited, absl::Seconds(1)) << "gave up well before --wait_timeout_ms=3000";
+  EXPECT_LT(waited, absl::Seconds(10));
+
+  // The server outlives the dead worker and still shuts down cleanly.
+  EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
+}
+
+}  // namespace
+}  // namespace rubato
