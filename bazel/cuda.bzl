@@ -45,6 +45,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], nvcc_flags = [], **kwargs):
         srcs = [":" + lib],
         hdrs = hdrs,
         target_compatible_with = incompatible,
-        deps = deps + ["@local_cuda//:cublas", "@local_cuda//:cudart"],
+        # Only the runtime: code that calls cuBLAS adds "@local_cuda//:cublas" to deps, so that
+        # binaries that do not use it do not load its 100+ MB at start-up.
+        deps = deps + ["@local_cuda//:cudart"],
         **kwargs
     )

@@ -19,7 +19,8 @@ ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt, "Server-side opti
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt, "Learning rate (default 0.1).");
 ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt, "L2 weight decay (default 0).");
 ABSL_FLAG(std::optional<int64_t>, lease_ms, std::nullopt,
-          "Worker lease in ms: a worker silent longer than this is considered gone (default 10000).");
+          "Worker lease in ms (default 10000). Recorded in the spec and sent to workers; dropping "
+          "workers silent for longer is not implemented yet.");
 ABSL_FLAG(std::optional<int64_t>, wait_timeout_ms, std::nullopt,
           "Longest a pull waits for the other workers before failing, in ms (default 120000).");
 

@@ -114,6 +114,9 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
   for (int i = 0; i < spec.servers_size(); ++i) {
     RETURN_IF_ERROR(ValidateHostPort(spec.servers(i), absl::StrCat("servers[", i, "]")));
   }
+  if (spec.num_workers() == 0) {
+    return absl::InvalidArgumentError("num_workers is required (--num_workers or the spec file)");
+  }
   if (spec.num_workers() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_workers must be >= 1, got ", spec.num_workers()));

@@ -21,6 +21,7 @@ namespace {
 class ServiceTest : public ::testing::Test {
  protected:
   void Start(int workers) {
+    workers_ = workers;
     ShardOptions o;
     o.cluster.set_num_workers(workers);
     o.cluster.mutable_consistency()->set_mode(BSP);
@@ -54,6 +55,8 @@ class ServiceTest : public ::testing::Test {
     RegisterRequest req;
     req.set_worker_id(worker);
     req.set_batch_size(4);
+    req.set_num_workers(workers_);
+    req.mutable_consistency()->set_mode(BSP);
     TensorSpec* spec = req.add_model();
     spec->set_name("w");
     spec->add_shape(elements);
@@ -89,6 +92,7 @@ class ServiceTest : public ::testing::Test {
     return stub_->Push(&ctx, req, &resp);
   }
 
+  int workers_ = 0;
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<ParameterService> service_;
   std::unique_ptr<grpc::Server> server_;

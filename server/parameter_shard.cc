@@ -83,6 +83,15 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     return absl::InvalidArgumentError(absl::StrCat(
         "worker_id ", id, " is not in [0, num_workers=", options_.cluster.num_workers(), ")"));
   }
+  if (request.num_workers() != options_.cluster.num_workers() ||
+      FormatConsistency(request.consistency()) !=
+          FormatConsistency(options_.cluster.consistency())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job mismatch: shard ", options_.shard_id, " runs ", options_.cluster.num_workers(),
+        " workers in mode ", FormatConsistency(options_.cluster.consistency()), ", but worker ", id,
+        " was started with ", request.num_workers(), " workers in mode ",
+        FormatConsistency(request.consistency())));
+  }
   if (request.model().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", id, " registered with an empty model"));
   }

@@ -57,8 +57,9 @@ class ParameterShard {
   ParameterShard(const ParameterShard&) = delete;
   ParameterShard& operator=(const ParameterShard&) = delete;
 
-  // Adds the worker to the job. The first registrant's model and initial values are adopted; a later
-  // registrant's model must match exactly (FAILED_PRECONDITION naming the first difference).
+  // Adds the worker to the job. The request's num_workers and consistency must be the shard's
+  // (FAILED_PRECONDITION otherwise). The first registrant's model and initial values are adopted; a
+  // later registrant's model must match exactly (FAILED_PRECONDITION naming the first difference).
   // Registering again (a restarted worker) is allowed and changes nothing but its bookkeeping.
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
 

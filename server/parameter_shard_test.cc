@@ -44,9 +44,11 @@ std::vector<float> Floats(const TensorValue& t) {
 const std::vector<float> kW0 = {1.0f, -2.0f, 0.5f, 3.0f};
 const std::vector<float> kB0 = {0.0f, 0.25f, -1.0f};
 
-RegisterRequest Registration(int worker) {
+RegisterRequest Registration(int worker, int num_workers) {
   RegisterRequest r;
   r.set_worker_id(worker);
+  r.set_num_workers(num_workers);
+  r.mutable_consistency()->set_mode(BSP);
   r.set_batch_size(8);
   TensorSpec* w = r.add_model();
   w->set_name("w");
@@ -64,7 +66,7 @@ std::unique_ptr<ParameterShard> StartedShard(int workers) {
   auto shard = ParameterShard::Create(Options(workers));
   EXPECT_TRUE(shard.ok()) << shard.status();
   for (int w = 0; w < workers; ++w) {
-    auto r = (*shard)->Register(Registration(w));
+    auto r = (*shard)->Register(Registration(w, workers));
     EXPECT_TRUE(r.ok()) << r.status();
   }
   return std::move(*shard);
@@ -268,7 +270,7 @@ TEST(ParameterShardTest, MalformedPushesAreRejectedAndChangeNothing) {
 TEST(ParameterShardTest, PushBeforeAllWorkersRegisteredIsRefused) {
   auto shard = ParameterShard::Create(Options(2));
   ASSERT_TRUE(shard.ok());
-  ASSERT_TRUE((*shard)->Register(Registration(0)).ok());
+  ASSERT_TRUE((*shard)->Register(Registration(0, 2)).ok());
   auto r = (*shard)->Push(PushOf(0, 0, {Value("w", {1, 1, 1, 1})}));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("1 of 2"), std::string::npos) << r.status();
@@ -277,8 +279,8 @@ TEST(ParameterShardTest, PushBeforeAllWorkersRegisteredIsRefused) {
 TEST(ParameterShardTest, PullWaitsForRegistrationThenTimesOutNamingTheMissingWorker) {
   auto shard = ParameterShard::Create(Options(3));
   ASSERT_TRUE(shard.ok());
-  ASSERT_TRUE((*shard)->Register(Registration(0)).ok());
-  ASSERT_TRUE((*shard)->Register(Registration(2)).ok());
+  ASSERT_TRUE((*shard)->Register(Registration(0, 3)).ok());
+  ASSERT_TRUE((*shard)->Register(Registration(2, 3)).ok());
   auto r = StartPull(shard->get(), 0, 0, absl::Milliseconds(100));
   ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_EQ(r->status.code(), absl::StatusCode::kDeadlineExceeded);
@@ -286,7 +288,7 @@ TEST(ParameterShardTest, PullWaitsForRegistrationThenTimesOutNamingTheMissingWor
 
   // Registration of the last worker releases a waiting step-0 pull.
   auto waiting = StartPull(shard->get(), 2, 0);
-  ASSERT_TRUE((*shard)->Register(Registration(1)).ok());
+  ASSERT_TRUE((*shard)->Register(Registration(1, 3)).ok());
   ASSERT_TRUE(waiting->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_TRUE(waiting->status.ok()) << waiting->status;
   EXPECT_EQ(Floats(waiting->response.tensors(0)), kW0);
@@ -315,8 +317,8 @@ TEST(ParameterShardTest, BadPullsFailAtOnce) {
 TEST(ParameterShardTest, ModelMismatchIsRefusedNamingTheTensor) {
   auto shard = ParameterShard::Create(Options(2));
   ASSERT_TRUE(shard.ok());
-  ASSERT_TRUE((*shard)->Register(Registration(0)).ok());
-  RegisterRequest other = Registration(1);
+  ASSERT_TRUE((*shard)->Register(Registration(0, 2)).ok());
+  RegisterRequest other = Registration(1, 2);
   other.mutable_model(0)->set_shape(1, 3);
   other.clear_initial_values();  // Later registrants need not send initial values.
   auto r = (*shard)->Register(other);
@@ -324,19 +326,36 @@ TEST(ParameterShardTest, ModelMismatchIsRefusedNamingTheTensor) {
   EXPECT_NE(r.status().message().find("'w' is [2,2] on the server but [2,3]"), std::string::npos)
       << r.status();
 
-  RegisterRequest extra = Registration(1);
+  RegisterRequest extra = Registration(1, 2);
   extra.mutable_model(1)->set_name("c");
   extra.clear_initial_values();
   r = (*shard)->Register(extra);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("no tensor 'b'"), std::string::npos) << r.status();
 
-  RegisterRequest bad_init = Registration(1);
+  RegisterRequest bad_init = Registration(1, 2);
   bad_init.mutable_initial_values(0)->set_data("abc");
   EXPECT_EQ((*shard)->Register(bad_init).status().code(), absl::StatusCode::kInvalidArgument);
 
-  RegisterRequest out_of_range = Registration(2);
+  RegisterRequest out_of_range = Registration(2, 2);
   EXPECT_EQ((*shard)->Register(out_of_range).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ParameterShardTest, WorkerConfiguredForAnotherJobIsRefused) {
+  auto shard = ParameterShard::Create(Options(2));
+  ASSERT_TRUE(shard.ok());
+  auto r = (*shard)->Register(Registration(1, 3));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("runs 2 workers in mode bsp, but worker 1 was started with 3"),
+            std::string::npos)
+      << r.status();
+  RegisterRequest other_mode = Registration(1, 2);
+  other_mode.mutable_consistency()->set_mode(SSP);
+  other_mode.mutable_consistency()->set_staleness(2);
+  r = (*shard)->Register(other_mode);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("mode ssp:2"), std::string::npos) << r.status();
+  EXPECT_EQ((*shard)->Stats().workers_size(), 0);  // Nobody was registered.
 }
 
 TEST(ParameterShardTest, OnlyBspIsImplemented) {

@@ -205,7 +205,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlagCase{"UnknownMode", {"--mode=bogus"}, {"mode", "'bogus'"}},
         BadFlagCase{"NegativeLearningRate", {"--learning_rate=-1"}, {"learning_rate", "-1"}},
         BadFlagCase{"AsyncNotImplemented", {"--mode=async"}, {"'async'", "not implemented"}},
-        BadFlagCase{"ZeroWorkers", {"--num_workers=0"}, {"num_workers", "got 0"}}),
+        BadFlagCase{"ZeroWorkers", {"--num_workers=0"}, {"num_workers", "required"}},
+        BadFlagCase{"NegativeWorkers", {"--num_workers=-3"}, {"num_workers", "got -3"}}),
     [](const ::testing::TestParamInfo<BadFlagCase>& info) { return info.param.name; });
 
 // --- Running jobs that go wrong -----------------------------------------------------------------
@@ -251,6 +252,25 @@ TEST_F(BadInputTest, ModelMismatchFailsTheLateWorkerAndTimesOutTheOther) {
   EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
 }
 
+TEST_F(BadInputTest, WorkerConfiguredForAnotherJobIsRefused) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  TestServerOptions options;
+  options.num_workers = 2;
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  // Flags given later override the cluster's --num_workers=2: this worker thinks the job has 3
+  // workers, so it would split the data three ways and run fewer steps than its peer.
+  absl::StatusOr<Subprocess*> w1 =
+      cluster_->StartWorker(1, SmallJobFlags({"--num_workers=3"}));
+  ASSERT_TRUE(IsOk(w1));
+  absl::StatusOr<int> status1 = (*w1)->Wait(kRunTimeout);
+  ASSERT_TRUE(IsOk(status1));
+  EXPECT_EQ(*status1, kExitRuntime);
+  EXPECT_TRUE(OneErrorLineContaining(
+      (*w1)->ReadStderr(), "rubato_worker",
+      {"FAILED_PRECONDITION", "job mismatch", "runs 2 workers", "started with 3 workers"}));
+  EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
+}
+
 TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   TestServerOptions options;
@@ -273,7 +293,7 @@ TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
   absl::StatusOr<int> status0 = (*w0)->Wait(absl::Seconds(10));
   ASSERT_TRUE(IsOk(status0));
   EXPECT_EQ(*status0, kExitRuntime);
-  // "step 0: parameter server shard 0 (127.0.0.1:P): parameter server shard 0 is shutting down"
+  // "UNAVAILABLE: step 0: server 127.0.0.1:P: parameter server shard 0 is shutting down"
   EXPECT_TRUE(OneErrorLineContaining((*w0)->ReadStderr(), "rubato_worker",
                                      {"step 0", "shard 0 is shutting down"}));
 }

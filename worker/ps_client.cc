@@ -70,6 +70,8 @@ class GrpcPsClient final : public PsClient {
       requests[s].set_worker_id(options_.worker_id);
       requests[s].set_batch_size(batch_size);
       requests[s].set_resume_step(resume_step);
+      requests[s].set_num_workers(options_.num_workers);
+      *requests[s].mutable_consistency() = options_.consistency;
     }
     for (size_t i = 0; i < options_.model.size(); ++i) {
       RegisterRequest& r = requests[placement_.shard_of[i]];
@@ -210,8 +212,7 @@ class GrpcPsClient final : public PsClient {
   absl::Status Annotate(int shard, const grpc::Status& status) const {
     if (status.ok()) return absl::OkStatus();
     absl::Status s = FromGrpcStatus(status);
-    return absl::Status(s.code(), absl::StrCat("parameter server shard ", shard, " (",
-                                               options_.servers[shard], "): ", s.message()));
+    return absl::Status(s.code(), absl::StrCat("server ", options_.servers[shard], ": ", s.message()));
   }
 
   absl::Status CheckSizes(absl::Span<const std::vector<float>> values, const char* what) const {

@@ -45,6 +45,9 @@ class PsClient {
 struct PsClientOptions {
   std::vector<std::string> servers;  // host:port per shard.
   int worker_id = 0;
+  // The job as this worker sees it; the servers refuse a worker configured for another job.
+  int num_workers = 0;
+  ConsistencyConfig consistency;
   std::vector<TensorSpec> model;
   // Register waits this long for unreachable servers before failing with UNAVAILABLE.
   absl::Duration connect_timeout = absl::Seconds(30);

@@ -4,8 +4,9 @@
 //   rubato_worker --worker_id=0 --servers=127.0.0.1:5000 --num_workers=2 --layers=784-256-10
 //
 // Progress goes to stdout as JSON lines; logs and the one-line error on failure go to stderr.
-// Exit status: 0 done, 1 runtime failure (unreachable server, timeout, model mismatch), 2 bad
-// flags or data.
+// Exit status: 0 done; 1 runtime failure (unreachable server, timeout, model or job mismatch), with
+// the status code in the message; 2 bad flag values or data. (Abseil's flag parser itself exits 1
+// for an unknown flag.)
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
   rubato::PsClientOptions client_options;
   client_options.servers.assign(cluster->servers().begin(), cluster->servers().end());
   client_options.worker_id = worker_id;
+  client_options.num_workers = cluster->num_workers();
+  client_options.consistency = cluster->consistency();
   for (const rubato::ParamSpec& p : params_spec) {
     rubato::TensorSpec t;
     t.set_name(p.name);
@@ -140,7 +143,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::vector<float>> params = rubato::InitMlpParams(*spec, absl::GetFlag(FLAGS_seed));
   if (auto s = (*client)->Register(params, batch_size, /*resume_step=*/0); !s.ok()) {
-    return Fail(kExitRuntime, std::string(s.message()));
+    return Fail(kExitRuntime, s.ToString());
   }
   RUBATO_LOG(INFO) << "registered with " << cluster->servers_size() << " shard(s) ["
                    << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes; model "
@@ -163,7 +166,7 @@ int main(int argc, char** argv) {
   options.log_every = absl::GetFlag(FLAGS_log_every);
   auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher,
                                     *test, &params, &std::cout);
-  if (!result.ok()) return Fail(kExitRuntime, std::string(result.status().message()));
+  if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
   std::cout << absl::StrFormat(
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"wall_s\":%.3f,"
                    "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f}",
