@@ -17,7 +17,37 @@ ABSL_FLAG(std::optional<std::string>, mode, std::nullopt,
           "Consistency model: bsp (default), async, backup:B, ssp:S.");
 ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt, "Server-side optimizer: sgd (default).");
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt, "Learning rate (default 0.1).");
-ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt, "L2 weight decay (default 0).");
+ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt,
+          "Weight decay (default 0): L2 for sgd, adam, lars; decoupled for adamw, lamb.");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "sgd (default 0), lars (default 0.9).");
+ABSL_FLAG(std::optional<bool>, nesterov, std::nullopt, "sgd: Nesterov momentum.");
+ABSL_FLAG(std::optional<double>, beta1, std::nullopt, "adam, adamw, lamb (default 0.9).");
+ABSL_FLAG(std::optional<double>, beta2, std::nullopt, "adam, adamw, lamb (default 0.999).");
+ABSL_FLAG(std::optional<double>, epsilon, std::nullopt,
+          "adam, adamw (default 1e-8); lamb (default 1e-6); lars (default 0).");
+ABSL_FLAG(std::optional<double>, trust_coefficient, std::nullopt, "lars: eta (default 0.001).");
+ABSL_FLAG(std::optional<std::string>, exclude_from_weight_decay, std::nullopt,
+          "Comma-separated regular expressions of tensor names without weight decay "
+          "(default: every tensor of rank <= 1).");
+ABSL_FLAG(std::optional<std::string>, exclude_from_layer_adaptation, std::nullopt,
+          "lars, lamb: comma-separated regular expressions of tensor names with trust ratio 1 "
+          "(default: every tensor of rank <= 1).");
+ABSL_FLAG(std::optional<double>, clip_global_norm, std::nullopt,
+          "> 0: each worker clips its gradient to this global L2 norm before pushing.");
+ABSL_FLAG(std::optional<int64_t>, lr_reference_batch, std::nullopt,
+          "Global batch at which --learning_rate is tuned (default: the job's; no scaling).");
+ABSL_FLAG(std::optional<std::string>, lr_scaling, std::nullopt,
+          "none (default), linear or sqrt: scale the LR by the global batch over the reference.");
+ABSL_FLAG(std::optional<int64_t>, warmup_steps, std::nullopt, "Linear warmup, in updates.");
+ABSL_FLAG(std::optional<double>, warmup_epochs, std::nullopt, "Linear warmup, in epochs.");
+ABSL_FLAG(std::optional<std::string>, lr_decay, std::nullopt,
+          "constant (default), step, cosine or polynomial.");
+ABSL_FLAG(std::optional<int64_t>, lr_decay_steps, std::nullopt,
+          "step: period; cosine, polynomial: horizon in updates (default: the whole job).");
+ABSL_FLAG(std::optional<double>, lr_decay_factor, std::nullopt, "step decay factor (default 0.1).");
+ABSL_FLAG(std::optional<double>, lr_power, std::nullopt, "polynomial decay power (default 1).");
+ABSL_FLAG(std::optional<double>, final_lr_fraction, std::nullopt,
+          "cosine, polynomial: final LR as a fraction of the peak (default 0).");
 ABSL_FLAG(std::optional<int64_t>, lease_ms, std::nullopt,
           "Worker lease in ms (default 10000). Recorded in the spec and sent to workers; dropping "
           "workers silent for longer is not implemented yet.");
@@ -49,6 +79,35 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   if (auto v = absl::GetFlag(FLAGS_optimizer)) opt->set_type(*v);
   if (auto v = absl::GetFlag(FLAGS_learning_rate)) opt->set_learning_rate(*v);
   if (auto v = absl::GetFlag(FLAGS_weight_decay)) opt->set_weight_decay(*v);
+  if (auto v = absl::GetFlag(FLAGS_momentum)) opt->set_momentum(*v);
+  if (auto v = absl::GetFlag(FLAGS_nesterov)) opt->set_nesterov(*v);
+  if (auto v = absl::GetFlag(FLAGS_beta1)) opt->set_beta1(*v);
+  if (auto v = absl::GetFlag(FLAGS_beta2)) opt->set_beta2(*v);
+  if (auto v = absl::GetFlag(FLAGS_epsilon)) opt->set_epsilon(*v);
+  if (auto v = absl::GetFlag(FLAGS_trust_coefficient)) opt->set_trust_coefficient(*v);
+  if (auto v = absl::GetFlag(FLAGS_exclude_from_weight_decay)) {
+    opt->clear_exclude_from_weight_decay();
+    for (absl::string_view p : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
+      opt->add_exclude_from_weight_decay(std::string(p));
+    }
+  }
+  if (auto v = absl::GetFlag(FLAGS_exclude_from_layer_adaptation)) {
+    opt->clear_exclude_from_layer_adaptation();
+    for (absl::string_view p : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
+      opt->add_exclude_from_layer_adaptation(std::string(p));
+    }
+  }
+  if (auto v = absl::GetFlag(FLAGS_clip_global_norm)) opt->set_clip_global_norm(*v);
+  LearningRateSchedule* lr = spec.mutable_lr_schedule();
+  if (auto v = absl::GetFlag(FLAGS_lr_reference_batch)) lr->set_reference_batch(*v);
+  if (auto v = absl::GetFlag(FLAGS_lr_scaling)) lr->set_scaling(*v);
+  if (auto v = absl::GetFlag(FLAGS_warmup_steps)) lr->set_warmup_steps(*v);
+  if (auto v = absl::GetFlag(FLAGS_warmup_epochs)) lr->set_warmup_epochs(*v);
+  if (auto v = absl::GetFlag(FLAGS_lr_decay)) lr->set_decay(*v);
+  if (auto v = absl::GetFlag(FLAGS_lr_decay_steps)) lr->set_decay_steps(*v);
+  if (auto v = absl::GetFlag(FLAGS_lr_decay_factor)) lr->set_decay_factor(*v);
+  if (auto v = absl::GetFlag(FLAGS_lr_power)) lr->set_power(*v);
+  if (auto v = absl::GetFlag(FLAGS_final_lr_fraction)) lr->set_final_lr_fraction(*v);
   if (auto v = absl::GetFlag(FLAGS_lease_ms)) spec.set_lease_ms(*v);
   if (auto v = absl::GetFlag(FLAGS_wait_timeout_ms)) spec.set_wait_timeout_ms(*v);
   RETURN_IF_ERROR(ValidateClusterSpec(spec, need_servers));

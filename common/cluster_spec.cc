@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/lr_schedule.h"
 #include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -143,6 +144,15 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
       return absl::InvalidArgumentError("consistency.mode is not set");
   }
   RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
+  // The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for
+  // cosine decay) is checked again when the servers know the job (ParameterShard).
+  ScheduleContext context;
+  context.global_batch = 1;
+  context.steps_per_epoch = 1;
+  context.total_steps = int64_t{1} << 40;
+  RETURN_IF_ERROR(
+      LearningRateScheduler::Create(spec.optimizer().learning_rate(), spec.lr_schedule(), context)
+          .status());
   if (spec.lease_ms() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("lease_ms must be > 0, got ", spec.lease_ms()));
   }

@@ -46,11 +46,13 @@ absl::Status CheckFloatBytes(absl::string_view what, absl::string_view bytes, in
 }
 
 void BytesToFloats(absl::string_view bytes, absl::Span<float> out) {
+  if (out.empty()) return;  // memcpy from a null pointer is undefined even for 0 bytes.
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
 }
 
 void FloatsToBytes(absl::Span<const float> values, std::string* out) {
   out->resize(values.size() * sizeof(float));
+  if (values.empty()) return;
   std::memcpy(&(*out)[0], values.data(), out->size());
 }
 

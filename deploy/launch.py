@@ -26,7 +26,13 @@ import time
 PR_SET_PDEATHSIG = 1
 
 # Flags that describe the cluster: given to servers and workers alike.
-CLUSTER_FLAGS = ("mode", "optimizer", "learning_rate", "weight_decay", "lease_ms", "wait_timeout_ms")
+CLUSTER_FLAGS = ("mode", "optimizer", "learning_rate", "weight_decay", "momentum", "nesterov",
+                 "beta1", "beta2", "epsilon", "trust_coefficient", "exclude_from_weight_decay",
+                 "exclude_from_layer_adaptation", "clip_global_norm", "lr_reference_batch",
+                 "lr_scaling", "warmup_steps", "warmup_epochs", "lr_decay", "lr_decay_steps",
+                 "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms")
+# Flags given to servers only.
+SERVER_FLAGS = ("update_threads",)
 # Flags given to workers only.
 WORKER_FLAGS = ("layers", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms")
@@ -146,9 +152,10 @@ def parse_args(argv):
     p.add_argument("--startup_timeout", type=float, default=30,
                    help="Seconds for a server to start serving.")
     p.add_argument("--refresh", type=float, default=0.5, help="Live view refresh, seconds.")
-    for name in CLUSTER_FLAGS + WORKER_FLAGS:
+    for name in CLUSTER_FLAGS + WORKER_FLAGS + SERVER_FLAGS:
         p.add_argument("--" + name, default=None, help="Passed to rubato_%s as --%s." % (
-            "server and rubato_worker" if name in CLUSTER_FLAGS else "worker", name))
+            "server and rubato_worker" if name in CLUSTER_FLAGS else
+            "worker" if name in WORKER_FLAGS else "server", name))
     args = p.parse_args(argv)
     if args.servers < 1 or args.workers < 1:
         p.error("--servers and --workers must be >= 1")
@@ -196,7 +203,7 @@ def main(argv):
             proc = Proc("server-%d" % s, [server_bin, "--shard_id=%d" % s,
                                           "--num_shards=%d" % args.servers,
                                           "--listen=127.0.0.1:0", "--port_file=" + port_file]
-                        + cluster, run_dir)
+                        + cluster + forwarded(args, SERVER_FLAGS), run_dir)
             procs.append(proc)
             servers.append(proc)
         for s, proc in enumerate(servers):

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "common/tensor_bytes.h"
 
@@ -21,6 +22,10 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
                                                    options.num_shards, ")"));
   }
   RETURN_IF_ERROR(ValidateClusterSpec(options.cluster, /*need_servers=*/false));
+  if (options.update_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update_threads must be >= 1, got ", options.update_threads));
+  }
   if (options.cluster.consistency().mode() != BSP) {
     return absl::UnimplementedError(
         absl::StrCat("consistency mode '", FormatConsistency(options.cluster.consistency()),
@@ -35,6 +40,7 @@ ParameterShard::ParameterShard(const ShardOptions& options, std::unique_ptr<Opti
       optimizer_(std::move(optimizer)),
       max_wait_(absl::Milliseconds(options.cluster.wait_timeout_ms())),
       workers_(options.cluster.num_workers()) {
+  if (options.update_threads > 1) pool_ = std::make_unique<ThreadPool>(options.update_threads);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
@@ -92,6 +98,10 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         " was started with ", request.num_workers(), " workers in mode ",
         FormatConsistency(request.consistency())));
   }
+  if (request.steps_per_epoch() < 0 || request.total_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", id, ": steps_per_epoch and total_steps must be >= 0"));
+  }
   if (request.model().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", id, " registered with an empty model"));
   }
@@ -138,6 +148,16 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   {
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
+  for (int other = 0; other < options_.cluster.num_workers(); ++other) {
+    const Worker& w = workers_[other];
+    if (other == id || !w.registered) continue;
+    if (w.steps_per_epoch != request.steps_per_epoch() || w.total_steps != request.total_steps()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job mismatch: worker ", other, " runs ", w.total_steps, " steps of ", w.steps_per_epoch,
+          " per epoch, but worker ", id, " was started for ", request.total_steps(), " steps of ",
+          request.steps_per_epoch(), " per epoch"));
+    }
+  }
   if (!initialised_) {
     if (request.initial_values().empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -151,6 +171,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
       t.shape.assign(request.model(i).shape().begin(), request.model(i).shape().end());
       t.weights.resize(ElementCount(t.shape));
       BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(t.weights));
+      t.role = optimizer_->RoleOf(t.name, t.shape);
       t.pending.assign(options_.cluster.num_workers(), {});
       t.received.assign(options_.cluster.num_workers(), false);
       index_[t.name] = i;
@@ -184,10 +205,17 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     }
   }
   Worker& w = workers_[id];
+  const Worker before = w;
   w.registered = true;
   w.batch_size = request.batch_size();
+  w.steps_per_epoch = request.steps_per_epoch();
+  w.total_steps = request.total_steps();
   w.last_step = request.resume_step() - 1;
   w.last_seen = absl::Now();
+  if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
+    w = before;
+    return s;
+  }
 
   CollectReady(&ready);  // The last registrant may release the step-0 pulls.
   response.set_shard_id(options_.shard_id);
@@ -199,6 +227,28 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   }
   Run(&ready);
   return response;
+}
+
+absl::Status ParameterShard::StartTrainingIfComplete() {
+  if (schedule_.has_value() || RegisteredCount() < options_.cluster.num_workers()) {
+    return absl::OkStatus();
+  }
+  ScheduleContext context;
+  for (const Worker& w : workers_) context.global_batch += w.batch_size;
+  context.steps_per_epoch = workers_[0].steps_per_epoch;
+  context.total_steps = workers_[0].total_steps;
+  absl::StatusOr<LearningRateScheduler> schedule = LearningRateScheduler::Create(
+      options_.cluster.optimizer().learning_rate(), options_.cluster.lr_schedule(), context);
+  if (!schedule.ok()) {
+    return absl::Status(schedule.status().code(),
+                        absl::StrCat("cannot start training: ", schedule.status().message()));
+  }
+  schedule_ = std::move(*schedule);
+  RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()
+                   << " workers registered; optimizer " << optimizer_->config().type()
+                   << "; learning-rate schedule:\n"
+                   << schedule_->Describe();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
@@ -287,8 +337,10 @@ void ParameterShard::ApplyUpdate(Tensor* t) {
     for (int w = 0; w < workers; ++w) sum += t->pending[w][i];
     mean[i] = static_cast<float>(sum * inv);
   }
-  optimizer_->Update(static_cast<float>(options_.cluster.optimizer().learning_rate()), mean,
-                     absl::MakeSpan(t->weights), &t->optimizer_state);
+  // Pushes are refused until every worker has registered, so the schedule exists here.
+  last_learning_rate_ = schedule_->At(t->version);
+  optimizer_->Update(static_cast<float>(last_learning_rate_), mean, absl::MakeSpan(t->weights),
+                     t->role, &t->optimizer_state, pool_.get());
   ++t->version;
   ++applied_updates_;
   std::fill(t->received.begin(), t->received.end(), false);
@@ -464,6 +516,8 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_rejected_pushes(rejected_pushes_);
   s.set_duplicate_gradients(duplicate_gradients_);
   s.set_applied_updates(applied_updates_);
+  s.set_learning_rate(last_learning_rate_);
+  if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());
   s.set_pending_pulls(static_cast<int64_t>(waiting_.size()));
   const absl::Time now = absl::Now();
   for (int id = 0; id < static_cast<int>(workers_.size()); ++id) {

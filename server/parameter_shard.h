@@ -9,6 +9,11 @@
 // worker-id order, so the result does not depend on arrival order) is handed to the optimizer once,
 // and T's version becomes t + 1. Completion is tracked per tensor, not per push message.
 //
+// Learning rate: the update that takes a tensor from version t to t + 1 uses the schedule's rate for
+// update t (common/lr_schedule.h), so the rate follows the shard's own count of applied updates. The
+// schedule needs the global batch (the sum of the registered workers' batches) and the job's length,
+// so it is built, and logged, when the last worker registers.
+//
 // Training starts when all `num_workers` workers of the cluster spec have registered: pulls wait for
 // that, and pushes before it are refused. Every wait has a deadline; a pull that times out fails
 // with DEADLINE_EXCEEDED naming the workers it was waiting for.
@@ -20,6 +25,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +36,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/lr_schedule.h"
 #include "common/optimizer.h"
+#include "common/thread_pool.h"
 #include "proto/cluster.pb.h"
 #include "proto/parameter_server.pb.h"
 
@@ -39,8 +47,11 @@ namespace rubato {
 struct ShardOptions {
   int shard_id = 0;
   int num_shards = 1;
-  // num_workers, consistency, optimizer, lease_ms and wait_timeout_ms are used; servers is not.
+  // num_workers, consistency, optimizer, lr_schedule, lease_ms and wait_timeout_ms are used;
+  // servers is not.
   ClusterSpec cluster;
+  // Threads that share one tensor's update (large tensors only); 1 = the calling thread alone.
+  int update_threads = 1;
 };
 
 class ParameterShard {
@@ -88,6 +99,7 @@ class ParameterShard {
     std::vector<int64_t> shape;
     std::vector<float> weights;        // (elements)
     int64_t version = 0;               // Updates applied.
+    TensorRole role;                   // Weight decay / layer adaptation, from the exclusion rules.
     TensorOptimizerState optimizer_state;
     // Gradients received for step == version, indexed by worker id; (num_workers, elements).
     std::vector<std::vector<float>> pending;
@@ -97,6 +109,8 @@ class ParameterShard {
   struct Worker {
     bool registered = false;
     int32_t batch_size = 0;
+    int64_t steps_per_epoch = 0;
+    int64_t total_steps = 0;
     int64_t last_step = -1;
     absl::Time last_seen;
   };
@@ -123,6 +137,9 @@ class ParameterShard {
   // Averages the pending gradients, applies the optimizer and bumps the version.
   void ApplyUpdate(Tensor* tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int RegisteredCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Builds the schedule once every worker has registered. An error here (e.g. a warmup longer than
+  // the job) refuses the last registration.
+  absl::Status StartTrainingIfComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinVersion() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeadlineLoop();
   static void Run(std::vector<Completion>* completions);
@@ -131,6 +148,7 @@ class ParameterShard {
   const ShardOptions options_;
   const std::unique_ptr<Optimizer> optimizer_;
   const absl::Duration max_wait_;
+  std::unique_ptr<ThreadPool> pool_;  // Null with update_threads == 1.
 
   mutable absl::Mutex mu_;
   bool initialised_ ABSL_GUARDED_BY(mu_) = false;
@@ -145,6 +163,8 @@ class ParameterShard {
   int64_t rejected_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicate_gradients_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
+  double last_learning_rate_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::thread deadline_thread_;  // Last member: started when everything else is ready.
 };

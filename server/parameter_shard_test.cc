@@ -374,5 +374,62 @@ TEST(ParameterShardTest, ShutdownFailsWaitingPulls) {
   EXPECT_EQ(r->status.code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(ParameterShardTest, LearningRateFollowsTheUpdateCount) {
+  ShardOptions o = Options(1);
+  o.cluster.mutable_optimizer()->set_learning_rate(1.0);
+  o.cluster.mutable_lr_schedule()->set_warmup_steps(4);
+  auto shard = ParameterShard::Create(o);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE((*shard)->Register(Registration(0, 1)).ok());
+  float w = kB0[1];
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_TRUE((*shard)->Push(PushOf(0, step, {Value("b", {1, 1, 1})})).ok());
+    // Warmup: update t uses (t + 1) / 4 of the peak, then the peak (constant decay).
+    const float lr = step < 4 ? (step + 1) / 4.0f : 1.0f;
+    w -= lr * 1.0f;
+    EXPECT_DOUBLE_EQ((*shard)->Stats().learning_rate(), lr) << "update " << step;
+    auto r = StartPull(shard->get(), 0, step + 1, absl::Seconds(5), {"b"});
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    EXPECT_EQ(Floats(r->response.tensors(0))[1], w) << "after update " << step;
+  }
+  EXPECT_NE((*shard)->Stats().lr_schedule().find("warmup"), std::string::npos)
+      << (*shard)->Stats().lr_schedule();
+}
+
+TEST(ParameterShardTest, ScheduleThatDoesNotFitTheJobRefusesTheLastRegistration) {
+  ShardOptions o = Options(2);
+  o.cluster.mutable_lr_schedule()->set_decay("cosine");  // Needs a horizon: the job's length.
+  auto shard = ParameterShard::Create(o);
+  ASSERT_TRUE(shard.ok());
+  ASSERT_TRUE((*shard)->Register(Registration(0, 2)).ok());
+  auto r = (*shard)->Register(Registration(1, 2));  // total_steps 0: no horizon.
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot start training"), std::string::npos) << r.status();
+  // The refused worker is not counted: pushes still wait for the job to start.
+  EXPECT_EQ((*shard)->Push(PushOf(0, 0, {Value("b", {1, 1, 1})})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  RegisterRequest fixed = Registration(1, 2);
+  fixed.set_total_steps(100);
+  RegisterRequest first = Registration(0, 2);
+  first.set_total_steps(100);
+  ASSERT_TRUE((*shard)->Register(first).ok());  // Re-registration updates worker 0's job length.
+  EXPECT_TRUE((*shard)->Register(fixed).ok());
+}
+
+TEST(ParameterShardTest, WorkersWithDifferentJobLengthsAreRefused) {
+  auto shard = ParameterShard::Create(Options(2));
+  ASSERT_TRUE(shard.ok());
+  RegisterRequest a = Registration(0, 2);
+  a.set_steps_per_epoch(10);
+  a.set_total_steps(30);
+  ASSERT_TRUE((*shard)->Register(a).ok());
+  RegisterRequest b = Registration(1, 2);
+  b.set_steps_per_epoch(10);
+  b.set_total_steps(20);
+  auto r = (*shard)->Register(b);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("job mismatch"), std::string::npos) << r.status();
+}
+
 }  // namespace
 }  // namespace rubato

@@ -21,6 +21,7 @@
 #include "common/cluster_spec.h"
 #include "common/grpc_options.h"
 #include "common/log.h"
+#include "common/optimizer.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/parameter_service.h"
@@ -32,6 +33,7 @@ ABSL_FLAG(std::string, listen, "",
           "host:port to listen on; port 0 picks a free one (default: servers[shard_id], "
           "else 127.0.0.1:0).");
 ABSL_FLAG(std::string, port_file, "", "Write the bound host:port here once serving.");
+ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
 
 namespace {
 
@@ -69,6 +71,7 @@ int main(int argc, char** argv) {
   options.shard_id = shard_id;
   options.num_shards = num_shards;
   options.cluster = *spec;
+  options.update_threads = absl::GetFlag(FLAGS_update_threads);
   auto shard = rubato::ParameterShard::Create(options);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
 
@@ -85,9 +88,13 @@ int main(int argc, char** argv) {
   const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound
                    << ": " << spec->num_workers() << " workers, mode "
-                   << rubato::FormatConsistency(spec->consistency()) << ", optimizer "
-                   << spec->optimizer().type() << " lr " << spec->optimizer().learning_rate()
-                   << ", wait timeout " << spec->wait_timeout_ms() << " ms";
+                   << rubato::FormatConsistency(spec->consistency()) << ", wait timeout "
+                   << spec->wait_timeout_ms() << " ms";
+  if (auto config = rubato::CompleteOptimizerConfig(spec->optimizer()); config.ok()) {
+    RUBATO_LOG(INFO) << "optimizer { " << config->ShortDebugString() << " }; lr_schedule { "
+                     << spec->lr_schedule().ShortDebugString()
+                     << " } (the effective schedule is logged once every worker has registered)";
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";

@@ -206,7 +206,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlagCase{"NegativeLearningRate", {"--learning_rate=-1"}, {"learning_rate", "-1"}},
         BadFlagCase{"AsyncNotImplemented", {"--mode=async"}, {"'async'", "not implemented"}},
         BadFlagCase{"ZeroWorkers", {"--num_workers=0"}, {"num_workers", "required"}},
-        BadFlagCase{"NegativeWorkers", {"--num_workers=-3"}, {"num_workers", "got -3"}}),
+        BadFlagCase{"NegativeWorkers", {"--num_workers=-3"}, {"num_workers", "got -3"}},
+        BadFlagCase{"UnknownOptimizer", {"--optimizer=adagrad"}, {"optimizer.type", "adagrad"}},
+        BadFlagCase{"BetaOutOfRange", {"--optimizer=lamb", "--beta1=1.5"}, {"optimizer.beta1"}},
+        BadFlagCase{"UnknownScaling", {"--lr_scaling=cubic"}, {"lr_schedule.scaling", "cubic"}}),
     [](const ::testing::TestParamInfo<BadFlagCase>& info) { return info.param.name; });
 
 // --- Running jobs that go wrong -----------------------------------------------------------------

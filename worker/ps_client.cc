@@ -72,6 +72,8 @@ class GrpcPsClient final : public PsClient {
       requests[s].set_resume_step(resume_step);
       requests[s].set_num_workers(options_.num_workers);
       *requests[s].mutable_consistency() = options_.consistency;
+      requests[s].set_steps_per_epoch(options_.steps_per_epoch);
+      requests[s].set_total_steps(options_.total_steps);
     }
     for (size_t i = 0; i < options_.model.size(); ++i) {
       RegisterRequest& r = requests[placement_.shard_of[i]];

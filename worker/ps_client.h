@@ -48,6 +48,8 @@ struct PsClientOptions {
   // The job as this worker sees it; the servers refuse a worker configured for another job.
   int num_workers = 0;
   ConsistencyConfig consistency;
+  int64_t steps_per_epoch = 0;  // For the servers' learning-rate schedule.
+  int64_t total_steps = 0;
   std::vector<TensorSpec> model;
   // Register waits this long for unreachable servers before failing with UNAVAILABLE.
   absl::Duration connect_timeout = absl::Seconds(30);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 
 namespace rubato {
@@ -49,7 +50,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
 
   const absl::Time start = absl::Now();
   absl::Time interval_start = start;
-  double loss_sum = 0, compute_s = 0, comm_s = 0;
+  double loss_sum = 0, compute_s = 0, comm_s = 0, grad_norm_sum = 0;
   int64_t interval_steps = 0;
   TrainingResult result;
   for (int64_t step = 0; step < options.steps; ++step) {
@@ -62,6 +63,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     absl::StatusOr<float> loss =
         backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(), batch, grad_spans);
     RETURN_IF_ERROR(AtStep(step, loss.status()));
+    if (options.clip_global_norm > 0) {
+      grad_norm_sum += ClipByGlobalNorm(grad_spans, options.clip_global_norm);
+    }
     const absl::Time t2 = absl::Now();
     // Push this step's gradients; the servers average them over the workers.
     RETURN_IF_ERROR(AtStep(step, client->Push(step, grads)));
@@ -77,14 +81,17 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       result.final_loss = loss_sum / interval_steps;
       *progress << absl::StrFormat(
                        "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
-                       "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f}",
+                       "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f%s}",
                        options.worker_id, done, batcher->epoch(),
                        absl::ToDoubleSeconds(t3 - start), result.final_loss,
                        interval_steps / std::max(elapsed, 1e-9), 1e3 * compute_s / interval_steps,
-                       1e3 * comm_s / interval_steps)
+                       1e3 * comm_s / interval_steps,
+                       options.clip_global_norm > 0
+                           ? absl::StrFormat(",\"grad_norm\":%.5f", grad_norm_sum / interval_steps)
+                           : "")
                 << std::endl;
       interval_start = t3;
-      loss_sum = compute_s = comm_s = 0;
+      loss_sum = compute_s = comm_s = grad_norm_sum = 0;
       interval_steps = 0;
     }
     if (test.size > 0 && options.eval_every > 0 && done % options.eval_every == 0 &&

@@ -22,6 +22,10 @@ struct TrainingOptions {
   int64_t steps = 0;          // Steps to run; every worker of a BSP job must run the same number.
   int64_t eval_every = 0;     // Evaluate on the test set every this many steps (0: only at the end).
   int64_t log_every = 20;     // Emit a "step" record every this many steps.
+  // > 0: scale this worker's gradient to at most this global L2 norm before pushing it. Clipping
+  // happens on each worker's gradient, before averaging: with whole tensors spread over shards, no
+  // shard sees the global norm of the averaged gradient.
+  double clip_global_norm = 0;
 };
 
 struct TrainingResult {

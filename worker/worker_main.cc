@@ -129,6 +129,8 @@ int main(int argc, char** argv) {
   client_options.worker_id = worker_id;
   client_options.num_workers = cluster->num_workers();
   client_options.consistency = cluster->consistency();
+  client_options.steps_per_epoch = steps_per_epoch;
+  client_options.total_steps = steps;
   for (const rubato::ParamSpec& p : params_spec) {
     rubato::TensorSpec t;
     t.set_name(p.name);
@@ -164,6 +166,7 @@ int main(int argc, char** argv) {
   options.steps = steps;
   options.eval_every = eval_every;
   options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.clip_global_norm = cluster->optimizer().clip_global_norm();
   auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher,
                                     *test, &params, &std::cout);
   if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
