@@ -1,7 +1,9 @@
 // Optimizer: the update rules a parameter server applies to one tensor, over plain float spans.
 //
-// Pure code: no network, no locking. The caller (a ParameterShard, later the all-reduce workers)
-// owns the weights and one TensorOptimizerState per tensor, and serialises updates of a tensor.
+// Pure code: no network. The caller (a ParameterShard, later the all-reduce workers) owns the
+// weights and one TensorOptimizerState per tensor, and serialises updates of a tensor; updates of
+// different tensors may run concurrently. (LAMB borrows a scratch buffer with a non-blocking
+// TryLock and recomputes instead when another update holds it: same result either way.)
 // Notation: w weights, g gradient (already averaged over workers), lr this update's learning rate
 // (from LearningRateSchedule), wd weight decay, t the update count starting at 1.
 //
