@@ -84,7 +84,11 @@ absl::StatusOr<LearningRateScheduler> LearningRateScheduler::Create(
                      "needs the number of updates per epoch, which this job does not know; "
                      "use warmup_steps");
     }
-    s.warmup_steps_ = std::llround(c.warmup_epochs() * context.steps_per_epoch);
+    const double updates = c.warmup_epochs() * static_cast<double>(context.steps_per_epoch);
+    if (updates > 1e15) {
+      return Invalid("warmup_epochs", absl::StrCat(c.warmup_epochs(), " epochs is too long"));
+    }
+    s.warmup_steps_ = std::llround(updates);
   } else {
     s.warmup_steps_ = c.warmup_steps();
   }
