@@ -916,7 +916,9 @@ TEST(ClipTest, LeavesSmallGradientsBitIdentical) {
   for (float x : a0) expected += double{x} * x;
   for (float x : b0) expected += double{x} * x;
   expected = std::sqrt(expected);
-  EXPECT_NEAR(ClipByGlobalNorm(grads, 1e6), expected, 1e-12 * expected);
+  // Squares are summed in float lanes of at most 128 terms per block (optimizer.cc, SumSquares):
+  // well within 1e-6 of the double sum, and the norm only decides whether and how much to scale.
+  EXPECT_NEAR(ClipByGlobalNorm(grads, 1e6), expected, 1e-6 * expected);
   EXPECT_EQ(a, a0);
   EXPECT_EQ(b, b0);
   // Exactly at the bound is not above it.
