@@ -15,7 +15,8 @@ ABSL_FLAG(std::optional<std::string>, servers, std::nullopt,
 ABSL_FLAG(std::optional<int>, num_workers, std::nullopt, "Number of workers in the job.");
 ABSL_FLAG(std::optional<std::string>, mode, std::nullopt,
           "Consistency model: bsp (default), async, backup:B, ssp:S.");
-ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt, "Server-side optimizer: sgd (default).");
+ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
+          "Server-side optimizer: sgd (default).");
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt, "Learning rate (default 0.1).");
 ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt,
           "Weight decay (default 0): L2 for sgd, adam, lars; decoupled for adamw, lamb.");

@@ -18,7 +18,8 @@ namespace {
 class CollectErrors : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    if (first_.empty())
+      first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
   }
   const std::string& first() const { return first_; }
 

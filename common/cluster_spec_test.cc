@@ -83,7 +83,8 @@ TEST(ClusterSpecTest, ReadsTextFormatFiles) {
   {
     std::ofstream out(path);
     out << "servers: \"127.0.0.1:1\"\nservers: \"127.0.0.1:2\"\nnum_workers: 3\n"
-           "consistency { mode: SSP staleness: 2 }\noptimizer { type: \"sgd\" learning_rate: 0.05 }\n";
+           "consistency { mode: SSP staleness: 2 }\noptimizer { type: \"sgd\" learning_rate: 0.05 "
+           "}\n";
   }
   auto s = ReadClusterSpecFile(path);
   ASSERT_TRUE(s.ok()) << s.status();

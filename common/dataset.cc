@@ -66,9 +66,9 @@ absl::StatusOr<ShardedBatcher> ShardedBatcher::Create(const Dataset* data, int r
   if (data->size < 0 || data->dim < 1 ||
       static_cast<int64_t>(data->features.size()) != data->size * data->dim ||
       static_cast<int64_t>(data->labels.size()) != data->size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data is inconsistent: size ", data->size, ", dim ", data->dim, ", ",
-        data->features.size(), " features, ", data->labels.size(), " labels"));
+    return absl::InvalidArgumentError(absl::StrCat("data is inconsistent: size ", data->size,
+                                                   ", dim ", data->dim, ", ", data->features.size(),
+                                                   " features, ", data->labels.size(), " labels"));
   }
   if (num_ranks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_ranks must be >= 1, got ", num_ranks));
@@ -98,8 +98,8 @@ ShardedBatcher::ShardedBatcher(const Dataset* data, int rank, int num_ranks, int
 void ShardedBatcher::Shuffle() {
   const int64_t n = static_cast<int64_t>(order_.size());
   for (int64_t k = 0; k < n; ++k) order_[k] = rank_ + k * num_ranks_;
-  std::mt19937_64 rng(Mix64(Mix64(Mix64(seed_) ^ static_cast<uint64_t>(rank_)) ^
-                            static_cast<uint64_t>(epoch_)));
+  std::mt19937_64 rng(
+      Mix64(Mix64(Mix64(seed_) ^ static_cast<uint64_t>(rank_)) ^ static_cast<uint64_t>(epoch_)));
   for (int64_t i = n - 1; i > 0; --i) {
     std::swap(order_[i], order_[UniformBelow(rng, static_cast<uint64_t>(i) + 1)]);
   }

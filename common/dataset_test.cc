@@ -214,16 +214,14 @@ TEST(LoadFashionMnistTest, CountMismatchIsDataLoss) {
   const std::string dir = WriteTestSplit("tiny_mismatch", 3, {1, 2});
   const absl::Status status = LoadFashionMnist(dir, Split::kTest).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_NE(status.message().find(dir + "/t10k-labels-idx1-ubyte.gz"), std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find(dir + "/t10k-labels-idx1-ubyte.gz"), std::string::npos) << status;
 }
 
 TEST(LoadFashionMnistTest, LabelOutOfRangeIsDataLoss) {
   const std::string dir = WriteTestSplit("tiny_bad_label", 2, {1, 10});
   const absl::Status status = LoadFashionMnist(dir, Split::kTest).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_NE(status.message().find(dir + "/t10k-labels-idx1-ubyte.gz"), std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find(dir + "/t10k-labels-idx1-ubyte.gz"), std::string::npos) << status;
 }
 
 bool HaveRealData() {

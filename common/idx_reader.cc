@@ -112,10 +112,10 @@ absl::StatusOr<std::vector<uint8_t>> ReadPayload(gzFile file, const std::string&
     if (n < chunk) break;
   }
   if (got < payload_bytes) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": truncated IDX file: expected ", header_bytes + payload_bytes, " bytes (",
-        header_bytes, " header + ", payload_bytes, " data), got ", header_bytes + got,
-        GzipTruncationNote(file)));
+    return absl::DataLossError(absl::StrCat(path, ": truncated IDX file: expected ",
+                                            header_bytes + payload_bytes, " bytes (", header_bytes,
+                                            " header + ", payload_bytes, " data), got ",
+                                            header_bytes + got, GzipTruncationNote(file)));
   }
 
   int64_t trailing = 0;
@@ -126,10 +126,9 @@ absl::StatusOr<std::vector<uint8_t>> ReadPayload(gzFile file, const std::string&
     trailing += n;
   }
   if (trailing > 0) {
-    return absl::DataLossError(absl::StrCat(path, ": IDX file has ", trailing,
-                                            " trailing bytes: expected ",
-                                            header_bytes + payload_bytes, " bytes, got ",
-                                            header_bytes + payload_bytes + trailing));
+    return absl::DataLossError(absl::StrCat(
+        path, ": IDX file has ", trailing, " trailing bytes: expected ",
+        header_bytes + payload_bytes, " bytes, got ", header_bytes + payload_bytes + trailing));
   }
   return data;
 }

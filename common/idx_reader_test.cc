@@ -192,8 +192,8 @@ TEST_P(IdxReaderTest, AbsurdDimensionsAreInvalidArgument) {
     AppendBigEndian32(c.count, &header);
     AppendBigEndian32(c.rows, &header);
     AppendBigEndian32(c.cols, &header);
-    const std::string path = Write(absl::StrCat("absurd_", c.count, "_", c.rows, "_", c.cols),
-                                   header);
+    const std::string path =
+        Write(absl::StrCat("absurd_", c.count, "_", c.rows, "_", c.cols), header);
     ExpectError(ReadIdxImages(path).status(), absl::StatusCode::kInvalidArgument, path);
   }
 }

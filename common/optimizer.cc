@@ -18,8 +18,9 @@ namespace rubato {
 namespace {
 
 // Norms are summed per block of this many elements (see SumSquares), and the block sums are added
-// in double in block order, so a norm does not depend on how the blocks are spread over threads. Every loop
-// works on whole blocks too: each element then goes through the same code whatever the pool.
+// in double in block order, so a norm does not depend on how the blocks are spread over threads.
+// Every loop works on whole blocks too: each element then goes through the same code whatever the
+// pool.
 constexpr int64_t kBlock = 4096;
 // Smallest share of a ParallelFor, in blocks (32K elements, 128 KiB per stream): below that,
 // waking a thread costs more than the pass.
@@ -62,11 +63,11 @@ bool UsesTrustRatio(Type t) { return t == Type::kLars || t == Type::kLamb; }
 #endif
 
 // Sum of x[i]^2 over one block (<= kBlock elements): kSumLanes float accumulators, lane j taking
-// elements j, j + kSumLanes, ..., each in order, then the lanes added in double. A lane adds at most
-// kBlock / kSumLanes = 128 squares, so its relative rounding error stays below 128 * 2^-24 (about
-// 8e-6, and near 1e-7 in practice), and the norm enters only the trust ratio, which scales the
-// update rather than the weights. Float lanes keep the loop at full SIMD width; the order is fixed,
-// so the result is the same with SSE2 or AVX2 and for any thread count.
+// elements j, j + kSumLanes, ..., each in order, then the lanes added in double. A lane adds at
+// most kBlock / kSumLanes = 128 squares, so its relative rounding error stays below 128 * 2^-24
+// (about 8e-6, and near 1e-7 in practice), and the norm enters only the trust ratio, which scales
+// the update rather than the weights. Float lanes keep the loop at full SIMD width; the order is
+// fixed, so the result is the same with SSE2 or AVX2 and for any thread count.
 constexpr int kSumLanes = 32;
 inline double SumSquares(const float* __restrict x, int64_t count) {
   float acc[kSumLanes] = {};
@@ -86,8 +87,8 @@ struct SquaredNorms {
 };
 
 // w <- w - lr*(g + wd*w)
-RUBATO_MULTIVERSION void SgdPlainBlock(const float* __restrict g, float* __restrict w, int64_t count, float lr,
-                          float wd) {
+RUBATO_MULTIVERSION void SgdPlainBlock(const float* __restrict g, float* __restrict w,
+                                       int64_t count, float lr, float wd) {
   for (int64_t i = 0; i < count; ++i) w[i] = w[i] - lr * (g[i] + wd * w[i]);
 }
 
@@ -141,9 +142,9 @@ inline float LambU(const AdamScalars& s, float m, float v, float w, float inv_bc
 // LAMB pass 1: updates m and v, writes u to `u`, returns ||w||^2 (a) and ||u||^2 (b) of the
 // block. The norms are a second loop over data still in L1, so that both loops vectorise.
 RUBATO_MULTIVERSION SquaredNorms LambPass1Block(const AdamScalars& s, const float* __restrict g,
-                                   const float* __restrict w, float* __restrict m,
-                                   float* __restrict v, float* __restrict u, int64_t count,
-                                   float inv_bc1, float wd) {
+                                                const float* __restrict w, float* __restrict m,
+                                                float* __restrict v, float* __restrict u,
+                                                int64_t count, float inv_bc1, float wd) {
   for (int64_t i = 0; i < count; ++i) {
     const float mi = s.b1 * m[i] + s.one_minus_b1 * g[i];
     const float vi = s.b2 * v[i] + s.one_minus_b2 * g[i] * g[i];
@@ -155,24 +156,26 @@ RUBATO_MULTIVERSION SquaredNorms LambPass1Block(const AdamScalars& s, const floa
 }
 
 // LAMB pass 2 from a stored u: w <- w - scale*u.
-RUBATO_MULTIVERSION void LambApplyStoredBlock(const float* __restrict u, float* __restrict w, int64_t count,
-                                 float scale) {
+RUBATO_MULTIVERSION void LambApplyStoredBlock(const float* __restrict u, float* __restrict w,
+                                              int64_t count, float scale) {
   for (int64_t i = 0; i < count; ++i) w[i] = w[i] - scale * u[i];
 }
 
 // LAMB pass 2 without a stored u: recomputed from the updated moments, bit-identical to pass 1's.
 RUBATO_MULTIVERSION void LambApplyRecomputedBlock(const AdamScalars& s, float* __restrict w,
-                                     const float* __restrict m, const float* __restrict v,
-                                     int64_t count, float inv_bc1, float wd, float scale) {
+                                                  const float* __restrict m,
+                                                  const float* __restrict v, int64_t count,
+                                                  float inv_bc1, float wd, float scale) {
   for (int64_t i = 0; i < count; ++i) {
     w[i] = w[i] - scale * LambU(s, m[i], v[i], w[i], inv_bc1, wd);
   }
 }
 
 // LAMB with trust fixed at 1: moments and weights in one pass.
-RUBATO_MULTIVERSION void LambFusedBlock(const AdamScalars& s, const float* __restrict g, float* __restrict w,
-                           float* __restrict m, float* __restrict v, int64_t count, float inv_bc1,
-                           float wd, float lr) {
+RUBATO_MULTIVERSION void LambFusedBlock(const AdamScalars& s, const float* __restrict g,
+                                        float* __restrict w, float* __restrict m,
+                                        float* __restrict v, int64_t count, float inv_bc1, float wd,
+                                        float lr) {
   for (int64_t i = 0; i < count; ++i) {
     const float mi = s.b1 * m[i] + s.one_minus_b1 * g[i];
     const float vi = s.b2 * v[i] + s.one_minus_b2 * g[i] * g[i];
@@ -183,16 +186,18 @@ RUBATO_MULTIVERSION void LambFusedBlock(const AdamScalars& s, const float* __res
 }
 
 // LARS pass 1: ||w||^2 (a) and ||g + wd*w||^2 (b).
-RUBATO_MULTIVERSION SquaredNorms LarsNormsBlock(const float* __restrict g, const float* __restrict w,
-                                   int64_t count, float wd) {
+RUBATO_MULTIVERSION SquaredNorms LarsNormsBlock(const float* __restrict g,
+                                                const float* __restrict w, int64_t count,
+                                                float wd) {
   alignas(64) float gp[kBlock];
   for (int64_t i = 0; i < count; ++i) gp[i] = g[i] + wd * w[i];
   return {SumSquares(w, count), SumSquares(gp, count)};
 }
 
 // LARS pass 2: v <- mu*v + scale*(g + wd*w); w <- w - v.
-RUBATO_MULTIVERSION void LarsApplyBlock(const float* __restrict g, float* __restrict w, float* __restrict v,
-                           int64_t count, float wd, float mu, float scale) {
+RUBATO_MULTIVERSION void LarsApplyBlock(const float* __restrict g, float* __restrict w,
+                                        float* __restrict v, int64_t count, float wd, float mu,
+                                        float scale) {
   for (int64_t i = 0; i < count; ++i) {
     const float vi = mu * v[i] + scale * (g[i] + wd * w[i]);
     v[i] = vi;

@@ -76,9 +76,9 @@ class Optimizer {
   // Applies the exclusion rules to a tensor's name and shape.
   virtual TensorRole RoleOf(absl::string_view name, absl::Span<const int64_t> shape) const = 0;
 
-  // Applies one update in place. `grad` has the size of `weights` and is finite (the caller checks).
-  // With a pool, large tensors are split across its threads (norms are reduced in a fixed order of
-  // fixed-size blocks, so the result does not depend on the number of threads).
+  // Applies one update in place. `grad` has the size of `weights` and is finite (the caller
+  // checks). With a pool, large tensors are split across its threads (norms are reduced in a fixed
+  // order of fixed-size blocks, so the result does not depend on the number of threads).
   virtual void Update(float lr, absl::Span<const float> grad, absl::Span<float> weights,
                       const TensorRole& role, TensorOptimizerState* state,
                       ThreadPool* pool = nullptr) const = 0;

@@ -18,9 +18,10 @@ TEST(PlacementTest, OneShardHoldsEverything) {
 
 TEST(PlacementTest, MlpLayersSplitByBytes) {
   // 784-256-10: the big weight alone on one shard, everything else on the other.
-  const std::vector<TensorSize> t = {
-      {"fc0.weight", 784 * 256 * 4}, {"fc0.bias", 256 * 4}, {"fc1.weight", 256 * 10 * 4},
-      {"fc1.bias", 10 * 4}};
+  const std::vector<TensorSize> t = {{"fc0.weight", 784 * 256 * 4},
+                                     {"fc0.bias", 256 * 4},
+                                     {"fc1.weight", 256 * 10 * 4},
+                                     {"fc1.bias", 10 * 4}};
   auto p = PlaceTensors(t, 2);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->shard_of, (std::vector<int>{0, 1, 1, 1}));

@@ -29,9 +29,9 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 
 absl::Status CheckFloatBytes(absl::string_view what, absl::string_view bytes, int64_t elements) {
   if (static_cast<int64_t>(bytes.size()) != elements * 4) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", bytes.size(),
-                                                   " bytes, expected ", elements * 4, " (",
-                                                   elements, " float32 values)"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", bytes.size(), " bytes, expected ",
+                                                   elements * 4, " (", elements,
+                                                   " float32 values)"));
   }
   const char* p = bytes.data();
   for (int64_t i = 0; i < elements; ++i) {

@@ -1,4 +1,5 @@
-// The wire form of a tensor's values: raw little-endian float32, row-major (proto TensorValue.data).
+// The wire form of a tensor's values: raw little-endian float32, row-major (proto
+// TensorValue.data).
 #ifndef RUBATO_COMMON_TENSOR_BYTES_H_
 #define RUBATO_COMMON_TENSOR_BYTES_H_
 

@@ -40,9 +40,9 @@ class ServiceTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
-                                             grpc::InsecureChannelCredentials(),
-                                             RubatoChannelArguments());
+    auto channel =
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                  grpc::InsecureChannelCredentials(), RubatoChannelArguments());
     stub_ = ParameterServer::NewStub(channel);
   }
 

@@ -17,9 +17,8 @@ namespace rubato {
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     const ShardOptions& options) {
   if (options.num_shards < 1 || options.shard_id < 0 || options.shard_id >= options.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("shard_id ", options.shard_id,
-                                                   " is not in [0, num_shards=",
-                                                   options.num_shards, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard_id ", options.shard_id, " is not in [0, num_shards=", options.num_shards, ")"));
   }
   RETURN_IF_ERROR(ValidateClusterSpec(options.cluster, /*need_servers=*/false));
   if (options.update_threads < 1) {
@@ -27,11 +26,12 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
         absl::StrCat("update_threads must be >= 1, got ", options.update_threads));
   }
   if (options.cluster.consistency().mode() != BSP) {
-    return absl::UnimplementedError(
-        absl::StrCat("consistency mode '", FormatConsistency(options.cluster.consistency()),
-                     "' is not implemented yet; use bsp"));
+    return absl::UnimplementedError(absl::StrCat("consistency mode '",
+                                                 FormatConsistency(options.cluster.consistency()),
+                                                 "' is not implemented yet; use bsp"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(options.cluster.optimizer()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                   Optimizer::Create(options.cluster.optimizer()));
   return std::unique_ptr<ParameterShard>(new ParameterShard(options, std::move(optimizer)));
 }
 
@@ -56,8 +56,8 @@ void ParameterShard::Shutdown() {
     shutdown_ = true;
     for (PendingPull& p : waiting_) {
       failed.push_back({std::move(p.done),
-                        absl::UnavailableError(absl::StrCat("parameter server shard ",
-                                                            options_.shard_id, " is shutting down")),
+                        absl::UnavailableError(absl::StrCat(
+                            "parameter server shard ", options_.shard_id, " is shutting down")),
                         PullResponse()});
     }
     waiting_.clear();
@@ -99,11 +99,12 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         FormatConsistency(request.consistency())));
   }
   if (request.steps_per_epoch() < 0 || request.total_steps() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", id, ": steps_per_epoch and total_steps must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", id, ": steps_per_epoch and total_steps must be >= 0"));
   }
   if (request.model().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", id, " registered with an empty model"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", id, " registered with an empty model"));
   }
   if (request.batch_size() < 1) {
     return absl::InvalidArgumentError(
@@ -114,7 +115,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   for (int i = 0; i < request.model_size(); ++i) {
     const TensorSpec& spec = request.model(i);
     if (spec.name().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": tensor ", i, " has no name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", id, ": tensor ", i, " has no name"));
     }
     if (ElementCount(spec.shape()) < 1) {
       return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": tensor '", spec.name(),
@@ -127,9 +129,9 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     }
   }
   if (request.initial_values_size() != 0 && request.initial_values_size() != request.model_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": ", request.initial_values_size(),
-                                                   " initial values for ", request.model_size(),
-                                                   " tensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", id, ": ", request.initial_values_size(), " initial values for ",
+                     request.model_size(), " tensors"));
   }
   for (int i = 0; i < request.initial_values_size(); ++i) {
     const TensorValue& v = request.initial_values(i);
@@ -146,84 +148,86 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   std::vector<Completion> ready;
   RegisterResponse response;
   {
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
-  for (int other = 0; other < options_.cluster.num_workers(); ++other) {
-    const Worker& w = workers_[other];
-    if (other == id || !w.registered) continue;
-    if (w.steps_per_epoch != request.steps_per_epoch() || w.total_steps != request.total_steps()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job mismatch: worker ", other, " runs ", w.total_steps, " steps of ", w.steps_per_epoch,
-          " per epoch, but worker ", id, " was started for ", request.total_steps(), " steps of ",
-          request.steps_per_epoch(), " per epoch"));
-    }
-  }
-  if (!initialised_) {
-    if (request.initial_values().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", options_.shard_id, " has no weights yet and worker ", id,
-          " sent no initial values"));
-    }
-    tensors_.resize(request.model_size());
-    for (int i = 0; i < request.model_size(); ++i) {
-      Tensor& t = tensors_[i];
-      t.name = request.model(i).name();
-      t.shape.assign(request.model(i).shape().begin(), request.model(i).shape().end());
-      t.weights.resize(ElementCount(t.shape));
-      BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(t.weights));
-      t.role = optimizer_->RoleOf(t.name, t.shape);
-      t.pending.assign(options_.cluster.num_workers(), {});
-      t.received.assign(options_.cluster.num_workers(), false);
-      index_[t.name] = i;
-    }
-    initialised_ = true;
-  } else {
-    // The model must match the adopted one exactly.
-    for (const Tensor& t : tensors_) {
-      auto it = model_index.find(t.name);
-      if (it == model_index.end()) {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
+    for (int other = 0; other < options_.cluster.num_workers(); ++other) {
+      const Worker& w = workers_[other];
+      if (other == id || !w.registered) continue;
+      if (w.steps_per_epoch != request.steps_per_epoch() ||
+          w.total_steps != request.total_steps()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "model mismatch on shard ", options_.shard_id, ": worker ", id, " has no tensor '",
-            t.name, "' ", ShapeString(t.shape)));
-      }
-      const TensorSpec& theirs = request.model(it->second);
-      if (!std::equal(t.shape.begin(), t.shape.end(), theirs.shape().begin(), theirs.shape().end())) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "model mismatch on shard ", options_.shard_id, ": tensor '", t.name, "' is ",
-            ShapeString(t.shape), " on the server but ", ShapeString(theirs.shape()),
-            " on worker ", id));
+            "job mismatch: worker ", other, " runs ", w.total_steps, " steps of ",
+            w.steps_per_epoch, " per epoch, but worker ", id, " was started for ",
+            request.total_steps(), " steps of ", request.steps_per_epoch(), " per epoch"));
       }
     }
-    if (request.model_size() != static_cast<int>(tensors_.size())) {
-      for (const TensorSpec& spec : request.model()) {
-        if (!index_.contains(spec.name())) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "model mismatch on shard ", options_.shard_id, ": worker ", id, " has tensor '",
-              spec.name(), "' which the server does not"));
+    if (!initialised_) {
+      if (request.initial_values().empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("shard ", options_.shard_id,
+                                                          " has no weights yet and worker ", id,
+                                                          " sent no initial values"));
+      }
+      tensors_.resize(request.model_size());
+      for (int i = 0; i < request.model_size(); ++i) {
+        Tensor& t = tensors_[i];
+        t.name = request.model(i).name();
+        t.shape.assign(request.model(i).shape().begin(), request.model(i).shape().end());
+        t.weights.resize(ElementCount(t.shape));
+        BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(t.weights));
+        t.role = optimizer_->RoleOf(t.name, t.shape);
+        t.pending.assign(options_.cluster.num_workers(), {});
+        t.received.assign(options_.cluster.num_workers(), false);
+        index_[t.name] = i;
+      }
+      initialised_ = true;
+    } else {
+      // The model must match the adopted one exactly.
+      for (const Tensor& t : tensors_) {
+        auto it = model_index.find(t.name);
+        if (it == model_index.end()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("model mismatch on shard ", options_.shard_id, ": worker ", id,
+                           " has no tensor '", t.name, "' ", ShapeString(t.shape)));
+        }
+        const TensorSpec& theirs = request.model(it->second);
+        if (!std::equal(t.shape.begin(), t.shape.end(), theirs.shape().begin(),
+                        theirs.shape().end())) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("model mismatch on shard ", options_.shard_id, ": tensor '", t.name,
+                           "' is ", ShapeString(t.shape), " on the server but ",
+                           ShapeString(theirs.shape()), " on worker ", id));
+        }
+      }
+      if (request.model_size() != static_cast<int>(tensors_.size())) {
+        for (const TensorSpec& spec : request.model()) {
+          if (!index_.contains(spec.name())) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("model mismatch on shard ", options_.shard_id, ": worker ", id,
+                             " has tensor '", spec.name(), "' which the server does not"));
+          }
         }
       }
     }
-  }
-  Worker& w = workers_[id];
-  const Worker before = w;
-  w.registered = true;
-  w.batch_size = request.batch_size();
-  w.steps_per_epoch = request.steps_per_epoch();
-  w.total_steps = request.total_steps();
-  w.last_step = request.resume_step() - 1;
-  w.last_seen = absl::Now();
-  if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
-    w = before;
-    return s;
-  }
+    Worker& w = workers_[id];
+    const Worker before = w;
+    w.registered = true;
+    w.batch_size = request.batch_size();
+    w.steps_per_epoch = request.steps_per_epoch();
+    w.total_steps = request.total_steps();
+    w.last_step = request.resume_step() - 1;
+    w.last_seen = absl::Now();
+    if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
+      w = before;
+      return s;
+    }
 
-  CollectReady(&ready);  // The last registrant may release the step-0 pulls.
-  response.set_shard_id(options_.shard_id);
-  response.set_num_shards(options_.num_shards);
-  *response.mutable_consistency() = options_.cluster.consistency();
-  response.set_num_workers(options_.cluster.num_workers());
-  response.set_min_version(MinVersion());
-  response.set_lease_ms(options_.cluster.lease_ms());
+    CollectReady(&ready);  // The last registrant may release the step-0 pulls.
+    response.set_shard_id(options_.shard_id);
+    response.set_num_shards(options_.num_shards);
+    *response.mutable_consistency() = options_.cluster.consistency();
+    response.set_num_workers(options_.cluster.num_workers());
+    response.set_min_version(MinVersion());
+    response.set_lease_ms(options_.cluster.lease_ms());
   }
   Run(&ready);
   return response;
@@ -263,9 +267,9 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
             absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
       }
       if (RegisteredCount() < options_.cluster.num_workers()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "training has not started: ", RegisteredCount(), " of ", options_.cluster.num_workers(),
-            " workers registered"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("training has not started: ", RegisteredCount(), " of ",
+                         options_.cluster.num_workers(), " workers registered"));
       }
       if (request.step() < 0) {
         return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
@@ -274,8 +278,8 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
       for (const TensorValue& g : request.gradients()) {
         auto it = index_.find(g.name());
         if (it == index_.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("unknown tensor '", g.name(),
-                                                         "' (not on shard ", options_.shard_id, ")"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "unknown tensor '", g.name(), "' (not on shard ", options_.shard_id, ")"));
         }
         if (!seen.insert(g.name()).second) {
           return absl::InvalidArgumentError(
@@ -285,9 +289,9 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
         RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("gradient '", g.name(), "'"), g.data(),
                                         static_cast<int64_t>(t.weights.size())));
         if (request.step() > t.version) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "step ", request.step(), " from worker ", id, " is from the future: tensor '",
-              t.name, "' is at version ", t.version));
+          return absl::FailedPreconditionError(
+              absl::StrCat("step ", request.step(), " from worker ", id,
+                           " is from the future: tensor '", t.name, "' is at version ", t.version));
         }
       }
       return absl::OkStatus();
@@ -407,17 +411,16 @@ std::string ParameterShard::DescribeWait(const PullRequest& request) const {
   // The first tensor that is behind, and whose gradients it lacks.
   for (const Tensor& t : tensors_) {
     if (t.version >= request.step()) continue;
-    if (!request.names().empty() &&
-        std::find(request.names().begin(), request.names().end(), t.name) == request.names().end()) {
+    if (!request.names().empty() && std::find(request.names().begin(), request.names().end(),
+                                              t.name) == request.names().end()) {
       continue;
     }
     std::vector<int> missing;
     for (int w = 0; w < options_.cluster.num_workers(); ++w) {
       if (!t.received[w]) missing.push_back(w);
     }
-    return absl::StrCat("tensor '", t.name, "' is at version ", t.version,
-                        "; waiting for step ", t.version, " gradients from worker(s) ",
-                        absl::StrJoin(missing, ", "));
+    return absl::StrCat("tensor '", t.name, "' is at version ", t.version, "; waiting for step ",
+                        t.version, " gradients from worker(s) ", absl::StrJoin(missing, ", "));
   }
   return "nothing (ready)";
 }

@@ -9,14 +9,14 @@
 // worker-id order, so the result does not depend on arrival order) is handed to the optimizer once,
 // and T's version becomes t + 1. Completion is tracked per tensor, not per push message.
 //
-// Learning rate: the update that takes a tensor from version t to t + 1 uses the schedule's rate for
-// update t (common/lr_schedule.h), so the rate follows the shard's own count of applied updates. The
-// schedule needs the global batch (the sum of the registered workers' batches) and the job's length,
-// so it is built, and logged, when the last worker registers.
+// Learning rate: the update that takes a tensor from version t to t + 1 uses the schedule's rate
+// for update t (common/lr_schedule.h), so the rate follows the shard's own count of applied
+// updates. The schedule needs the global batch (the sum of the registered workers' batches) and the
+// job's length, so it is built, and logged, when the last worker registers.
 //
-// Training starts when all `num_workers` workers of the cluster spec have registered: pulls wait for
-// that, and pushes before it are refused. Every wait has a deadline; a pull that times out fails
-// with DEADLINE_EXCEEDED naming the workers it was waiting for.
+// Training starts when all `num_workers` workers of the cluster spec have registered: pulls wait
+// for that, and pushes before it are refused. Every wait has a deadline; a pull that times out
+// fails with DEADLINE_EXCEEDED naming the workers it was waiting for.
 #ifndef RUBATO_SERVER_PARAMETER_SHARD_H_
 #define RUBATO_SERVER_PARAMETER_SHARD_H_
 
@@ -97,13 +97,13 @@ class ParameterShard {
   struct Tensor {
     std::string name;
     std::vector<int64_t> shape;
-    std::vector<float> weights;        // (elements)
-    int64_t version = 0;               // Updates applied.
-    TensorRole role;                   // Weight decay / layer adaptation, from the exclusion rules.
+    std::vector<float> weights;  // (elements)
+    int64_t version = 0;         // Updates applied.
+    TensorRole role;             // Weight decay / layer adaptation, from the exclusion rules.
     TensorOptimizerState optimizer_state;
     // Gradients received for step == version, indexed by worker id; (num_workers, elements).
     std::vector<std::vector<float>> pending;
-    std::vector<bool> received;        // (num_workers)
+    std::vector<bool> received;  // (num_workers)
     int received_count = 0;
   };
   struct Worker {

@@ -346,8 +346,9 @@ TEST(ParameterShardTest, WorkerConfiguredForAnotherJobIsRefused) {
   ASSERT_TRUE(shard.ok());
   auto r = (*shard)->Register(Registration(1, 3));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("runs 2 workers in mode bsp, but worker 1 was started with 3"),
-            std::string::npos)
+  EXPECT_NE(
+      r.status().message().find("runs 2 workers in mode bsp, but worker 1 was started with 3"),
+      std::string::npos)
       << r.status();
   RegisterRequest other_mode = Registration(1, 2);
   other_mode.mutable_consistency()->set_mode(SSP);

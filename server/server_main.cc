@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
   if (num_shards == 0) num_shards = spec->servers_size() > 0 ? spec->servers_size() : 1;
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) {
-    listen = shard_id >= 0 && shard_id < spec->servers_size() ? spec->servers(shard_id)
-                                                               : "127.0.0.1:0";
+    listen =
+        shard_id >= 0 && shard_id < spec->servers_size() ? spec->servers(shard_id) : "127.0.0.1:0";
   }
   if (auto s = rubato::ValidateHostPort(listen, "--listen"); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
   }
   const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
-  RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound
-                   << ": " << spec->num_workers() << " workers, mode "
+  RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound << ": "
+                   << spec->num_workers() << " workers, mode "
                    << rubato::FormatConsistency(spec->consistency()) << ", wait timeout "
                    << spec->wait_timeout_ms() << " ms";
   if (auto config = rubato::CompleteOptimizerConfig(spec->optimizer()); config.ok()) {

@@ -1,6 +1,6 @@
 // Whole-tensor placement keeps LARS and LAMB exact across shards: each shard holds every element of
-// its tensors, so the per-tensor norms are complete, and a model spread over shards trains exactly as
-// it does on one shard and as the optimizer library does on the averaged gradients directly.
+// its tensors, so the per-tensor norms are complete, and a model spread over shards trains exactly
+// as it does on one shard and as the optimizer library does on the averaged gradients directly.
 #include <map>
 #include <memory>
 #include <random>
@@ -168,9 +168,9 @@ TEST(ShardedOptimizerTest, LambOnTwoShardsMatchesOneShardAndTheLibrary) {
   for (size_t i = 0; i < m.names.size(); ++i) {
     const std::string& name = m.names[i];
     const auto& sharded = placement->shard_of[i] == 0 ? a.at(name) : b.at(name);
-    EXPECT_EQ(sharded, c.at(name)) << name;        // Bit-identical.
-    EXPECT_EQ(c.at(name), reference[i]) << name;   // And the library's own result.
-    EXPECT_NE(c.at(name), m.values[i]) << name;    // Something was trained.
+    EXPECT_EQ(sharded, c.at(name)) << name;       // Bit-identical.
+    EXPECT_EQ(c.at(name), reference[i]) << name;  // And the library's own result.
+    EXPECT_NE(c.at(name), m.values[i]) << name;   // Something was trained.
   }
 }
 

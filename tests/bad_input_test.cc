@@ -85,9 +85,14 @@ class BadInputTest : public ::testing::Test {
   // listens, and the short connect timeout keeps a flag that is wrongly accepted from hanging.
   ProcessResult RunWorker(const std::vector<std::string>& flags) {
     std::vector<std::string> args = {
-        "--worker_id=0",       "--num_workers=1",  "--servers=127.0.0.1:1",
-        "--connect_timeout_ms=1000", absl::StrCat("--data_dir=", kDataDir),
-        "--train_limit=100",   "--test_limit=100", "--steps=1",
+        "--worker_id=0",
+        "--num_workers=1",
+        "--servers=127.0.0.1:1",
+        "--connect_timeout_ms=1000",
+        absl::StrCat("--data_dir=", kDataDir),
+        "--train_limit=100",
+        "--test_limit=100",
+        "--steps=1",
     };
     args.insert(args.end(), flags.begin(), flags.end());
     return Run("worker", *TestCluster::WorkerBinary(), args);
@@ -127,8 +132,7 @@ struct BadFlagCase {
 // For gtest's failure messages, which otherwise dump the struct's bytes.
 void PrintTo(const BadFlagCase& c, std::ostream* os) { *os << absl::StrJoin(c.flags, " "); }
 
-class BadWorkerFlagTest : public BadInputTest,
-                          public ::testing::WithParamInterface<BadFlagCase> {};
+class BadWorkerFlagTest : public BadInputTest, public ::testing::WithParamInterface<BadFlagCase> {};
 
 TEST_P(BadWorkerFlagTest, ExitsWithUsageErrorNamingTheFlag) {
   const BadFlagCase& c = GetParam();
@@ -186,8 +190,7 @@ TEST_F(BadInputTest, WorkerCannotReachServer) {
 
 // --- rubato_server: flags --------------------------------------------------------------------
 
-class BadServerFlagTest : public BadInputTest,
-                          public ::testing::WithParamInterface<BadFlagCase> {};
+class BadServerFlagTest : public BadInputTest, public ::testing::WithParamInterface<BadFlagCase> {};
 
 TEST_P(BadServerFlagTest, ExitsWithUsageErrorNamingTheFlag) {
   const BadFlagCase& c = GetParam();
@@ -262,8 +265,7 @@ TEST_F(BadInputTest, WorkerConfiguredForAnotherJobIsRefused) {
   ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
   // Flags given later override the cluster's --num_workers=2: this worker thinks the job has 3
   // workers, so it would split the data three ways and run fewer steps than its peer.
-  absl::StatusOr<Subprocess*> w1 =
-      cluster_->StartWorker(1, SmallJobFlags({"--num_workers=3"}));
+  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, SmallJobFlags({"--num_workers=3"}));
   ASSERT_TRUE(IsOk(w1));
   absl::StatusOr<int> status1 = (*w1)->Wait(kRunTimeout);
   ASSERT_TRUE(IsOk(status1));

@@ -48,8 +48,7 @@ TEST_F(SubprocessTest, WaitTimesOutNamingTheProcessThenKillEndsIt) {
   ASSERT_NE(p, nullptr);
   absl::StatusOr<int> status = p->Wait(absl::Milliseconds(50));
   EXPECT_EQ(status.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(status.status().message().find("sleeper"), absl::string_view::npos)
-      << status.status();
+  EXPECT_NE(status.status().message().find("sleeper"), absl::string_view::npos) << status.status();
   p->Kill();
   status = p->Wait(absl::Seconds(10));
   ASSERT_TRUE(status.ok()) << status.status();
@@ -60,7 +59,8 @@ TEST_F(SubprocessTest, SignalReachesTheChild) {
   auto p = StartShell("trapper", "trap 'exit 7' USR1; echo ready; while :; do sleep 0.01; done");
   ASSERT_NE(p, nullptr);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (p->ReadStdout() != "ready\n" && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  while (p->ReadStdout() != "ready\n" && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(p->ReadStdout(), "ready\n");
   ASSERT_TRUE(p->Signal(SIGUSR1).ok());
   absl::StatusOr<int> status = p->Wait(absl::Seconds(10));

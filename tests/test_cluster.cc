@@ -113,9 +113,9 @@ absl::Status TestCluster::StartServers(const TestServerOptions& options) {
                                                           Describe(*servers_[s])));
       }
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "server-", s, " wrote no port file within ", absl::FormatDuration(options.start_timeout),
-            "; ", Describe(*servers_[s])));
+        return absl::DeadlineExceededError(absl::StrCat("server-", s, " wrote no port file within ",
+                                                        absl::FormatDuration(options.start_timeout),
+                                                        "; ", Describe(*servers_[s])));
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
@@ -178,7 +178,8 @@ absl::StatusOr<std::map<int, int>> TestCluster::WaitForWorkers(absl::Duration ti
 absl::Status TestCluster::StopServers(absl::Duration timeout) {
   std::vector<std::string> problems;
   for (auto& server : servers_) {
-    if (absl::Status s = server->Signal(SIGTERM); !s.ok()) problems.push_back(std::string(s.message()));
+    if (absl::Status s = server->Signal(SIGTERM); !s.ok())
+      problems.push_back(std::string(s.message()));
   }
   const absl::Time deadline = absl::Now() + timeout;
   for (auto& server : servers_) {
@@ -230,7 +231,8 @@ absl::StatusOr<double> FinalTestAccuracy(absl::string_view worker_stdout) {
     }
     return accuracy;
   }
-  return absl::NotFoundError(absl::StrCat("no \"done\" event in worker stdout:\n", Tail(worker_stdout)));
+  return absl::NotFoundError(
+      absl::StrCat("no \"done\" event in worker stdout:\n", Tail(worker_stdout)));
 }
 
 std::vector<std::string> ErrorLines(absl::string_view text, absl::string_view program) {
@@ -249,9 +251,9 @@ absl::Status WaitForStdoutLine(Subprocess* process, absl::string_view needle,
     if (absl::StatusOr<int> exited = process->Wait(absl::ZeroDuration()); exited.ok()) {
       // It may have printed the line just before exiting.
       if (HasLineContaining(process->ReadStdout(), needle)) break;
-      return absl::FailedPreconditionError(
-          absl::StrCat(process->name(), " exited with status ", *exited,
-                       " before printing a line with ", needle, "; ", Describe(*process)));
+      return absl::FailedPreconditionError(absl::StrCat(process->name(), " exited with status ",
+                                                        *exited, " before printing a line with ",
+                                                        needle, "; ", Describe(*process)));
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(

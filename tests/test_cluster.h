@@ -75,7 +75,8 @@ class TestCluster {
   // Starts rubato_worker with --worker_id, --num_workers and --servers of the running servers,
   // followed by `extra_flags` (a later flag overrides an earlier one). FailedPrecondition before
   // StartServers or for a worker id already started.
-  absl::StatusOr<Subprocess*> StartWorker(int worker_id, const std::vector<std::string>& extra_flags);
+  absl::StatusOr<Subprocess*> StartWorker(int worker_id,
+                                          const std::vector<std::string>& extra_flags);
 
   // The worker started with `worker_id`, or null.
   Subprocess* worker(int worker_id) const;

@@ -31,9 +31,8 @@ class CpuMlpBackend : public MlpBackend {
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
     const float loss = math_.ForwardBackward(params, x, labels, batch, grads);
     if (!std::isfinite(loss)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("non-finite loss ", loss, " over a batch of ", batch,
-                       ": the parameters have diverged"));
+      return absl::InvalidArgumentError(absl::StrCat("non-finite loss ", loss, " over a batch of ",
+                                                     batch, ": the parameters have diverged"));
     }
     return loss;
   }
@@ -49,8 +48,8 @@ class CpuMlpBackend : public MlpBackend {
                                      &loss_sum, &correct);
     }
     if (!std::isfinite(loss_sum)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "non-finite loss ", loss_sum, " over ", n, " examples: the parameters have diverged"));
+      return absl::InvalidArgumentError(absl::StrCat("non-finite loss ", loss_sum, " over ", n,
+                                                     " examples: the parameters have diverged"));
     }
     return EvalResult{loss_sum / n, static_cast<double>(correct) / n, n};
   }

@@ -117,13 +117,15 @@ TEST(CpuMlpBackendTest, GradientsOverwriteNotAccumulate) {
   const Batch batch = RandomBatch(spec, 6, 2);
   std::unique_ptr<MlpBackend> backend = MustCreate(spec);
   auto first = ZerosLike<float>(spec);
-  ASSERT_TRUE(backend->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 6,
-                                       MutableSpans(first))
+  ASSERT_TRUE(backend
+                  ->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 6,
+                                    MutableSpans(first))
                   .ok());
   auto second = ZerosLike<float>(spec);
   for (auto& t : second) std::fill(t.begin(), t.end(), 123.0f);
-  ASSERT_TRUE(backend->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 6,
-                                       MutableSpans(second))
+  ASSERT_TRUE(backend
+                  ->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 6,
+                                    MutableSpans(second))
                   .ok());
   EXPECT_EQ(first, second);
 }
@@ -193,19 +195,18 @@ TEST(CpuMlpBackendTest, WrongSpansAreInvalidArgumentNamingTheTensor) {
 
   auto missing = ConstSpans(params);
   missing.pop_back();
-  EXPECT_EQ(backend
-                ->ForwardBackward(missing, batch.x.data(), batch.labels.data(), 2,
-                                  MutableSpans(grads))
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend->ForwardBackward(missing, batch.x.data(), batch.labels.data(), 2, MutableSpans(grads))
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 
   auto short_grads = MutableSpans(grads);
   short_grads[1] = short_grads[1].subspan(0, 2);  // fc0.bias
-  status = backend
-               ->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 2,
-                                 short_grads)
-               .status();
+  status =
+      backend
+          ->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 2, short_grads)
+          .status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find("fc0.bias"), std::string::npos) << status;
 }
@@ -222,10 +223,9 @@ TEST(CpuMlpBackendTest, BadBatchAndLabelsAreInvalidArgument) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend->Evaluate(ConstSpans(params), batch.x.data(), batch.labels.data(), 0)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend->Evaluate(ConstSpans(params), batch.x.data(), batch.labels.data(), 0).status().code(),
+      absl::StatusCode::kInvalidArgument);
   for (int32_t bad : {-1, 2}) {
     const std::vector<int32_t> labels = {0, bad};
     const absl::Status status = backend
@@ -234,10 +234,9 @@ TEST(CpuMlpBackendTest, BadBatchAndLabelsAreInvalidArgument) {
                                     .status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_NE(status.message().find("label"), std::string::npos) << status;
-    EXPECT_EQ(backend->Evaluate(ConstSpans(params), batch.x.data(), labels.data(), 2)
-                  .status()
-                  .code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        backend->Evaluate(ConstSpans(params), batch.x.data(), labels.data(), 2).status().code(),
+        absl::StatusCode::kInvalidArgument);
   }
 }
 

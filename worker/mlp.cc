@@ -24,8 +24,7 @@ std::vector<int64_t> LayerSizes(const MlpSpec& spec) {
 
 absl::Status ValidateMlpSpec(const MlpSpec& spec) {
   if (spec.input_dim < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("input_dim must be >= 1, got ", spec.input_dim));
+    return absl::InvalidArgumentError(absl::StrCat("input_dim must be >= 1, got ", spec.input_dim));
   }
   for (size_t i = 0; i < spec.hidden.size(); ++i) {
     if (spec.hidden[i] < 1) {
@@ -50,8 +49,8 @@ absl::StatusOr<MlpSpec> ParseMlpLayers(absl::string_view s) {
   for (absl::string_view token : tokens) {
     int64_t size = 0;
     if (!absl::SimpleAtoi(token, &size) || size < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("MLP layers \"", s, "\": token \"", token,
-                                                     "\" is not a positive integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MLP layers \"", s, "\": token \"", token, "\" is not a positive integer"));
     }
     sizes.push_back(size);
   }
@@ -112,8 +111,8 @@ std::vector<std::vector<float>> InitMlpParams(const MlpSpec& spec, uint64_t seed
 absl::Status CheckLabels(const int32_t* labels, int64_t n, int64_t num_classes) {
   for (int64_t i = 0; i < n; ++i) {
     if (labels[i] < 0 || labels[i] >= num_classes) {
-      return absl::InvalidArgumentError(absl::StrCat("label ", labels[i], " at index ", i,
-                                                     " is outside [0, ", num_classes, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", labels[i], " at index ", i, " is outside [0, ", num_classes, ")"));
     }
   }
   return absl::OkStatus();

@@ -62,8 +62,8 @@ template <typename SpanT>
 absl::Status CheckTensorSpans(absl::Span<const ParamSpec> specs, absl::Span<const SpanT> tensors,
                               absl::string_view role) {
   if (tensors.size() != specs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(role, ": expected ", specs.size(),
-                                                   " tensors, got ", tensors.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(role, ": expected ", specs.size(), " tensors, got ", tensors.size()));
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     if (static_cast<int64_t>(tensors[i].size()) != specs[i].elements()) {

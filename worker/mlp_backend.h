@@ -12,9 +12,9 @@
 namespace rubato {
 
 struct EvalResult {
-  double loss = 0;        // mean softmax cross-entropy, nats
-  double accuracy = 0;    // fraction of examples whose argmax logit is the label
-  int64_t examples = 0;   // examples evaluated
+  double loss = 0;       // mean softmax cross-entropy, nats
+  double accuracy = 0;   // fraction of examples whose argmax logit is the label
+  int64_t examples = 0;  // examples evaluated
 };
 
 // Runs one MlpSpec's forward and backward passes. An instance keeps scratch buffers between
@@ -41,8 +41,7 @@ class MlpBackend {
   // Mean loss and accuracy over x: (n, input_dim), labels: (n). Works through the examples in
   // chunks, so memory stays bounded for any n.
   virtual absl::StatusOr<EvalResult> Evaluate(absl::Span<const absl::Span<const float>> params,
-                                              const float* x, const int32_t* labels,
-                                              int64_t n) = 0;
+                                              const float* x, const int32_t* labels, int64_t n) = 0;
 };
 
 }  // namespace rubato

@@ -116,13 +116,12 @@ TEST_P(GradientCheckTest, MatchesCentralDifferencesForEveryElement) {
   RecordProperty("worst_relative_error", worst_text.str());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SmallNets, GradientCheckTest,
-    ::testing::Values(GradCheckCase{{5, {4, 3}, 3}, 4},  // two hidden layers
-                      GradCheckCase{{6, {}, 4}, 3},      // logistic regression
-                      GradCheckCase{{3, {7}, 2}, 1},     // single example
-                      GradCheckCase{{4, {5, 6, 3}, 5}, 9}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(SmallNets, GradientCheckTest,
+                         ::testing::Values(GradCheckCase{{5, {4, 3}, 3}, 4},  // two hidden layers
+                                           GradCheckCase{{6, {}, 4}, 3},      // logistic regression
+                                           GradCheckCase{{3, {7}, 2}, 1},     // single example
+                                           GradCheckCase{{4, {5, 6, 3}, 5}, 9}),
+                         CaseName);
 
 TEST(MlpMathTest, ZeroWeightsGiveLogOfClassCount) {
   const MlpSpec spec{5, {4, 3}, 7};

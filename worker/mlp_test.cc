@@ -34,11 +34,11 @@ TEST(ParseMlpLayersTest, RejectsBadStringsNamingTheToken) {
     const char* text;
     const char* token;  // expected in the message
   };
-  for (const Case& c : {Case{"", "\"\""}, Case{"784", "784"}, Case{"784-abc-10", "\"abc\""},
-                        Case{"784--10", "\"\""}, Case{"784-0-10", "\"0\""},
-                        Case{"784-256-", "\"\""}, Case{"784-2.5-10", "\"2.5\""},
-                        Case{"784-256-x10", "\"x10\""},
-                        Case{"784-99999999999999999999-10", "\"99999999999999999999\""}}) {
+  for (const Case& c :
+       {Case{"", "\"\""}, Case{"784", "784"}, Case{"784-abc-10", "\"abc\""},
+        Case{"784--10", "\"\""}, Case{"784-0-10", "\"0\""}, Case{"784-256-", "\"\""},
+        Case{"784-2.5-10", "\"2.5\""}, Case{"784-256-x10", "\"x10\""},
+        Case{"784-99999999999999999999-10", "\"99999999999999999999\""}}) {
     absl::StatusOr<MlpSpec> spec = ParseMlpLayers(c.text);
     ASSERT_FALSE(spec.ok()) << c.text;
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
@@ -64,9 +64,9 @@ TEST(MlpParamSpecsTest, NamesShapesAndOrder) {
   const MlpSpec spec{784, {256, 128}, 10};
   const std::vector<ParamSpec> specs = MlpParamSpecs(spec);
   ASSERT_EQ(specs.size(), 6u);
-  const std::vector<std::string> names = {"fc0.weight", "fc0.bias", "fc1.weight",
+  const std::vector<std::string> names = {"fc0.weight", "fc0.bias",   "fc1.weight",
                                           "fc1.bias",   "fc2.weight", "fc2.bias"};
-  const std::vector<std::vector<int64_t>> shapes = {{784, 256}, {256}, {256, 128},
+  const std::vector<std::vector<int64_t>> shapes = {{784, 256}, {256},     {256, 128},
                                                     {128},      {128, 10}, {10}};
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_EQ(specs[i].name, names[i]);
@@ -91,8 +91,8 @@ TEST(InitMlpParamsTest, PinnedValues) {
   EXPECT_EQ(params[0], (std::vector<float>{-0.165486529f, -0.485351622f, 0.691384494f,
                                            -0.306265414f, -0.695664108f, 0.809037387f}));
   EXPECT_EQ(params[1], (std::vector<float>{0, 0}));
-  EXPECT_EQ(params[2], (std::vector<float>{0.378502011f, -0.054073073f, 0.524330854f,
-                                           0.408858031f}));
+  EXPECT_EQ(params[2],
+            (std::vector<float>{0.378502011f, -0.054073073f, 0.524330854f, 0.408858031f}));
   EXPECT_EQ(params[3], (std::vector<float>{0, 0}));
 }
 
@@ -129,8 +129,8 @@ TEST(CheckTensorSpansTest, NamesTheTensor) {
   const std::vector<ParamSpec> specs = MlpParamSpecs({3, {2}, 2});
   std::vector<std::vector<float>> values = InitMlpParams({3, {2}, 2}, 1);
   std::vector<absl::Span<const float>> spans(values.begin(), values.end());
-  EXPECT_TRUE(CheckTensorSpans(absl::MakeConstSpan(specs), absl::MakeConstSpan(spans), "params")
-                  .ok());
+  EXPECT_TRUE(
+      CheckTensorSpans(absl::MakeConstSpan(specs), absl::MakeConstSpan(spans), "params").ok());
 
   spans[3] = absl::MakeConstSpan(values[3]).subspan(1);
   absl::Status status =

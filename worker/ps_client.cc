@@ -82,11 +82,10 @@ class GrpcPsClient final : public PsClient {
       v->set_name(options_.model[i].name());
       FloatsToBytes(initial[i], v->mutable_data());
     }
-    RETURN_IF_ERROR(FanOut(call_shards, options_.connect_timeout, /*wait_for_ready=*/true,
-                           [&](ParameterServer::Stub::async_interface* async, int call,
-                               grpc::ClientContext* context, Done done) {
-                             async->Register(context, &requests[call], &responses[call], done);
-                           }));
+    RETURN_IF_ERROR(FanOut(
+        call_shards, options_.connect_timeout, /*wait_for_ready=*/true,
+        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
+            Done done) { async->Register(context, &requests[call], &responses[call], done); }));
     for (int s = 0; s < shards; ++s) {
       if (responses[s].num_shards() != shards || responses[s].shard_id() != s) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -99,9 +98,8 @@ class GrpcPsClient final : public PsClient {
 
   absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params) override {
     if (params.size() != options_.model.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("pull into ", params.size(),
-                                                     " tensors, model has ",
-                                                     options_.model.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pull into ", params.size(), " tensors, model has ", options_.model.size()));
     }
     const size_t n = groups_.size();
     std::vector<PullRequest> requests(n);
@@ -111,11 +109,10 @@ class GrpcPsClient final : public PsClient {
       requests[g].set_step(step);
       for (int i : groups_[g].tensors) requests[g].add_names(options_.model[i].name());
     }
-    RETURN_IF_ERROR(FanOut(group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
-                           [&](ParameterServer::Stub::async_interface* async, int call,
-                               grpc::ClientContext* context, Done done) {
-                             async->Pull(context, &requests[call], &responses[call], done);
-                           }));
+    RETURN_IF_ERROR(FanOut(
+        group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
+        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
+            Done done) { async->Pull(context, &requests[call], &responses[call], done); }));
     for (size_t g = 0; g < n; ++g) {
       const std::vector<int>& want = groups_[g].tensors;
       if (responses[g].tensors_size() != static_cast<int>(want.size())) {
@@ -153,11 +150,10 @@ class GrpcPsClient final : public PsClient {
         FloatsToBytes(grads[i], v->mutable_data());
       }
     }
-    return FanOut(group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
-                  [&](ParameterServer::Stub::async_interface* async, int call,
-                      grpc::ClientContext* context, Done done) {
-                    async->Push(context, &requests[call], &responses[call], done);
-                  });
+    return FanOut(
+        group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
+        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
+            Done done) { async->Push(context, &requests[call], &responses[call], done); });
   }
 
   absl::Status Heartbeat(int64_t step) override {
@@ -199,8 +195,8 @@ class GrpcPsClient final : public PsClient {
             [this, shard, timeout, wait_for_ready, &error, &pending](grpc::Status status) {
               if (wait_for_ready && status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
                 error.Add(absl::UnavailableError(absl::StrCat(
-                    "cannot reach parameter server shard ", shard, " at ",
-                    options_.servers[shard], " within ", absl::FormatDuration(timeout))));
+                    "cannot reach parameter server shard ", shard, " at ", options_.servers[shard],
+                    " within ", absl::FormatDuration(timeout))));
               } else {
                 error.Add(Annotate(shard, status));
               }
@@ -214,7 +210,8 @@ class GrpcPsClient final : public PsClient {
   absl::Status Annotate(int shard, const grpc::Status& status) const {
     if (status.ok()) return absl::OkStatus();
     absl::Status s = FromGrpcStatus(status);
-    return absl::Status(s.code(), absl::StrCat("server ", options_.servers[shard], ": ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("server ", options_.servers[shard], ": ", s.message()));
   }
 
   absl::Status CheckSizes(absl::Span<const std::vector<float>> values, const char* what) const {
@@ -249,13 +246,13 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
   for (const TensorSpec& spec : options.model) {
     const int64_t elements = ElementCount(spec.shape());
     if (elements < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' has invalid shape ",
-                                                     ShapeString(spec.shape())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", spec.name(), "' has invalid shape ", ShapeString(spec.shape())));
     }
     if (4 * elements > kMaxCallBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", spec.name(), "' is ", 4 * elements, " bytes; one message holds at most ",
-          kMaxCallBytes));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' is ", 4 * elements,
+                                                     " bytes; one message holds at most ",
+                                                     kMaxCallBytes));
     }
     sizes.push_back({spec.name(), 4 * elements});
   }
@@ -277,7 +274,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
       bytes += sizes[i].bytes;
     }
   }
-  return std::unique_ptr<PsClient>(new GrpcPsClient(options, std::move(placement), std::move(groups)));
+  return std::unique_ptr<PsClient>(
+      new GrpcPsClient(options, std::move(placement), std::move(groups)));
 }
 
 }  // namespace rubato

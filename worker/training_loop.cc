@@ -82,10 +82,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       *progress << absl::StrFormat(
                        "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
                        "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f%s}",
-                       options.worker_id, done, batcher->epoch(),
-                       absl::ToDoubleSeconds(t3 - start), result.final_loss,
-                       interval_steps / std::max(elapsed, 1e-9), 1e3 * compute_s / interval_steps,
-                       1e3 * comm_s / interval_steps,
+                       options.worker_id, done, batcher->epoch(), absl::ToDoubleSeconds(t3 - start),
+                       result.final_loss, interval_steps / std::max(elapsed, 1e-9),
+                       1e3 * compute_s / interval_steps, 1e3 * comm_s / interval_steps,
                        options.clip_global_norm > 0
                            ? absl::StrFormat(",\"grad_norm\":%.5f", grad_norm_sum / interval_steps)
                            : "")

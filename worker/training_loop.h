@@ -19,9 +19,9 @@ namespace rubato {
 
 struct TrainingOptions {
   int worker_id = 0;
-  int64_t steps = 0;          // Steps to run; every worker of a BSP job must run the same number.
-  int64_t eval_every = 0;     // Evaluate on the test set every this many steps (0: only at the end).
-  int64_t log_every = 20;     // Emit a "step" record every this many steps.
+  int64_t steps = 0;       // Steps to run; every worker of a BSP job must run the same number.
+  int64_t eval_every = 0;  // Evaluate on the test set every this many steps (0: only at the end).
+  int64_t log_every = 20;  // Emit a "step" record every this many steps.
   // > 0: scale this worker's gradient to at most this global L2 norm before pushing it. Clipping
   // happens on each worker's gradient, before averaging: with whole tensors spread over shards, no
   // shard sees the global norm of the averaged gradient.
@@ -30,8 +30,8 @@ struct TrainingOptions {
 
 struct TrainingResult {
   int64_t steps = 0;
-  double final_loss = 0;      // Mean training loss over the last log interval.
-  EvalResult test;            // At the end.
+  double final_loss = 0;  // Mean training loss over the last log interval.
+  EvalResult test;        // At the end.
   double wall_seconds = 0;
 };
 

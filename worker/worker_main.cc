@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   }
   rubato::SetLogTag(absl::StrCat("worker-", worker_id));
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  if (batch_size < 1) return Fail(kExitUsage, absl::StrCat("--batch_size must be >= 1, got ", batch_size));
+  if (batch_size < 1)
+    return Fail(kExitUsage, absl::StrCat("--batch_size must be >= 1, got ", batch_size));
   if (absl::GetFlag(FLAGS_epochs) < 1 && absl::GetFlag(FLAGS_steps) <= 0) {
     return Fail(kExitUsage, "--epochs must be >= 1 (or give --steps)");
   }
@@ -84,23 +85,25 @@ int main(int argc, char** argv) {
                 "and --connect_timeout_ms >= 1");
   }
   if (absl::GetFlag(FLAGS_backend) != "cpu") {
-    return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '", absl::GetFlag(FLAGS_backend),
-                                         "' (available: cpu)"));
+    return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '",
+                                         absl::GetFlag(FLAGS_backend), "' (available: cpu)"));
   }
   auto spec = rubato::ParseMlpLayers(absl::GetFlag(FLAGS_layers));
   if (!spec.ok()) return Fail(kExitUsage, absl::StrCat("--layers: ", spec.status().message()));
 
   // Data: this worker's shard of the training set, and the test set.
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  auto train = rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain, absl::GetFlag(FLAGS_train_limit));
+  auto train =
+      rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain, absl::GetFlag(FLAGS_train_limit));
   if (!train.ok()) return Fail(kExitUsage, std::string(train.status().message()));
-  auto test = rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
+  auto test =
+      rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
   if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
   if (spec->input_dim != train->dim || spec->num_classes != train->num_classes) {
-    return Fail(kExitUsage, absl::StrCat("--layers ", absl::GetFlag(FLAGS_layers), " needs ",
-                                         spec->input_dim, " inputs and ", spec->num_classes,
-                                         " classes; the data has ", train->dim, " and ",
-                                         train->num_classes));
+    return Fail(kExitUsage,
+                absl::StrCat("--layers ", absl::GetFlag(FLAGS_layers), " needs ", spec->input_dim,
+                             " inputs and ", spec->num_classes, " classes; the data has ",
+                             train->dim, " and ", train->num_classes));
   }
   auto batcher = rubato::ShardedBatcher::Create(&*train, worker_id, cluster->num_workers(),
                                                 batch_size, absl::GetFlag(FLAGS_seed));
@@ -108,9 +111,11 @@ int main(int argc, char** argv) {
 
   // Every worker runs the same number of steps, so that no BSP barrier waits for a finished worker.
   const int64_t global_batch = int64_t{batch_size} * cluster->num_workers();
-  const int64_t steps_per_epoch = std::max<int64_t>(1, (train->size + global_batch - 1) / global_batch);
-  const int64_t steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps)
-                                                       : absl::GetFlag(FLAGS_epochs) * steps_per_epoch;
+  const int64_t steps_per_epoch =
+      std::max<int64_t>(1, (train->size + global_batch - 1) / global_batch);
+  const int64_t steps = absl::GetFlag(FLAGS_steps) > 0
+                            ? absl::GetFlag(FLAGS_steps)
+                            : absl::GetFlag(FLAGS_epochs) * steps_per_epoch;
   int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   if (eval_every == 0) eval_every = std::max<int64_t>(1, steps_per_epoch / 2);
 
@@ -167,8 +172,8 @@ int main(int argc, char** argv) {
   options.eval_every = eval_every;
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.clip_global_norm = cluster->optimizer().clip_global_norm();
-  auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher,
-                                    *test, &params, &std::cout);
+  auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher, *test,
+                                    &params, &std::cout);
   if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
   std::cout << absl::StrFormat(
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"wall_s\":%.3f,"

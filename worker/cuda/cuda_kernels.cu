@@ -1,10 +1,10 @@
 // nvcc-compiled half of worker/cuda: device queries and an axpy kernel that exercises the whole
 // path (allocation, copies, launch, synchronisation). The MLP's CUDA backend will live beside it.
-#include "worker/cuda/cuda_kernels.h"
-
 #include <cuda_runtime.h>
 
 #include <cstdio>
+
+#include "worker/cuda/cuda_kernels.h"
 
 namespace rubato::cuda {
 namespace {
