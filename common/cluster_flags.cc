@@ -50,8 +50,8 @@ ABSL_FLAG(std::optional<double>, lr_power, std::nullopt, "polynomial decay power
 ABSL_FLAG(std::optional<double>, final_lr_fraction, std::nullopt,
           "cosine, polynomial: final LR as a fraction of the peak (default 0).");
 ABSL_FLAG(std::optional<int64_t>, lease_ms, std::nullopt,
-          "Worker lease in ms (default 10000). Recorded in the spec and sent to workers; dropping "
-          "workers silent for longer is not implemented yet.");
+          "Worker lease in ms (default 10000): once training has started, a worker silent for "
+          "longer is dropped from the barriers; workers heartbeat every lease/4.");
 ABSL_FLAG(std::optional<int64_t>, wait_timeout_ms, std::nullopt,
           "Longest a pull waits for the other workers before failing, in ms (default 120000).");
 

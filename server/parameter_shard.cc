@@ -77,6 +77,19 @@ int ParameterShard::RegisteredCount() const {
   return n;
 }
 
+absl::Status ParameterShard::CheckMember(int id) const {
+  if (id >= 0 && id < options_.cluster.num_workers()) {
+    if (workers_[id].registered) return absl::OkStatus();
+    if (workers_[id].dropped) {
+      return absl::AbortedError(absl::StrCat(
+          "worker ", id, " was dropped by shard ", options_.shard_id, " after more than ",
+          options_.cluster.lease_ms(), " ms of silence; register again to rejoin"));
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
+}
+
 int64_t ParameterShard::MinVersion() const {
   int64_t v = tensors_.empty() ? 0 : tensors_[0].version;
   for (const Tensor& t : tensors_) v = std::min(v, t.version);
@@ -221,7 +234,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
       return s;
     }
 
-    CollectReady(&ready);  // The last registrant may release the step-0 pulls.
+    CollectReady(&ready);       // The last registrant may release the step-0 pulls.
+    waiting_changed_.Signal();  // Leases may start (or restart) running.
     response.set_shard_id(options_.shard_id);
     response.set_num_shards(options_.num_shards);
     *response.mutable_consistency() = options_.cluster.consistency();
@@ -262,11 +276,8 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
     absl::MutexLock lock(&mu_);
     absl::Status status = [&]() -> absl::Status {
       const int id = request.worker_id();
-      if (id < 0 || id >= options_.cluster.num_workers() || !workers_[id].registered) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
-      }
-      if (RegisteredCount() < options_.cluster.num_workers()) {
+      RETURN_IF_ERROR(CheckMember(id));
+      if (!schedule_.has_value()) {
         return absl::FailedPreconditionError(
             absl::StrCat("training has not started: ", RegisteredCount(), " of ",
                          options_.cluster.num_workers(), " workers registered"));
@@ -318,27 +329,43 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
       t.received[id] = true;
       ++t.received_count;
       response.set_accepted(response.accepted() + 1);
-      if (t.received_count == options_.cluster.num_workers()) {
-        ApplyUpdate(&t);
-        any_applied = true;
-      }
+      any_applied = true;
     }
     ++pushes_;
-    if (any_applied) CollectReady(&ready);
+    if (any_applied) {
+      ApplyCompleteSteps();
+      CollectReady(&ready);
+    }
   }
   Run(&ready);
   return response;
 }
 
+void ParameterShard::ApplyCompleteSteps() {
+  for (Tensor& t : tensors_) {
+    if (t.received_count == 0) continue;
+    bool complete = true;
+    for (int w = 0; w < options_.cluster.num_workers() && complete; ++w) {
+      complete = !workers_[w].registered || t.received[w];
+    }
+    if (complete) ApplyUpdate(&t);
+  }
+}
+
 void ParameterShard::ApplyUpdate(Tensor* t) {
   const size_t n = t->weights.size();
   const int workers = options_.cluster.num_workers();
-  // Reuse worker 0's buffer for the mean: summed in double in worker-id order.
-  std::vector<float>& mean = t->pending[0];
-  const double inv = 1.0 / workers;
+  // The mean over the gradients received for this step (all members', plus any from a worker
+  // dropped since), summed in double in worker-id order, into the first contributor's buffer.
+  std::vector<int> from;
+  for (int w = 0; w < workers; ++w) {
+    if (t->received[w]) from.push_back(w);
+  }
+  std::vector<float>& mean = t->pending[from[0]];
+  const double inv = 1.0 / static_cast<double>(from.size());
   for (size_t i = 0; i < n; ++i) {
     double sum = 0;
-    for (int w = 0; w < workers; ++w) sum += t->pending[w][i];
+    for (int w : from) sum += t->pending[w][i];
     mean[i] = static_cast<float>(sum * inv);
   }
   // Pushes are refused until every worker has registered, so the schedule exists here.
@@ -357,10 +384,7 @@ absl::Status ParameterShard::CheckPull(const PullRequest& request) const {
     return absl::UnavailableError(
         absl::StrCat("parameter server shard ", options_.shard_id, " is shutting down"));
   }
-  if (id < 0 || id >= options_.cluster.num_workers() || !workers_[id].registered) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
-  }
+  RETURN_IF_ERROR(CheckMember(id));
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
   }
@@ -374,7 +398,7 @@ absl::Status ParameterShard::CheckPull(const PullRequest& request) const {
 }
 
 bool ParameterShard::PullReady(const PullRequest& request) const {
-  if (RegisteredCount() < options_.cluster.num_workers()) return false;
+  if (!schedule_.has_value()) return false;  // Training has not started.
   if (request.names().empty()) return MinVersion() >= request.step();
   for (const std::string& name : request.names()) {
     if (tensors_[index_.at(name)].version < request.step()) return false;
@@ -400,7 +424,7 @@ PullResponse ParameterShard::Snapshot(const PullRequest& request) const {
 
 std::string ParameterShard::DescribeWait(const PullRequest& request) const {
   const int registered = RegisteredCount();
-  if (registered < options_.cluster.num_workers()) {
+  if (!schedule_.has_value()) {
     std::vector<int> missing;
     for (int w = 0; w < options_.cluster.num_workers(); ++w) {
       if (!workers_[w].registered) missing.push_back(w);
@@ -417,7 +441,7 @@ std::string ParameterShard::DescribeWait(const PullRequest& request) const {
     }
     std::vector<int> missing;
     for (int w = 0; w < options_.cluster.num_workers(); ++w) {
-      if (!t.received[w]) missing.push_back(w);
+      if (workers_[w].registered && !t.received[w]) missing.push_back(w);
     }
     return absl::StrCat("tensor '", t.name, "' is at version ", t.version, "; waiting for step ",
                         t.version, " gradients from worker(s) ", absl::StrJoin(missing, ", "));
@@ -443,10 +467,10 @@ void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullD
     absl::MutexLock lock(&mu_);
     status = CheckPull(request);
     if (status.ok()) {
+      workers_[request.worker_id()].last_seen = absl::Now();
       if (PullReady(request)) {
         response = Snapshot(request);
       } else {
-        workers_[request.worker_id()].last_seen = absl::Now();
         waiting_.push_back({request, std::min(deadline, absl::Now() + max_wait_), std::move(done)});
         waiting_changed_.Signal();
         return;
@@ -459,11 +483,10 @@ void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullD
 void ParameterShard::DeadlineLoop() {
   absl::MutexLock lock(&mu_);
   while (!shutdown_) {
-    absl::Time next = absl::InfiniteFuture();
-    for (const PendingPull& p : waiting_) next = std::min(next, p.deadline);
-    waiting_changed_.WaitWithDeadline(&mu_, next);
-    const absl::Time now = absl::Now();
+    // Leases first, then pull deadlines; sleep until the earliest of what is left, or a change.
     std::vector<Completion> expired;
+    absl::Time next = ExpireLeases(&expired);
+    const absl::Time now = absl::Now();
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       if (it->deadline <= now) {
         expired.push_back(
@@ -474,6 +497,7 @@ void ParameterShard::DeadlineLoop() {
              PullResponse()});
         it = waiting_.erase(it);
       } else {
+        next = std::min(next, it->deadline);
         ++it;
       }
     }
@@ -481,17 +505,47 @@ void ParameterShard::DeadlineLoop() {
       mu_.Unlock();
       Run(&expired);
       mu_.Lock();
+      continue;
+    }
+    waiting_changed_.WaitWithDeadline(&mu_, next);
+  }
+}
+
+absl::Time ParameterShard::ExpireLeases(std::vector<Completion>* ready) {
+  // Leases run only once training has started: before that, pulls wait for registration with
+  // their own deadline.
+  if (!schedule_.has_value()) return absl::InfiniteFuture();
+  const absl::Duration lease = absl::Milliseconds(options_.cluster.lease_ms());
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  bool dropped = false;
+  for (int id = 0; id < options_.cluster.num_workers(); ++id) {
+    Worker& w = workers_[id];
+    if (!w.registered) continue;
+    if (now - w.last_seen > lease) {
+      w.registered = false;
+      w.dropped = true;
+      dropped = true;
+      ++dropped_workers_;
+      RUBATO_LOG(WARNING) << "shard " << options_.shard_id << ": dropped worker " << id
+                          << ", silent for " << absl::FormatDuration(now - w.last_seen)
+                          << " (lease " << absl::FormatDuration(lease) << "); " << RegisteredCount()
+                          << " member(s) left";
+    } else {
+      next = std::min(next, w.last_seen + lease + absl::Milliseconds(1));
     }
   }
+  if (dropped) {
+    ApplyCompleteSteps();
+    CollectReady(ready);
+  }
+  return next;
 }
 
 absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   const int id = request.worker_id();
-  if (id < 0 || id >= options_.cluster.num_workers() || !workers_[id].registered) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
-  }
+  RETURN_IF_ERROR(CheckMember(id));
   workers_[id].last_seen = absl::Now();
   workers_[id].last_step = std::max(workers_[id].last_step, request.step());
   HeartbeatResponse response;
@@ -519,6 +573,7 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_rejected_pushes(rejected_pushes_);
   s.set_duplicate_gradients(duplicate_gradients_);
   s.set_applied_updates(applied_updates_);
+  s.set_dropped_workers(dropped_workers_);
   s.set_learning_rate(last_learning_rate_);
   if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());
   s.set_pending_pulls(static_cast<int64_t>(waiting_.size()));

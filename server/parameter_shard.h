@@ -107,7 +107,8 @@ class ParameterShard {
     int received_count = 0;
   };
   struct Worker {
-    bool registered = false;
+    bool registered = false;  // A member: counted in barriers.
+    bool dropped = false;     // Was a member, then silent for longer than the lease.
     int32_t batch_size = 0;
     int64_t steps_per_epoch = 0;
     int64_t total_steps = 0;
@@ -141,6 +142,13 @@ class ParameterShard {
   // the job) refuses the last registration.
   absl::Status StartTrainingIfComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinVersion() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops members silent for longer than the lease, completes the steps they held up, and returns
+  // the earliest time another member's lease can run out.
+  absl::Time ExpireLeases(std::vector<Completion>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies every tensor whose current step every member has pushed.
+  void ApplyCompleteSteps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK for a member; ABORTED for a dropped worker; FAILED_PRECONDITION for an unknown one.
+  absl::Status CheckMember(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeadlineLoop();
   static void Run(std::vector<Completion>* completions);
 
@@ -163,6 +171,7 @@ class ParameterShard {
   int64_t rejected_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicate_gradients_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_workers_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
   double last_learning_rate_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -375,6 +375,49 @@ TEST(ParameterShardTest, ShutdownFailsWaitingPulls) {
   EXPECT_EQ(r->status.code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(ParameterShardTest, SilentWorkerIsDroppedAndTheStepCompletesWithoutIt) {
+  ShardOptions o = Options(3);
+  o.cluster.set_lease_ms(200);
+  auto created = ParameterShard::Create(o);
+  ASSERT_TRUE(created.ok());
+  ParameterShard* shard = created->get();
+  for (int w = 0; w < 3; ++w) ASSERT_TRUE(shard->Register(Registration(w, 3)).ok());
+  const std::vector<float> g0 = {1, 2, 3, 4}, g1 = {3, 2, 1, 0};
+  ASSERT_TRUE(shard->Push(PushOf(0, 0, {Value("w", g0)})).ok());
+  ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("w", g1)})).ok());
+  // Worker 2 goes silent; 0 and 1 keep heartbeating while they wait for step 1.
+  auto r = StartPull(shard, 0, 1, absl::Seconds(10), {"w"});
+  const absl::Time start = absl::Now();
+  while (!r->done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    for (int w : {0, 1}) {
+      HeartbeatRequest hb;
+      hb.set_worker_id(w);
+      ASSERT_TRUE(shard->Heartbeat(hb).ok());
+    }
+    ASSERT_LT(absl::Now() - start, absl::Seconds(5)) << "the silent worker was never dropped";
+  }
+  ASSERT_TRUE(r->status.ok()) << r->status;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  EXPECT_EQ(Floats(r->response.tensors(0)), ExpectedSgd(kW0, {g0, g1}));  // The mean of two.
+  EXPECT_EQ(shard->Stats().dropped_workers(), 1);
+
+  // The dropped worker is told so, registers again, and counts in the next barrier.
+  auto late = shard->Push(PushOf(2, 0, {Value("w", g0)}));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted) << late.status();
+  EXPECT_NE(late.status().message().find("register again"), std::string::npos);
+  auto back = shard->Register(Registration(2, 3));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->min_version(), 0);  // "b" has not been updated yet.
+  ASSERT_TRUE(shard->Push(PushOf(0, 1, {Value("w", g0)})).ok());
+  ASSERT_TRUE(shard->Push(PushOf(1, 1, {Value("w", g0)})).ok());
+  auto next = StartPull(shard, 0, 2, absl::Milliseconds(100), {"w"});
+  ASSERT_TRUE(next->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(next->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(next->status.message().find("worker(s) 2"), std::string::npos) << next->status;
+  ASSERT_TRUE(shard->Push(PushOf(2, 1, {Value("w", g0)})).ok());
+  EXPECT_EQ(shard->Stats().tensors(0).version(), 2);
+}
+
 TEST(ParameterShardTest, LearningRateFollowsTheUpdateCount) {
   ShardOptions o = Options(1);
   o.cluster.mutable_optimizer()->set_learning_rate(1.0);

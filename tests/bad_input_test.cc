@@ -303,11 +303,78 @@ TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
                                      {"step 0", "shard 0 is shutting down"}));
 }
 
-TEST_F(BadInputTest, WorkerKilledMidRunTimesOutItsPeer) {
+TEST_F(BadInputTest, WorkerKilledMidRunIsDroppedAndItsPeerFinishes) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   TestServerOptions options;
   options.num_workers = 2;
-  options.extra_flags = {"--wait_timeout_ms=3000"};
+  options.extra_flags = {"--lease_ms=1000", "--wait_timeout_ms=30000"};
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
+                                          "--train_limit=2000",
+                                          "--test_limit=100",
+                                          "--steps=60",
+                                          "--log_every=5",
+                                          "--lease_ms=1000"};
+  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, flags);
+  ASSERT_TRUE(IsOk(w0));
+  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, flags);
+  ASSERT_TRUE(IsOk(w1));
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w1, "\"event\":\"step\"", kRunTimeout)));
+  ASSERT_TRUE(IsOk((*w1)->Signal(SIGKILL)));
+  absl::StatusOr<int> status1 = (*w1)->Wait(absl::Seconds(5));
+  ASSERT_TRUE(IsOk(status1));
+  EXPECT_EQ(*status1, 128 + SIGKILL);
+
+  // Once worker 1's 1 s lease runs out, the shard drops it from the barrier and worker 0 trains on
+  // alone, well before the 30 s wait timeout.
+  absl::StatusOr<int> status0 = (*w0)->Wait(absl::Seconds(25));
+  ASSERT_TRUE(IsOk(status0)) << "worker 0 hung on its dead peer";
+  EXPECT_EQ(*status0, 0) << (*w0)->ReadStderr();
+  EXPECT_TRUE(HasLineContaining((*w0)->ReadStdout(), "\"event\":\"done\""));
+  EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
+  EXPECT_TRUE(HasLineContaining(cluster_->server(0)->ReadStderr(), "dropped worker 1"))
+      << cluster_->server(0)->ReadStderr();
+}
+
+TEST_F(BadInputTest, PausedWorkerIsDroppedThenRejoinsAndCarriesOn) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  TestServerOptions options;
+  options.num_workers = 2;
+  options.extra_flags = {"--lease_ms=1000", "--wait_timeout_ms=30000"};
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
+                                          "--train_limit=2000",
+                                          "--test_limit=100",
+                                          "--steps=400",
+                                          "--log_every=5",
+                                          "--lease_ms=1000"};
+  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, flags);
+  ASSERT_TRUE(IsOk(w0));
+  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, flags);
+  ASSERT_TRUE(IsOk(w1));
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w1, "\"event\":\"step\"", kRunTimeout)));
+  // Frozen for 2.5 s, heartbeats included: longer than the 1 s lease.
+  ASSERT_TRUE(IsOk((*w1)->Signal(SIGSTOP)));
+  absl::SleepFor(absl::Milliseconds(2500));
+  ASSERT_TRUE(IsOk((*w1)->Signal(SIGCONT)));
+
+  absl::StatusOr<std::map<int, int>> statuses = cluster_->WaitForWorkers(absl::Seconds(60));
+  ASSERT_TRUE(IsOk(statuses));
+  EXPECT_EQ(statuses->at(0), 0) << (*w0)->ReadStderr();
+  EXPECT_EQ(statuses->at(1), 0) << (*w1)->ReadStderr();
+  // Its next RPC was refused with ABORTED; it registered again and finished the job.
+  EXPECT_TRUE(HasLineContaining((*w1)->ReadStdout(), "\"event\":\"rejoin\""))
+      << (*w1)->ReadStdout();
+  EXPECT_TRUE(HasLineContaining((*w1)->ReadStdout(), "\"event\":\"done\""));
+  EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
+  EXPECT_TRUE(HasLineContaining(cluster_->server(0)->ReadStderr(), "dropped worker 1"));
+}
+
+TEST_F(BadInputTest, WorkerKilledMidRunTimesOutItsPeerWhenTheLeaseIsLonger) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  TestServerOptions options;
+  options.num_workers = 2;
+  options.extra_flags = {"--wait_timeout_ms=3000", "--lease_ms=60000"};
   ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
   absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, SmallJobFlags({}));
   ASSERT_TRUE(IsOk(w0));

@@ -58,8 +58,8 @@ class GrpcPsClient final : public PsClient {
     for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
   }
 
-  absl::Status Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
-                        int64_t resume_step) override {
+  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
+                                   int64_t resume_step) override {
     RETURN_IF_ERROR(CheckSizes(initial, "initial value"));
     const int shards = static_cast<int>(stubs_.size());
     std::vector<RegisterRequest> requests(shards);
@@ -93,7 +93,9 @@ class GrpcPsClient final : public PsClient {
             responses[s].num_shards(), ", but this worker has it as shard ", s, " of ", shards));
       }
     }
-    return absl::OkStatus();
+    int64_t resume = responses[0].min_version();
+    for (const RegisterResponse& r : responses) resume = std::min(resume, r.min_version());
+    return resume;
   }
 
   absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params) override {

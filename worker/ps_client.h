@@ -25,9 +25,11 @@ class PsClient {
   virtual ~PsClient() = default;
 
   // Registers with every shard, offering `initial` values (one per tensor) for shards not yet
-  // initialised. Waits up to the connect timeout for servers that are not up yet.
-  virtual absl::Status Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
-                                int64_t resume_step) = 0;
+  // initialised. Waits up to the connect timeout for servers that are not up yet. Returns the step
+  // to compute next: the smallest tensor version over the shards (0 for a new job; later for a
+  // worker that rejoins after being dropped).
+  virtual absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial,
+                                           int32_t batch_size, int64_t resume_step) = 0;
 
   // Fills `params` (one vector per tensor, resized as needed) with weights of version >= step.
   virtual absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params) = 0;

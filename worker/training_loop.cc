@@ -53,10 +53,32 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   double loss_sum = 0, compute_s = 0, comm_s = 0, grad_norm_sum = 0;
   int64_t interval_steps = 0;
   TrainingResult result;
-  for (int64_t step = 0; step < options.steps; ++step) {
+  int rejoins = 0;
+  // Registers again after a server dropped this worker; returns the step to continue from.
+  auto rejoin = [&](int64_t step, const absl::Status& why) -> absl::StatusOr<int64_t> {
+    if (++rejoins > options.max_rejoins) {
+      return absl::Status(why.code(), absl::StrCat("step ", step, ": dropped ", rejoins - 1,
+                                                   " times, giving up: ", why.message()));
+    }
+    ASSIGN_OR_RETURN(const int64_t resume, client->Register(*params, batch, step));
+    *progress << absl::StrFormat(
+                     "{\"event\":\"rejoin\",\"worker\":%d,\"step\":%d,\"resume_step\":%d,"
+                     "\"t\":%.3f}",
+                     options.worker_id, step, resume, absl::ToDoubleSeconds(absl::Now() - start))
+              << std::endl;
+    return std::max(resume, step);
+  };
+  for (int64_t step = options.start_step; step < options.steps; ++step) {
+    if (options.current_step != nullptr) options.current_step->store(step);
     const absl::Time t0 = absl::Now();
     // Pull weights of version `step` (BSP: every worker's step-1 gradient applied).
-    RETURN_IF_ERROR(AtStep(step, client->Pull(step, absl::MakeSpan(*params))));
+    if (absl::Status s = client->Pull(step, absl::MakeSpan(*params)); absl::IsAborted(s)) {
+      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
+      step = resume - 1;
+      continue;
+    } else {
+      RETURN_IF_ERROR(AtStep(step, s));
+    }
     const absl::Time t1 = absl::Now();
     batcher->Next(x.data(), y.data());
     // Forward and backward on this worker's minibatch.
@@ -68,7 +90,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     }
     const absl::Time t2 = absl::Now();
     // Push this step's gradients; the servers average them over the workers.
-    RETURN_IF_ERROR(AtStep(step, client->Push(step, grads)));
+    if (absl::Status s = client->Push(step, grads); absl::IsAborted(s)) {
+      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
+      step = resume - 1;
+      continue;
+    } else {
+      RETURN_IF_ERROR(AtStep(step, s));
+    }
     const absl::Time t3 = absl::Now();
 
     loss_sum += *loss;

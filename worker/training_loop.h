@@ -5,6 +5,7 @@
 #ifndef RUBATO_WORKER_TRAINING_LOOP_H_
 #define RUBATO_WORKER_TRAINING_LOOP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <ostream>
 #include <vector>
@@ -26,6 +27,12 @@ struct TrainingOptions {
   // happens on each worker's gradient, before averaging: with whole tensors spread over shards, no
   // shard sees the global norm of the averaged gradient.
   double clip_global_norm = 0;
+  int64_t start_step = 0;  // From PsClient::Register.
+  // When a server has dropped this worker (ABORTED, after its lease ran out), the loop registers
+  // again and continues from the servers' current step, at most this many times.
+  int max_rejoins = 10;
+  // If set, the loop stores the step it is working on here (read by the heartbeat thread).
+  std::atomic<int64_t>* current_step = nullptr;
 };
 
 struct TrainingResult {

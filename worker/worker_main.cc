@@ -8,9 +8,11 @@
 // the status code in the message; 2 bad flag values or data. (Abseil's flag parser itself exits 1
 // for an unknown flag.)
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
@@ -149,9 +152,8 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail(kExitUsage, std::string(client.status().message()));
 
   std::vector<std::vector<float>> params = rubato::InitMlpParams(*spec, absl::GetFlag(FLAGS_seed));
-  if (auto s = (*client)->Register(params, batch_size, /*resume_step=*/0); !s.ok()) {
-    return Fail(kExitRuntime, s.ToString());
-  }
+  absl::StatusOr<int64_t> start_step = (*client)->Register(params, batch_size, /*resume_step=*/0);
+  if (!start_step.ok()) return Fail(kExitRuntime, start_step.status().ToString());
   RUBATO_LOG(INFO) << "registered with " << cluster->servers_size() << " shard(s) ["
                    << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes; model "
                    << rubato::MlpLayersString(*spec) << " (" << rubato::MlpParamCount(*spec)
@@ -172,8 +174,26 @@ int main(int argc, char** argv) {
   options.eval_every = eval_every;
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.clip_global_norm = cluster->optimizer().clip_global_norm();
+  options.start_step = *start_step;
+
+  // Heartbeats keep this worker's lease on every shard while it computes or waits at a barrier.
+  std::atomic<int64_t> current_step{*start_step};
+  options.current_step = &current_step;
+  absl::Notification stop_heartbeats;
+  std::thread heartbeats([&] {
+    const absl::Duration period = absl::Milliseconds(std::max<int64_t>(cluster->lease_ms() / 4, 1));
+    bool failing = false;
+    while (!stop_heartbeats.WaitForNotificationWithTimeout(period)) {
+      const absl::Status s = (*client)->Heartbeat(current_step.load());
+      if (!s.ok() && !failing) RUBATO_LOG(WARNING) << "heartbeat failed: " << s;
+      if (s.ok() && failing) RUBATO_LOG(INFO) << "heartbeats answered again";
+      failing = !s.ok();
+    }
+  });
   auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher, *test,
                                     &params, &std::cout);
+  stop_heartbeats.Notify();
+  heartbeats.join();
   if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
   std::cout << absl::StrFormat(
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"wall_s\":%.3f,"
