@@ -15,6 +15,8 @@ ABSL_FLAG(std::optional<std::string>, servers, std::nullopt,
 ABSL_FLAG(std::optional<int>, num_workers, std::nullopt, "Number of workers in the job.");
 ABSL_FLAG(std::optional<std::string>, mode, std::nullopt,
           "Consistency model: bsp (default), async, backup:B, ssp:S.");
+ABSL_FLAG(std::optional<bool>, staleness_aware_lr, std::nullopt,
+          "async, ssp: divide each gradient's learning rate by its staleness (Zhang et al. 2016).");
 ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
           "Server-side optimizer: sgd (default).");
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt, "Learning rate (default 0.1).");
@@ -75,6 +77,9 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   if (auto v = absl::GetFlag(FLAGS_num_workers)) spec.set_num_workers(*v);
   if (auto v = absl::GetFlag(FLAGS_mode)) {
     ASSIGN_OR_RETURN(*spec.mutable_consistency(), ParseConsistency(*v));
+  }
+  if (auto v = absl::GetFlag(FLAGS_staleness_aware_lr)) {
+    spec.mutable_consistency()->set_staleness_aware_lr(*v);
   }
   OptimizerConfig* opt = spec.mutable_optimizer();
   if (auto v = absl::GetFlag(FLAGS_optimizer)) opt->set_type(*v);

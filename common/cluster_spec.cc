@@ -144,6 +144,10 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
     default:
       return absl::InvalidArgumentError("consistency.mode is not set");
   }
+  if (c.staleness_aware_lr() && c.mode() != ASYNC && c.mode() != SSP) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "consistency.staleness_aware_lr applies to async and ssp, not ", FormatConsistency(c)));
+  }
   RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
   // The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for
   // cosine decay) is checked again when the servers know the job (ParameterShard).

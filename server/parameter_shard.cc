@@ -25,11 +25,6 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("update_threads must be >= 1, got ", options.update_threads));
   }
-  if (options.cluster.consistency().mode() != BSP) {
-    return absl::UnimplementedError(absl::StrCat("consistency mode '",
-                                                 FormatConsistency(options.cluster.consistency()),
-                                                 "' is not implemented yet; use bsp"));
-  }
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    Optimizer::Create(options.cluster.optimizer()));
   return std::unique_ptr<ParameterShard>(new ParameterShard(options, std::move(optimizer)));
@@ -190,6 +185,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         t.role = optimizer_->RoleOf(t.name, t.shape);
         t.pending.assign(options_.cluster.num_workers(), {});
         t.received.assign(options_.cluster.num_workers(), false);
+        t.last_pushed.assign(options_.cluster.num_workers(), -1);
+        t.pulled_version.assign(options_.cluster.num_workers(), 0);
         index_[t.name] = i;
       }
       initialised_ = true;
@@ -299,7 +296,8 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
         const Tensor& t = tensors_[it->second];
         RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("gradient '", g.name(), "'"), g.data(),
                                         static_cast<int64_t>(t.weights.size())));
-        if (request.step() > t.version) {
+        const ConsistencyMode mode = options_.cluster.consistency().mode();
+        if ((mode == BSP || mode == BACKUP) && request.step() > t.version) {
           return absl::FailedPreconditionError(
               absl::StrCat("step ", request.step(), " from worker ", id,
                            " is from the future: tensor '", t.name, "' is at version ", t.version));
@@ -316,18 +314,41 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
     Worker& worker = workers_[id];
     worker.last_seen = absl::Now();
     worker.last_step = std::max(worker.last_step, request.step());
+    const ConsistencyMode mode = options_.cluster.consistency().mode();
     bool any_applied = false;
     for (const TensorValue& g : request.gradients()) {
       Tensor& t = tensors_[index_.at(g.name())];
-      if (request.step() < t.version || t.received[id]) {
+      if (request.step() <= t.last_pushed[id]) {  // (worker, step, tensor) seen before.
         response.set_duplicates(response.duplicates() + 1);
         ++duplicate_gradients_;
         continue;
       }
-      t.pending[id].resize(t.weights.size());
-      BytesToFloats(g.data(), absl::MakeSpan(t.pending[id]));
-      t.received[id] = true;
-      ++t.received_count;
+      t.last_pushed[id] = request.step();
+      if (mode == BSP || mode == BACKUP) {
+        if (request.step() < t.version) {  // backup: its step was applied without it.
+          response.set_dropped(response.dropped() + 1);
+          ++dropped_gradients_;
+          continue;
+        }
+        t.pending[id].resize(t.weights.size());
+        BytesToFloats(g.data(), absl::MakeSpan(t.pending[id]));
+        t.received[id] = true;
+        ++t.received_count;
+        RecordStaleness(0);
+      } else {
+        // async, ssp: applied now, alone.
+        const int64_t tau = std::max<int64_t>(0, t.version - t.pulled_version[id]);
+        RecordStaleness(tau);
+        response.set_max_staleness(std::max(response.max_staleness(), tau));
+        t.pending[id].resize(t.weights.size());
+        BytesToFloats(g.data(), absl::MakeSpan(t.pending[id]));
+        t.received[id] = true;
+        t.received_count = 1;
+        const int members = std::max(1, RegisteredCount());
+        double lr = schedule_->At(t.version / members);
+        if (options_.cluster.consistency().staleness_aware_lr() && tau > 1) lr /= tau;
+        ApplyUpdate(&t, lr);
+      }
       response.set_accepted(response.accepted() + 1);
       any_applied = true;
     }
@@ -341,18 +362,63 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
   return response;
 }
 
+bool ParameterShard::StepComplete(const Tensor& t) const {
+  if (t.received_count == 0) return false;
+  bool all = true;
+  for (int w = 0; w < options_.cluster.num_workers() && all; ++w) {
+    all = !workers_[w].registered || t.received[w];
+  }
+  if (all) return true;
+  if (options_.cluster.consistency().mode() == BACKUP) {
+    const int needed = RegisteredCount() - options_.cluster.consistency().backup_workers();
+    return t.received_count >= std::max(1, needed);
+  }
+  return false;
+}
+
 void ParameterShard::ApplyCompleteSteps() {
+  const ConsistencyMode mode = options_.cluster.consistency().mode();
+  if (mode != BSP && mode != BACKUP) return;  // async and ssp apply on arrival.
   for (Tensor& t : tensors_) {
-    if (t.received_count == 0) continue;
-    bool complete = true;
-    for (int w = 0; w < options_.cluster.num_workers() && complete; ++w) {
-      complete = !workers_[w].registered || t.received[w];
-    }
-    if (complete) ApplyUpdate(&t);
+    if (StepComplete(t)) ApplyUpdate(&t, schedule_->At(t.version));
   }
 }
 
-void ParameterShard::ApplyUpdate(Tensor* t) {
+void ParameterShard::RecordStaleness(int64_t tau) {
+  int bucket = 0;
+  if (tau < 4) {
+    bucket = static_cast<int>(tau);
+  } else if (tau < 8) {
+    bucket = 4;
+  } else if (tau < 16) {
+    bucket = 5;
+  } else if (tau < 32) {
+    bucket = 6;
+  } else {
+    bucket = 7;
+  }
+  ++staleness_histogram_[bucket];
+}
+
+int64_t ParameterShard::Clock(int w) const {
+  int64_t clock = tensors_.empty() ? 0 : tensors_[0].last_pushed[w] + 1;
+  for (const Tensor& t : tensors_) clock = std::min(clock, t.last_pushed[w] + 1);
+  return clock;
+}
+
+void ParameterShard::RecordPulled(const PullRequest& request) {
+  const int id = request.worker_id();
+  if (request.names().empty()) {
+    for (Tensor& t : tensors_) t.pulled_version[id] = t.version;
+  } else {
+    for (const std::string& name : request.names()) {
+      Tensor& t = tensors_[index_.at(name)];
+      t.pulled_version[id] = t.version;
+    }
+  }
+}
+
+void ParameterShard::ApplyUpdate(Tensor* t, double learning_rate) {
   const size_t n = t->weights.size();
   const int workers = options_.cluster.num_workers();
   // The mean over the gradients received for this step (all members', plus any from a worker
@@ -368,8 +434,7 @@ void ParameterShard::ApplyUpdate(Tensor* t) {
     for (int w : from) sum += t->pending[w][i];
     mean[i] = static_cast<float>(sum * inv);
   }
-  // Pushes are refused until every worker has registered, so the schedule exists here.
-  last_learning_rate_ = schedule_->At(t->version);
+  last_learning_rate_ = learning_rate;
   optimizer_->Update(static_cast<float>(last_learning_rate_), mean, absl::MakeSpan(t->weights),
                      t->role, &t->optimizer_state, pool_.get());
   ++t->version;
@@ -399,6 +464,16 @@ absl::Status ParameterShard::CheckPull(const PullRequest& request) const {
 
 bool ParameterShard::PullReady(const PullRequest& request) const {
   if (!schedule_.has_value()) return false;  // Training has not started.
+  const ConsistencyConfig& c = options_.cluster.consistency();
+  if (c.mode() == ASYNC) return true;
+  if (c.mode() == SSP) {
+    // The SSP bound, enforced here: step c may start once every member has pushed step c - s - 1.
+    const int64_t need = request.step() - c.staleness();
+    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
+      if (workers_[w].registered && Clock(w) < need) return false;
+    }
+    return true;
+  }
   if (request.names().empty()) return MinVersion() >= request.step();
   for (const std::string& name : request.names()) {
     if (tensors_[index_.at(name)].version < request.step()) return false;
@@ -432,6 +507,17 @@ std::string ParameterShard::DescribeWait(const PullRequest& request) const {
     return absl::StrCat("waiting for worker(s) ", absl::StrJoin(missing, ", "), " to register (",
                         registered, " of ", options_.cluster.num_workers(), " registered)");
   }
+  if (options_.cluster.consistency().mode() == SSP) {
+    const int64_t need = request.step() - options_.cluster.consistency().staleness();
+    std::vector<std::string> behind;
+    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
+      if (workers_[w].registered && Clock(w) < need) {
+        behind.push_back(absl::StrCat(w, " (clock ", Clock(w), ")"));
+      }
+    }
+    return absl::StrCat("ssp: step ", request.step(), " needs every worker at clock >= ", need,
+                        "; waiting for worker(s) ", absl::StrJoin(behind, ", "));
+  }
   // The first tensor that is behind, and whose gradients it lacks.
   for (const Tensor& t : tensors_) {
     if (t.version >= request.step()) continue;
@@ -452,6 +538,7 @@ std::string ParameterShard::DescribeWait(const PullRequest& request) const {
 void ParameterShard::CollectReady(std::vector<Completion>* out) {
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (PullReady(it->request)) {
+      RecordPulled(it->request);
       out->push_back({std::move(it->done), absl::OkStatus(), Snapshot(it->request)});
       it = waiting_.erase(it);
     } else {
@@ -469,6 +556,7 @@ void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullD
     if (status.ok()) {
       workers_[request.worker_id()].last_seen = absl::Now();
       if (PullReady(request)) {
+        RecordPulled(request);
         response = Snapshot(request);
       } else {
         waiting_.push_back({request, std::min(deadline, absl::Now() + max_wait_), std::move(done)});
@@ -574,6 +662,8 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_duplicate_gradients(duplicate_gradients_);
   s.set_applied_updates(applied_updates_);
   s.set_dropped_workers(dropped_workers_);
+  s.set_dropped_gradients(dropped_gradients_);
+  for (int64_t n : staleness_histogram_) s.add_staleness_histogram(n);
   s.set_learning_rate(last_learning_rate_);
   if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());
   s.set_pending_pulls(static_cast<int64_t>(waiting_.size()));

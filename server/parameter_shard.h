@@ -3,11 +3,22 @@
 // Pure logic with no network inside: server/parameter_service.cc adapts it to gRPC, and tests drive
 // it directly. Thread-safe; every public method may be called from any thread.
 //
-// Consistency: BSP (bulk synchronous parallel). Each tensor has a version, the number of updates
-// applied to it. The gradient a worker pushes for step t was computed on version t. When every
-// worker of the job has pushed its gradient of tensor T for step t, their mean (summed in double in
-// worker-id order, so the result does not depend on arrival order) is handed to the optimizer once,
-// and T's version becomes t + 1. Completion is tracked per tensor, not per push message.
+// Each tensor has a version, the number of updates applied to it. A worker's clock is its step.
+// Consistency models (ClusterSpec.consistency), all tracked per tensor, not per push message:
+//   bsp       The gradient pushed for step t was computed on version t. When every member has
+//             pushed its gradient of tensor T for step t, their mean (summed in double in worker-id
+//             order, so the result does not depend on arrival order) is handed to the optimizer
+//             once, and T's version becomes t + 1. A pull for step t waits for version t.
+//   backup:b  As bsp, but step t of T is applied as soon as (members - b) gradients are in (Chen et
+//             al. 2016); gradients for step t that arrive later are dropped and counted.
+//   async     Every gradient is applied on arrival, alone (Downpour, Dean et al. 2012); pulls
+//             never wait. With staleness_aware_lr its rate is divided by its staleness tau.
+//   ssp:s     Applied on arrival as async; the bound is enforced at the pull: a worker's pull for
+//             step c waits until every member has pushed step c - s - 1 (its clock, the number of
+//             steps it has pushed to every tensor of this shard, is >= c - s) (Ho et al. 2013).
+// Staleness tau of a gradient = updates applied to its tensor since the version the worker pulled
+// (0 under bsp and backup). In async and ssp the schedule's update count is version / members, so
+// that the rate follows the job's steps rather than the number of pushes.
 //
 // Learning rate: the update that takes a tensor from version t to t + 1 uses the schedule's rate
 // for update t (common/lr_schedule.h), so the rate follows the shard's own count of applied
@@ -59,7 +70,7 @@ class ParameterShard {
   // Called exactly once per Pull, possibly on another thread, never with the shard's lock held.
   using PullDone = std::function<void(absl::Status, PullResponse)>;
 
-  // InvalidArgument for a bad spec; Unimplemented for a consistency mode other than BSP.
+  // InvalidArgument for a bad spec.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardOptions& options);
 
   // Fails every waiting pull with UNAVAILABLE and stops the deadline thread.
@@ -105,6 +116,8 @@ class ParameterShard {
     std::vector<std::vector<float>> pending;
     std::vector<bool> received;  // (num_workers)
     int received_count = 0;
+    std::vector<int64_t> last_pushed;     // (num_workers) Highest step pushed by each worker.
+    std::vector<int64_t> pulled_version;  // (num_workers) Version each worker last pulled.
   };
   struct Worker {
     bool registered = false;  // A member: counted in barriers.
@@ -136,7 +149,14 @@ class ParameterShard {
   // Moves every satisfied waiter into `out`.
   void CollectReady(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Averages the pending gradients, applies the optimizer and bumps the version.
-  void ApplyUpdate(Tensor* tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyUpdate(Tensor* tensor, double learning_rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether step `version` of `t` can be applied now (bsp, backup).
+  bool StepComplete(const Tensor& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Number of steps worker `w` has pushed to every tensor of this shard.
+  int64_t Clock(int w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordStaleness(int64_t tau) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers which versions a worker was given (async, ssp staleness).
+  void RecordPulled(const PullRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int RegisteredCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the schedule once every worker has registered. An error here (e.g. a warmup longer than
   // the job) refuses the last registration.
@@ -172,6 +192,8 @@ class ParameterShard {
   int64_t duplicate_gradients_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_gradients_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> staleness_histogram_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(8, 0);
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
   double last_learning_rate_ ABSL_GUARDED_BY(mu_) = 0;
 

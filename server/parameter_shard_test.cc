@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -359,12 +361,179 @@ TEST(ParameterShardTest, WorkerConfiguredForAnotherJobIsRefused) {
   EXPECT_EQ((*shard)->Stats().workers_size(), 0);  // Nobody was registered.
 }
 
-TEST(ParameterShardTest, OnlyBspIsImplemented) {
-  ShardOptions o = Options(2);
-  o.cluster.mutable_consistency()->set_mode(ASYNC);
-  EXPECT_EQ(ParameterShard::Create(o).status().code(), absl::StatusCode::kUnimplemented);
-  o = Options(0);
+TEST(ParameterShardTest, BadOptionsAreRejected) {
+  ShardOptions o = Options(0);
   EXPECT_EQ(ParameterShard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(2);
+  o.update_threads = 0;
+  EXPECT_EQ(ParameterShard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A started shard of `workers` workers in the given consistency mode.
+std::unique_ptr<ParameterShard> StartedShardIn(int workers, ConsistencyConfig c) {
+  ShardOptions o = Options(workers);
+  *o.cluster.mutable_consistency() = c;
+  auto shard = ParameterShard::Create(o);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  for (int w = 0; w < workers; ++w) {
+    RegisterRequest r = Registration(w, workers);
+    *r.mutable_consistency() = c;
+    EXPECT_TRUE((*shard)->Register(r).ok());
+  }
+  return std::move(*shard);
+}
+
+ConsistencyConfig Mode(ConsistencyMode mode, int param = 0, bool staleness_aware = false) {
+  ConsistencyConfig c;
+  c.set_mode(mode);
+  if (mode == BACKUP) c.set_backup_workers(param);
+  if (mode == SSP) c.set_staleness(param);
+  c.set_staleness_aware_lr(staleness_aware);
+  return c;
+}
+
+TEST(ConsistencyTest, BackupAppliesTheFirstNMinusBAndDropsExactlyTheLateOnes) {
+  auto shard = StartedShardIn(4, Mode(BACKUP, 1));
+  const std::vector<std::vector<float>> g = {
+      {1, 0, 0, 0}, {0, 2, 0, 0}, {0, 0, 3, 0}, {0, 0, 0, 4}};
+  // Step 0: workers 2, 0, 3 arrive first; 1 is late.
+  for (int w : {2, 0}) {
+    auto r = shard->Push(PushOf(w, 0, {Value("w", g[w])}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->accepted(), 1);
+  }
+  EXPECT_EQ(shard->Stats().tensors(0).version(), 0) << "applied with only 2 of the 3 needed";
+  ASSERT_TRUE(shard->Push(PushOf(3, 0, {Value("w", g[3])})).ok());
+  EXPECT_EQ(shard->Stats().tensors(0).version(), 1);
+  auto late = shard->Push(PushOf(1, 0, {Value("w", g[1])}));
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->dropped(), 1);
+  EXPECT_EQ(late->accepted(), 0);
+  // A retry of the dropped gradient is a duplicate, not a second drop.
+  EXPECT_EQ(shard->Push(PushOf(1, 0, {Value("w", g[1])}))->duplicates(), 1);
+  const GetStatsResponse stats = shard->Stats();
+  EXPECT_EQ(stats.dropped_gradients(), 1);
+  EXPECT_EQ(stats.applied_updates(), 1);
+  auto r = StartPull(shard.get(), 1, 1, absl::Seconds(5), {"w"});
+  ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(Floats(r->response.tensors(0)), ExpectedSgd(kW0, {g[0], g[2], g[3]}));
+  // Step 1: the late worker of step 0 can be among the first three of step 1.
+  for (int w : {1, 3, 2}) ASSERT_TRUE(shard->Push(PushOf(w, 1, {Value("w", g[w])})).ok());
+  EXPECT_EQ(shard->Stats().tensors(0).version(), 2);
+  EXPECT_EQ(shard->Push(PushOf(0, 1, {Value("w", g[0])}))->dropped(), 1);
+  EXPECT_EQ(shard->Stats().dropped_gradients(), 2);
+}
+
+TEST(ConsistencyTest, AsyncAppliesEveryPushOnArrivalAndMeasuresStaleness) {
+  auto shard = StartedShardIn(2, Mode(ASYNC));
+  // Both pull version 0, then push: the second gradient is one update stale.
+  PullNow(shard.get(), 0, 0);
+  PullNow(shard.get(), 1, 0);
+  const std::vector<float> g0 = {1, 1, 1, 1}, g1 = {2, 2, 2, 2};
+  auto a = shard->Push(PushOf(0, 0, {Value("w", g0)}));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->max_staleness(), 0);
+  auto b = shard->Push(PushOf(1, 0, {Value("w", g1)}));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->max_staleness(), 1);
+  // Each gradient applied alone, with the full rate: w - lr*g0 - lr*g1.
+  std::vector<float> expected = ExpectedSgd(ExpectedSgd(kW0, {g0}), {g1});
+  auto pulled = StartPull(shard.get(), 0, 0, absl::Seconds(5), {"w"});
+  ASSERT_TRUE(pulled->done.HasBeenNotified()) << "async pulls never wait";
+  EXPECT_EQ(Floats(pulled->response.tensors(0)), expected);
+  EXPECT_EQ(pulled->response.tensors(0).version(), 2);
+  // Many pushes from one worker without pulling: all applied, staleness growing.
+  for (int step = 1; step <= 10; ++step) {
+    ASSERT_TRUE(shard->Push(PushOf(1, step, {Value("w", g1)})).ok());
+  }
+  const GetStatsResponse stats = shard->Stats();
+  EXPECT_EQ(stats.applied_updates(), 12);
+  EXPECT_EQ(stats.tensors(0).version(), 12);
+  int64_t counted = 0;
+  for (int64_t n : stats.staleness_histogram()) counted += n;
+  EXPECT_EQ(counted, 12);
+  EXPECT_EQ(stats.staleness_histogram(0), 1);
+  EXPECT_EQ(stats.staleness_histogram(1), 1);
+  EXPECT_GT(stats.staleness_histogram(5), 0);  // tau 8..15 by the end.
+}
+
+TEST(ConsistencyTest, StalenessAwareAsyncDividesTheRateByTau) {
+  auto shard = StartedShardIn(2, Mode(ASYNC, 0, /*staleness_aware=*/true));
+  PullNow(shard.get(), 1, 0);
+  const std::vector<float> g = {1, 1, 1, 1};
+  for (int step = 0; step < 3; ++step)
+    ASSERT_TRUE(shard->Push(PushOf(0, step, {Value("w", g)})).ok());
+  // Worker 1's gradient, computed on version 0, lands on version 3: tau 3, rate lr/3.
+  ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("w", g)})).ok());
+  EXPECT_DOUBLE_EQ(shard->Stats().learning_rate(), kLr / 3);
+}
+
+TEST(ConsistencyTest, SspBlocksOnlyBeyondTheBound) {
+  auto shard = StartedShardIn(2, Mode(SSP, 2));
+  const std::vector<float> g = {1, 1, 1, 1};
+  auto push = [&](int w, int step) {
+    ASSERT_TRUE(shard->Push(PushOf(w, step, {Value("w", g), Value("b", {1, 1, 1})})).ok());
+  };
+  // Worker 0 runs ahead; worker 1 has pushed nothing (clock 0).
+  for (int c = 0; c <= 2; ++c) {
+    auto r = StartPull(shard.get(), 0, c);
+    EXPECT_TRUE(r->done.HasBeenNotified()) << "step " << c << " is within s=2 of clock 0";
+    push(0, c);
+  }
+  auto blocked = StartPull(shard.get(), 0, 3, absl::Seconds(5));
+  EXPECT_FALSE(blocked->done.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
+      << "step 3 needs worker 1 at clock >= 1";
+  push(1, 0);
+  ASSERT_TRUE(blocked->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(blocked->status.ok());
+  // Pushes are applied on arrival: 4 updates so far.
+  EXPECT_EQ(shard->Stats().tensors(0).version(), 4);
+  auto timeout = StartPull(shard.get(), 0, 5, absl::Milliseconds(100));  // Needs clocks >= 3.
+  ASSERT_TRUE(timeout->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(timeout->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(timeout->status.message().find("worker(s) 1 (clock 1)"), std::string::npos)
+      << timeout->status;
+}
+
+// Property: under random delays, no worker ever starts step c while another live worker has
+// pushed fewer than c - s steps. Simulated with real threads and random sleeps, many seeds.
+TEST(ConsistencyTest, SspNeverLetsAWorkerRunMoreThanSAhead) {
+  for (int seed = 0; seed < 12; ++seed) {
+    const int workers = 3, steps = 15, s = seed % 3;
+    auto shard = StartedShardIn(workers, Mode(SSP, s));
+    absl::Mutex mu;
+    std::vector<int64_t> pushed(workers, 0);  // Steps each worker has pushed.
+    int64_t violations = 0;
+    std::vector<std::thread> threads;
+    for (int w = 0; w < workers; ++w) {
+      threads.emplace_back([&, w] {
+        std::mt19937 rng(seed * 31 + w);
+        std::exponential_distribution<double> delay(1.0 / 0.3);  // Mean 0.3 ms.
+        for (int c = 0; c < steps; ++c) {
+          auto r = StartPull(shard.get(), w, c, absl::Seconds(20));
+          ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+          ASSERT_TRUE(r->status.ok()) << r->status;
+          {
+            absl::MutexLock lock(&mu);
+            for (int other = 0; other < workers; ++other) {
+              if (pushed[other] < c - s) ++violations;
+            }
+          }
+          absl::SleepFor(absl::Microseconds(static_cast<int64_t>(1000 * delay(rng) * (1 + w))));
+          {
+            // Count the push before the server sees it, so the check above cannot miss it.
+            absl::MutexLock lock(&mu);
+            ++pushed[w];
+          }
+          ASSERT_TRUE(
+              shard->Push(PushOf(w, c, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(violations, 0) << "seed " << seed << ", s = " << s;
+    EXPECT_EQ(shard->Stats().tensors(0).version(), workers * steps);
+  }
 }
 
 TEST(ParameterShardTest, ShutdownFailsWaitingPulls) {

@@ -207,7 +207,6 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadFlagCase{"UnknownMode", {"--mode=bogus"}, {"mode", "'bogus'"}},
         BadFlagCase{"NegativeLearningRate", {"--learning_rate=-1"}, {"learning_rate", "-1"}},
-        BadFlagCase{"AsyncNotImplemented", {"--mode=async"}, {"'async'", "not implemented"}},
         BadFlagCase{"ZeroWorkers", {"--num_workers=0"}, {"num_workers", "required"}},
         BadFlagCase{"NegativeWorkers", {"--num_workers=-3"}, {"num_workers", "got -3"}},
         BadFlagCase{"UnknownOptimizer", {"--optimizer=adagrad"}, {"optimizer.type", "adagrad"}},
