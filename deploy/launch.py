@@ -26,7 +26,7 @@ import time
 PR_SET_PDEATHSIG = 1
 
 # Flags that describe the cluster: given to servers and workers alike.
-CLUSTER_FLAGS = ("mode", "optimizer", "learning_rate", "weight_decay", "momentum", "nesterov",
+CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "weight_decay", "momentum", "nesterov",
                  "beta1", "beta2", "epsilon", "trust_coefficient", "exclude_from_weight_decay",
                  "exclude_from_layer_adaptation", "clip_global_norm", "lr_reference_batch",
                  "lr_scaling", "warmup_steps", "warmup_epochs", "lr_decay", "lr_decay_steps",
@@ -35,7 +35,11 @@ CLUSTER_FLAGS = ("mode", "optimizer", "learning_rate", "weight_decay", "momentum
 SERVER_FLAGS = ("update_threads",)
 # Flags given to workers only.
 WORKER_FLAGS = ("layers", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
-                "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms")
+                "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms",
+                # Straggler injection, for every worker; --slow_workers slows chosen ones.
+                "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
+                "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",
+                "pause_ms", "crash_at_step")
 
 
 class LaunchError(Exception):
@@ -152,6 +156,9 @@ def parse_args(argv):
     p.add_argument("--startup_timeout", type=float, default=30,
                    help="Seconds for a server to start serving.")
     p.add_argument("--refresh", type=float, default=0.5, help="Live view refresh, seconds.")
+    p.add_argument("--slow_workers", default=None, metavar="ID:FACTOR,...",
+                   help="Give these workers --slowdown=FACTOR (e.g. 1:4,3:2), instead of "
+                        "--slowdown if that is given too.")
     for name in CLUSTER_FLAGS + WORKER_FLAGS + SERVER_FLAGS:
         p.add_argument("--" + name, default=None, help="Passed to rubato_%s as --%s." % (
             "server and rubato_worker" if name in CLUSTER_FLAGS else
@@ -161,7 +168,41 @@ def parse_args(argv):
         p.error("--servers and --workers must be >= 1")
     if args.timeout <= 0 or args.startup_timeout <= 0 or args.refresh <= 0:
         p.error("--timeout, --startup_timeout and --refresh must be > 0")
+    try:
+        args.slow_workers = parse_slow_workers(args.slow_workers, args.workers)
+    except ValueError as e:
+        p.error("--slow_workers: %s" % e)
     return args
+
+
+def parse_slow_workers(text, workers):
+    """"1:4,3:2" -> {1: "4", 3: "2"}: worker id -> --slowdown value, ids in [0, workers)."""
+    slow = {}
+    if text is None:
+        return slow
+    for item in text.split(","):
+        worker, _, factor = item.strip().partition(":")
+        try:
+            w, f = int(worker), float(factor)
+        except ValueError:
+            raise ValueError("expected ID:FACTOR,... such as 1:4,3:2, got %r" % text)
+        if not 0 <= w < workers:
+            raise ValueError("worker id %s is not in [0, --workers=%d)" % (worker, workers))
+        if not f >= 1 or f == float("inf"):
+            raise ValueError("worker %d: factor must be >= 1, got %s" % (w, factor))
+        if w in slow:
+            raise ValueError("worker %d given twice" % w)
+        slow[w] = factor.strip()
+    return slow
+
+
+def worker_flags(args, worker):
+    """The worker-only flags for one worker: --slow_workers overrides --slowdown."""
+    flags = forwarded(args, WORKER_FLAGS)
+    if worker in args.slow_workers:
+        flags = [f for f in flags if not f.startswith("--slowdown=")]
+        flags.append("--slowdown=%s" % args.slow_workers[worker])
+    return flags
 
 
 def forwarded(args, names):
@@ -215,7 +256,7 @@ def main(argv):
         for w in range(args.workers):
             proc = Proc("worker-%d" % w, [worker_bin, "--worker_id=%d" % w,
                                           "--servers=" + ",".join(addresses)]
-                        + cluster + forwarded(args, WORKER_FLAGS), run_dir, capture_stdout=True)
+                        + cluster + worker_flags(args, w), run_dir, capture_stdout=True)
             procs.append(proc)
             workers.append(proc)
             view = WorkerView(w, os.path.join(run_dir, "worker-%d.jsonl" % w))

@@ -3,11 +3,15 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/test_cluster.h"
@@ -98,6 +102,65 @@ TEST(TrainIntegrationTest, LambWithALargeGlobalBatchOnTwoShards) {
       {"--optimizer=lamb", "--learning_rate=0.02", "--weight_decay=0.01", "--warmup_epochs=1",
        "--lr_decay=cosine"}));
   EXPECT_GE(accuracy, 0.78);
+}
+
+// The values of `field` in the {"event":"step",...} records of a worker's stdout.
+std::vector<double> StepRecordField(absl::string_view worker_stdout, absl::string_view field) {
+  std::vector<double> values;
+  const std::string key = absl::StrCat("\"", field, "\":");
+  for (absl::string_view line : absl::StrSplit(worker_stdout, '\n')) {
+    if (!absl::StrContains(line, "\"event\":\"step\"")) continue;
+    const size_t at = line.find(key);
+    if (at == absl::string_view::npos) {
+      ADD_FAILURE() << "no " << field << " in " << line;
+      continue;
+    }
+    values.push_back(std::strtod(std::string(line.substr(at + key.size())).c_str(), nullptr));
+  }
+  return values;
+}
+
+TEST(TrainIntegrationTest, InjectedSlowdownDelaysOneWorkerAndTheOtherWaits) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  auto cluster = TestCluster::Create();
+  ASSERT_TRUE(IsOk(cluster));
+  TestServerOptions options;
+  options.num_workers = 2;
+  options.extra_flags = {"--learning_rate=0.1"};
+  ASSERT_TRUE(IsOk((*cluster)->StartServers(options)));
+  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
+                                          "--train_limit=2000",
+                                          "--test_limit=500",
+                                          "--steps=40",
+                                          "--eval_every=40",
+                                          "--log_every=5"};
+  std::vector<std::string> slow_flags = flags;
+  slow_flags.push_back("--slowdown=3");
+  slow_flags.push_back("--min_step_ms=5");
+  ASSERT_TRUE(IsOk((*cluster)->StartWorker(0, flags)));
+  ASSERT_TRUE(IsOk((*cluster)->StartWorker(1, slow_flags)));
+  absl::StatusOr<std::map<int, int>> exit_statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
+  ASSERT_TRUE(IsOk(exit_statuses));
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(exit_statuses->at(w), 0) << (*cluster)->worker(w)->ReadStderr();
+  }
+  const std::string out0 = (*cluster)->worker(0)->ReadStdout();
+  const std::string out1 = (*cluster)->worker(1)->ReadStdout();
+
+  // Worker 1 emulates steps of max(compute, 5 ms) * 3, so it sleeps at least 10 ms a step.
+  const std::vector<double> delay1 = StepRecordField(out1, "delay_ms");
+  ASSERT_EQ(delay1.size(), 8u) << out1;
+  for (double d : delay1) EXPECT_GE(d, 10.0) << out1;
+  const std::vector<double> delay0 = StepRecordField(out0, "delay_ms");
+  ASSERT_EQ(delay0.size(), 8u) << out0;
+  for (double d : delay0) EXPECT_EQ(d, 0.0) << out0;
+
+  // BSP: worker 0 spends the straggler's delay waiting in its pulls (half of it, to allow noise).
+  const std::vector<double> pull0 = StepRecordField(out0, "pull_ms");
+  double pull0_mean = 0;
+  for (double p : pull0) pull0_mean += p / pull0.size();
+  EXPECT_GE(pull0_mean, 5.0) << out0;
+  EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
 }
 
 }  // namespace

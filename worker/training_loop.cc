@@ -1,6 +1,8 @@
 #include "worker/training_loop.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +17,15 @@ namespace {
 absl::Status AtStep(int64_t step, const absl::Status& s) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+}
+
+// Simulates a dead worker: no error status, no goodbye to the servers, no "done" record.
+[[noreturn]] void InjectedCrash(int64_t step, std::ostream* progress) {
+  progress->flush();
+  std::fflush(nullptr);
+  std::fprintf(stderr, "rubato_worker: injected crash at step %lld\n",
+               static_cast<long long>(step));
+  std::_Exit(3);
 }
 
 template <typename T>
@@ -50,7 +61,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
 
   const absl::Time start = absl::Now();
   absl::Time interval_start = start;
-  double loss_sum = 0, compute_s = 0, comm_s = 0, grad_norm_sum = 0;
+  // Sums over the current log interval, in seconds (comm = pull + push).
+  double loss_sum = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, grad_norm_sum = 0;
   int64_t interval_steps = 0;
   TrainingResult result;
   int rejoins = 0;
@@ -70,6 +82,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   };
   for (int64_t step = options.start_step; step < options.steps; ++step) {
     if (options.current_step != nullptr) options.current_step->store(step);
+    if (options.straggler != nullptr && options.straggler->CrashAt(step)) {
+      InjectedCrash(step, progress);
+    }
     const absl::Time t0 = absl::Now();
     // Pull weights of version `step` (BSP: every worker's step-1 gradient applied).
     if (absl::Status s = client->Pull(step, absl::MakeSpan(*params)); absl::IsAborted(s)) {
@@ -89,6 +104,15 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       grad_norm_sum += ClipByGlobalNorm(grad_spans, options.clip_global_norm);
     }
     const absl::Time t2 = absl::Now();
+    // Injected straggling: this worker computes as if slower, or stalls.
+    absl::Time t2_delayed = t2;
+    if (options.straggler != nullptr) {
+      const absl::Duration delay = options.straggler->DelayFor(step, t2 - t1);
+      if (delay > absl::ZeroDuration()) {
+        absl::SleepFor(delay);
+        t2_delayed = absl::Now();
+      }
+    }
     // Push this step's gradients; the servers average them over the workers.
     if (absl::Status s = client->Push(step, grads); absl::IsAborted(s)) {
       ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
@@ -101,7 +125,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
 
     loss_sum += *loss;
     compute_s += absl::ToDoubleSeconds(t2 - t1);
-    comm_s += absl::ToDoubleSeconds((t1 - t0) + (t3 - t2));
+    delay_s += absl::ToDoubleSeconds(t2_delayed - t2);
+    pull_s += absl::ToDoubleSeconds(t1 - t0);  // Includes waiting at the barrier.
+    push_s += absl::ToDoubleSeconds(t3 - t2_delayed);
     ++interval_steps;
     const int64_t done = step + 1;
     if (done % options.log_every == 0 || done == options.steps) {
@@ -109,16 +135,19 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       result.final_loss = loss_sum / interval_steps;
       *progress << absl::StrFormat(
                        "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
-                       "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f%s}",
+                       "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
+                       "\"pull_ms\":%.3f,\"push_ms\":%.3f,\"delay_ms\":%.3f%s}",
                        options.worker_id, done, batcher->epoch(), absl::ToDoubleSeconds(t3 - start),
                        result.final_loss, interval_steps / std::max(elapsed, 1e-9),
-                       1e3 * compute_s / interval_steps, 1e3 * comm_s / interval_steps,
+                       1e3 * compute_s / interval_steps, 1e3 * (pull_s + push_s) / interval_steps,
+                       1e3 * pull_s / interval_steps, 1e3 * push_s / interval_steps,
+                       1e3 * delay_s / interval_steps,
                        options.clip_global_norm > 0
                            ? absl::StrFormat(",\"grad_norm\":%.5f", grad_norm_sum / interval_steps)
                            : "")
                 << std::endl;
       interval_start = t3;
-      loss_sum = compute_s = comm_s = grad_norm_sum = 0;
+      loss_sum = compute_s = delay_s = pull_s = push_s = grad_norm_sum = 0;
       interval_steps = 0;
     }
     if (test.size > 0 && options.eval_every > 0 && done % options.eval_every == 0 &&

@@ -2,6 +2,8 @@
 //
 // It knows nothing of gRPC or flags: it drives a PsClient, an MlpBackend and a ShardedBatcher, and
 // reports progress as JSON lines (one object per line) to a stream, for ./rubato launch to read.
+// An optional StragglerModel injects delays (slept after compute, before the push, so the rest of
+// the cluster sees slow compute) and a crash.
 #ifndef RUBATO_WORKER_TRAINING_LOOP_H_
 #define RUBATO_WORKER_TRAINING_LOOP_H_
 
@@ -12,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dataset.h"
+#include "common/straggler_model.h"
 #include "worker/mlp.h"
 #include "worker/mlp_backend.h"
 #include "worker/ps_client.h"
@@ -33,6 +36,11 @@ struct TrainingOptions {
   int max_rejoins = 10;
   // If set, the loop stores the step it is working on here (read by the heartbeat thread).
   std::atomic<int64_t>* current_step = nullptr;
+  // If set (not owned), the loop sleeps StragglerModel::DelayFor after each step's compute, and at
+  // the start of a step where CrashAt is true it prints "rubato_worker: injected crash at step K"
+  // to stderr, flushes stdout and ends the process with std::_Exit(3): a worker that dies without
+  // a word to the servers.
+  StragglerModel* straggler = nullptr;
 };
 
 struct TrainingResult {

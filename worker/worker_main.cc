@@ -5,12 +5,13 @@
 //
 // Progress goes to stdout as JSON lines; logs and the one-line error on failure go to stderr.
 // Exit status: 0 done; 1 runtime failure (unreachable server, timeout, model or job mismatch), with
-// the status code in the message; 2 bad flag values or data. (Abseil's flag parser itself exits 1
-// for an unknown flag.)
+// the status code in the message; 2 bad flag values or data; 3 the crash asked for by
+// --crash_at_step. (Abseil's flag parser itself exits 1 for an unknown flag.)
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "common/cluster_spec.h"
 #include "common/dataset.h"
 #include "common/log.h"
+#include "common/straggler_model.h"
 #include "worker/cpu_mlp_backend.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/mlp.h"
@@ -48,6 +50,24 @@ ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (Eigen). The CUDA backend is not written yet; the worker logs "
           "whether a CUDA device is usable.");
 ABSL_FLAG(int64_t, connect_timeout_ms, 30000, "How long to wait for unreachable servers at start.");
+
+// Straggler injection (common/straggler_model.h). The defaults inject nothing.
+ABSL_FLAG(double, slowdown, 1, "Multiply this worker's compute time by this factor (>= 1).");
+ABSL_FLAG(double, min_step_ms, 0,
+          "Pad each step's compute time up to this many ms (before --slowdown applies).");
+ABSL_FLAG(double, delay_probability, 0, "Chance in [0, 1] that a step gets a random delay.");
+ABSL_FLAG(std::string, delay_distribution, "exponential",
+          "Random delay distribution: exponential, lognormal or pareto.");
+ABSL_FLAG(double, delay_mean_ms, 0, "Mean of the random delay, in ms.");
+ABSL_FLAG(double, delay_sigma, 1.0, "lognormal: standard deviation of the log of the delay.");
+ABSL_FLAG(double, delay_alpha, 2.5, "pareto: shape (> 1); the scale follows from the mean.");
+ABSL_FLAG(uint64_t, straggler_seed, 1,
+          "Seed of the random delays; mixed with --worker_id, so workers differ.");
+ABSL_FLAG(std::optional<int64_t>, pause_at_step, std::nullopt,
+          "Stall once for --pause_ms at this step.");
+ABSL_FLAG(int64_t, pause_ms, 0, "Length of the --pause_at_step stall, in ms.");
+ABSL_FLAG(std::optional<int64_t>, crash_at_step, std::nullopt,
+          "Exit abruptly (status 3) at the start of this step, to simulate a dead worker.");
 
 namespace {
 
@@ -91,6 +111,23 @@ int main(int argc, char** argv) {
     return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '",
                                          absl::GetFlag(FLAGS_backend), "' (available: cpu)"));
   }
+  rubato::StragglerOptions straggler_options;
+  straggler_options.slowdown = absl::GetFlag(FLAGS_slowdown);
+  straggler_options.min_step_ms = absl::GetFlag(FLAGS_min_step_ms);
+  straggler_options.delay_probability = absl::GetFlag(FLAGS_delay_probability);
+  auto distribution = rubato::ParseDelayDistribution(absl::GetFlag(FLAGS_delay_distribution));
+  if (!distribution.ok()) return Fail(kExitUsage, std::string(distribution.status().message()));
+  straggler_options.delay_distribution = *distribution;
+  straggler_options.delay_mean_ms = absl::GetFlag(FLAGS_delay_mean_ms);
+  straggler_options.delay_sigma = absl::GetFlag(FLAGS_delay_sigma);
+  straggler_options.delay_alpha = absl::GetFlag(FLAGS_delay_alpha);
+  straggler_options.seed = absl::GetFlag(FLAGS_straggler_seed);
+  straggler_options.pause_at_step = absl::GetFlag(FLAGS_pause_at_step);
+  straggler_options.pause_ms = absl::GetFlag(FLAGS_pause_ms);
+  straggler_options.crash_at_step = absl::GetFlag(FLAGS_crash_at_step);
+  auto straggler = rubato::StragglerModel::Create(straggler_options, worker_id);
+  if (!straggler.ok()) return Fail(kExitUsage, std::string(straggler.status().message()));
+
   auto spec = rubato::ParseMlpLayers(absl::GetFlag(FLAGS_layers));
   if (!spec.ok()) return Fail(kExitUsage, absl::StrCat("--layers: ", spec.status().message()));
 
@@ -119,6 +156,15 @@ int main(int argc, char** argv) {
   const int64_t steps = absl::GetFlag(FLAGS_steps) > 0
                             ? absl::GetFlag(FLAGS_steps)
                             : absl::GetFlag(FLAGS_epochs) * steps_per_epoch;
+  // A pause or crash past the end would silently not happen.
+  for (const auto& [flag, at] :
+       {std::make_pair("pause_at_step", straggler_options.pause_at_step),
+        std::make_pair("crash_at_step", straggler_options.crash_at_step)}) {
+    if (at.has_value() && *at >= steps) {
+      return Fail(kExitUsage,
+                  absl::StrCat("--", flag, " must be < the job's ", steps, " steps, got ", *at));
+    }
+  }
   int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   if (eval_every == 0) eval_every = std::max<int64_t>(1, steps_per_epoch / 2);
 
@@ -159,6 +205,7 @@ int main(int argc, char** argv) {
                    << rubato::MlpLayersString(*spec) << " (" << rubato::MlpParamCount(*spec)
                    << " parameters), backend " << (*backend)->name() << ", shard of "
                    << batcher->shard_size() << " examples, " << steps << " steps";
+  if (straggler->enabled()) RUBATO_LOG(INFO) << "straggler injection: " << straggler->Describe();
   std::cout << absl::StrFormat(
                    "{\"event\":\"start\",\"worker\":%d,\"steps\":%d,\"steps_per_epoch\":%d,"
                    "\"batch_size\":%d,\"global_batch\":%d,\"parameters\":%d,\"backend\":\"%s\","
@@ -175,6 +222,7 @@ int main(int argc, char** argv) {
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.clip_global_norm = cluster->optimizer().clip_global_norm();
   options.start_step = *start_step;
+  if (straggler->enabled()) options.straggler = &*straggler;
 
   // Heartbeats keep this worker's lease on every shard while it computes or waits at a barrier.
   std::atomic<int64_t> current_step{*start_step};
