@@ -98,7 +98,8 @@ class GrpcPsClient final : public PsClient {
     return resume;
   }
 
-  absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params) override {
+  absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
+                    int64_t* min_version) override {
     if (params.size() != options_.model.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("pull into ", params.size(), " tensors, model has ", options_.model.size()));
@@ -133,12 +134,16 @@ class GrpcPsClient final : public PsClient {
         }
         params[i].resize(elements_[i]);
         BytesToFloats(v.data(), absl::MakeSpan(params[i]));
+        if (min_version != nullptr) {
+          *min_version = (g == 0 && k == 0) ? v.version() : std::min(*min_version, v.version());
+        }
       }
     }
     return absl::OkStatus();
   }
 
-  absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads) override {
+  absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
+                    PushResult* result) override {
     RETURN_IF_ERROR(CheckSizes(grads, "gradient"));
     const size_t n = groups_.size();
     std::vector<PushRequest> requests(n);
@@ -152,10 +157,18 @@ class GrpcPsClient final : public PsClient {
         FloatsToBytes(grads[i], v->mutable_data());
       }
     }
-    return FanOut(
+    RETURN_IF_ERROR(FanOut(
         group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
         [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
-            Done done) { async->Push(context, &requests[call], &responses[call], done); });
+            Done done) { async->Push(context, &requests[call], &responses[call], done); }));
+    if (result != nullptr) {
+      *result = PushResult();
+      for (const PushResponse& r : responses) {
+        result->dropped += r.dropped();
+        result->max_staleness = std::max(result->max_staleness, r.max_staleness());
+      }
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Heartbeat(int64_t step) override {

@@ -32,10 +32,19 @@ class PsClient {
                                            int32_t batch_size, int64_t resume_step) = 0;
 
   // Fills `params` (one vector per tensor, resized as needed) with weights of version >= step.
-  virtual absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params) = 0;
+  // If `min_version` is given, it receives the smallest version among the pulled tensors.
+  virtual absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
+                            int64_t* min_version = nullptr) = 0;
 
   // Sends the gradients computed at `step` (one per tensor).
-  virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads) = 0;
+  // If `result` is given, it receives what the shards reported: dropped gradients summed, and the
+  // largest staleness.
+  struct PushResult {
+    int64_t dropped = 0;
+    int64_t max_staleness = 0;
+  };
+  virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
+                            PushResult* result = nullptr) = 0;
 
   virtual absl::Status Heartbeat(int64_t step) = 0;
 

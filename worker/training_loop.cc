@@ -63,7 +63,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   absl::Time interval_start = start;
   // Sums over the current log interval, in seconds (comm = pull + push).
   double loss_sum = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, grad_norm_sum = 0;
-  int64_t interval_steps = 0;
+  double staleness_sum = 0;
+  int64_t interval_steps = 0, dropped = 0, skipped_steps = 0;
   TrainingResult result;
   int rejoins = 0;
   // Registers again after a server dropped this worker; returns the step to continue from.
@@ -87,12 +88,19 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     }
     const absl::Time t0 = absl::Now();
     // Pull weights of version `step` (BSP: every worker's step-1 gradient applied).
-    if (absl::Status s = client->Pull(step, absl::MakeSpan(*params)); absl::IsAborted(s)) {
+    int64_t version = step;
+    if (absl::Status s = client->Pull(step, absl::MakeSpan(*params), &version);
+        absl::IsAborted(s)) {
       ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
       step = resume - 1;
       continue;
     } else {
       RETURN_IF_ERROR(AtStep(step, s));
+    }
+    if (options.skip_to_current_version && version > step) {
+      skipped_steps += std::min(version, options.steps) - step;
+      step = version;
+      if (step >= options.steps) break;
     }
     const absl::Time t1 = absl::Now();
     batcher->Next(x.data(), y.data());
@@ -114,7 +122,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       }
     }
     // Push this step's gradients; the servers average them over the workers.
-    if (absl::Status s = client->Push(step, grads); absl::IsAborted(s)) {
+    PsClient::PushResult pushed;
+    if (absl::Status s = client->Push(step, grads, &pushed); absl::IsAborted(s)) {
       ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
       step = resume - 1;
       continue;
@@ -128,6 +137,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     delay_s += absl::ToDoubleSeconds(t2_delayed - t2);
     pull_s += absl::ToDoubleSeconds(t1 - t0);  // Includes waiting at the barrier.
     push_s += absl::ToDoubleSeconds(t3 - t2_delayed);
+    staleness_sum += pushed.max_staleness;
+    dropped += pushed.dropped;
     ++interval_steps;
     const int64_t done = step + 1;
     if (done % options.log_every == 0 || done == options.steps) {
@@ -136,19 +147,21 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       *progress << absl::StrFormat(
                        "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
                        "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
-                       "\"pull_ms\":%.3f,\"push_ms\":%.3f,\"delay_ms\":%.3f%s}",
+                       "\"pull_ms\":%.3f,\"push_ms\":%.3f,\"delay_ms\":%.3f,"
+                       "\"staleness\":%.3f,\"dropped\":%d,\"skipped\":%d%s}",
                        options.worker_id, done, batcher->epoch(), absl::ToDoubleSeconds(t3 - start),
                        result.final_loss, interval_steps / std::max(elapsed, 1e-9),
                        1e3 * compute_s / interval_steps, 1e3 * (pull_s + push_s) / interval_steps,
                        1e3 * pull_s / interval_steps, 1e3 * push_s / interval_steps,
-                       1e3 * delay_s / interval_steps,
+                       1e3 * delay_s / interval_steps, staleness_sum / interval_steps, dropped,
+                       skipped_steps,
                        options.clip_global_norm > 0
                            ? absl::StrFormat(",\"grad_norm\":%.5f", grad_norm_sum / interval_steps)
                            : "")
                 << std::endl;
       interval_start = t3;
-      loss_sum = compute_s = delay_s = pull_s = push_s = grad_norm_sum = 0;
-      interval_steps = 0;
+      loss_sum = compute_s = delay_s = pull_s = push_s = grad_norm_sum = staleness_sum = 0;
+      interval_steps = dropped = skipped_steps = 0;
     }
     if (test.size > 0 && options.eval_every > 0 && done % options.eval_every == 0 &&
         done != options.steps) {

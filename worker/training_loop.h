@@ -31,6 +31,9 @@ struct TrainingOptions {
   // shard sees the global norm of the averaged gradient.
   double clip_global_norm = 0;
   int64_t start_step = 0;  // From PsClient::Register.
+  // backup:b: a worker whose step was applied without it skips to the servers' current version
+  // instead of computing gradients that would be dropped.
+  bool skip_to_current_version = false;
   // When a server has dropped this worker (ABORTED, after its lease ran out), the loop registers
   // again and continues from the servers' current step, at most this many times.
   int max_rejoins = 10;

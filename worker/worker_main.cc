@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.clip_global_norm = cluster->optimizer().clip_global_norm();
   options.start_step = *start_step;
+  options.skip_to_current_version = cluster->consistency().mode() == rubato::BACKUP;
   if (straggler->enabled()) options.straggler = &*straggler;
 
   // Heartbeats keep this worker's lease on every shard while it computes or waits at a barrier.
