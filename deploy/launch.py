@@ -92,8 +92,9 @@ class WorkerView:
         self.step = {}
         self.eval = {}
         self.done = {}
+        self.evals = []  # (seconds since launch, test accuracy) of every evaluation.
 
-    def feed(self, stream):
+    def feed(self, stream, began):
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").strip()
             if not line:
@@ -108,6 +109,18 @@ class WorkerView:
                 event = record.get("event")
                 if event in ("start", "step", "eval", "done"):
                     setattr(self, event, record)
+                if event in ("eval", "done") and "test_accuracy" in record:
+                    self.evals.append((time.monotonic() - began, record["test_accuracy"]))
+
+
+# rubato_worker's exit status after --crash_at_step: an injected failure, not a failed job.
+INJECTED_CRASH = 3
+
+
+def worker_state(rc):
+    if rc is None:
+        return "running"
+    return {0: "done", INJECTED_CRASH: "crashed"}.get(rc, "FAILED")
 
 
 def wait_for_port_file(proc, path, deadline):
@@ -127,21 +140,24 @@ def wait_for_port_file(proc, path, deadline):
 
 
 def render(views, states, total_steps):
-    rows = ["%-8s %-8s %13s %6s %8s %9s %9s %9s" % (
-        "worker", "state", "step", "epoch", "loss", "test_acc", "steps/s", "comm_ms")]
+    rows = ["%-8s %-8s %13s %6s %8s %9s %9s %9s %9s %6s" % (
+        "worker", "state", "step", "epoch", "loss", "test_acc", "steps/s", "comm_ms", "delay_ms",
+        "stale")]
     for v, state in zip(views, states):
         with v.lock:
             step, ev, start = dict(v.step), dict(v.eval), dict(v.start)
         total = start.get("steps", total_steps or 0)
         acc = ev.get("test_accuracy")
-        rows.append("%-8s %-8s %13s %6s %8s %9s %9s %9s" % (
+        rows.append("%-8s %-8s %13s %6s %8s %9s %9s %9s %9s %6s" % (
             v.index, state,
             "%d/%d" % (step.get("step", 0), total),
             step.get("epoch", "-"),
             "%.4f" % step["loss"] if "loss" in step else "-",
             "%.4f" % acc if acc is not None else "-",
             "%.1f" % step["steps_per_s"] if "steps_per_s" in step else "-",
-            "%.2f" % step["comm_ms"] if "comm_ms" in step else "-"))
+            "%.2f" % step["comm_ms"] if "comm_ms" in step else "-",
+            "%.1f" % step["delay_ms"] if "delay_ms" in step else "-",
+            "%.1f" % step["staleness"] if "staleness" in step else "-"))
     return rows
 
 
@@ -159,6 +175,11 @@ def parse_args(argv):
     p.add_argument("--slow_workers", default=None, metavar="ID:FACTOR,...",
                    help="Give these workers --slowdown=FACTOR (e.g. 1:4,3:2), instead of "
                         "--slowdown if that is given too.")
+    p.add_argument("--crash_workers", default=None, metavar="ID:STEP,...",
+                   help="Make these workers crash at that step (e.g. 2:50). A worker that exits "
+                        "by an injected crash does not fail the job.")
+    p.add_argument("--target_accuracy", type=float, default=0.8,
+                   help="The summary reports when a worker's test accuracy first reached this.")
     for name in CLUSTER_FLAGS + WORKER_FLAGS + SERVER_FLAGS:
         p.add_argument("--" + name, default=None, help="Passed to rubato_%s as --%s." % (
             "server and rubato_worker" if name in CLUSTER_FLAGS else
@@ -172,7 +193,28 @@ def parse_args(argv):
         args.slow_workers = parse_slow_workers(args.slow_workers, args.workers)
     except ValueError as e:
         p.error("--slow_workers: %s" % e)
+    try:
+        args.crash_workers = parse_crash_workers(args.crash_workers, args.workers)
+    except ValueError as e:
+        p.error("--crash_workers: %s" % e)
     return args
+
+
+def parse_crash_workers(text, workers):
+    """"2:50" -> {2: 50}: worker id -> step of its injected crash."""
+    crash = {}
+    if text is None:
+        return crash
+    for item in text.split(","):
+        worker, _, step = item.strip().partition(":")
+        try:
+            w, k = int(worker), int(step)
+        except ValueError:
+            raise ValueError("expected ID:STEP,... such as 2:50, got %r" % text)
+        if not 0 <= w < workers or k < 0 or w in crash:
+            raise ValueError("bad or repeated worker id or step in %r" % item)
+        crash[w] = k
+    return crash
 
 
 def parse_slow_workers(text, workers):
@@ -202,6 +244,9 @@ def worker_flags(args, worker):
     if worker in args.slow_workers:
         flags = [f for f in flags if not f.startswith("--slowdown=")]
         flags.append("--slowdown=%s" % args.slow_workers[worker])
+    if worker in args.crash_workers:
+        flags = [f for f in flags if not f.startswith("--crash_at_step=")]
+        flags.append("--crash_at_step=%d" % args.crash_workers[worker])
     return flags
 
 
@@ -243,7 +288,9 @@ def main(argv):
                 os.remove(port_file)
             proc = Proc("server-%d" % s, [server_bin, "--shard_id=%d" % s,
                                           "--num_shards=%d" % args.servers,
-                                          "--listen=127.0.0.1:0", "--port_file=" + port_file]
+                                          "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                                          "--stats_file=" + os.path.join(
+                                              run_dir, "server-%d.stats.json" % s)]
                         + cluster + forwarded(args, SERVER_FLAGS), run_dir)
             procs.append(proc)
             servers.append(proc)
@@ -261,7 +308,7 @@ def main(argv):
             workers.append(proc)
             view = WorkerView(w, os.path.join(run_dir, "worker-%d.jsonl" % w))
             views.append(view)
-            t = threading.Thread(target=view.feed, args=(proc.popen.stdout,), daemon=True)
+            t = threading.Thread(target=view.feed, args=(proc.popen.stdout, began), daemon=True)
             t.start()
             readers.append(t)
 
@@ -271,7 +318,7 @@ def main(argv):
             states = []
             for proc in workers:
                 rc = proc.poll()
-                states.append("running" if rc is None else ("done" if rc == 0 else "FAILED"))
+                states.append(worker_state(rc))
             now = time.monotonic()
             if tty:
                 rows = render(views, states, None)
@@ -286,13 +333,15 @@ def main(argv):
                 failure = "interrupted"
                 status = 130
                 break
-            failed = [p for p in workers + servers if p.poll() not in (None, 0)]
+            failed = [p for p in workers if p.poll() not in (None, 0, INJECTED_CRASH)]
+            failed += [p for p in servers if p.poll() not in (None, 0)]
             failed += [p for p in servers if p.poll() == 0]  # A server must not stop by itself.
             if failed:
                 p = failed[0]
                 failure = "%s exited with status %d: %s" % (p.name, p.poll(), p.error_line())
                 break
-            if all(p.poll() == 0 for p in workers):
+            if all(p.poll() in (0, INJECTED_CRASH) for p in workers) and \
+                    any(p.poll() == 0 for p in workers):
                 status = 0
                 break
             if now - began > args.timeout:
@@ -308,9 +357,9 @@ def main(argv):
     wall = time.monotonic() - began
 
     if not tty and views:
-        states = ["done" if p.poll() == 0 else "FAILED" for p in workers]
+        states = [worker_state(p.poll()) for p in workers]
         print("\n".join(render(views, states, None)))
-    summary = summarize(views, wall, args, failure)
+    summary = summarize(views, wall, args, failure, run_dir)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")
@@ -321,21 +370,62 @@ def main(argv):
     print("rubato: done in %.1f s wall: %d worker(s), %d server(s), %d steps, test accuracy %s"
           % (wall, args.workers, args.servers, summary.get("steps", 0),
              "%.4f" % acc if acc is not None else "n/a"))
+    ttt = summary.get("time_to_target_s")
+    print("rubato: time to %.2f test accuracy %s; %.1f worker steps/s; dropped gradients %d; "
+          "staleness %s" % (args.target_accuracy, "%.1f s" % ttt if ttt is not None else "not reached",
+                            summary["worker_steps_per_s"], summary["dropped_gradients"],
+                            " ".join("%s:%d" % kv for kv in summary["staleness_histogram"].items()
+                                     if kv[1])))
     print("rubato: summary in %s" % os.path.join(run_dir, "summary.json"))
     return 0
 
 
-def summarize(views, wall, args, failure):
-    done = [v.done for v in views if v.done]
+STALENESS_BUCKETS = ["0", "1", "2", "3", "4-7", "8-15", "16-31", ">=32"]
+
+
+def summarize(views, wall, args, failure, run_dir):
     summary = {"ok": failure is None, "error": failure, "wall_s": round(wall, 3),
-               "servers": args.servers, "workers": args.workers, "mode": args.mode or "bsp"}
+               "servers": args.servers, "workers": args.workers, "mode": args.mode or "bsp",
+               "target_accuracy": args.target_accuracy}
+    done = [(v.evals[-1][0], v.done) for v in views if v.done and v.evals]
     if done:
-        # All workers evaluate the same final weights in BSP; report each, and the first as the job's.
-        summary["test_accuracy"] = done[0]["test_accuracy"]
-        summary["steps"] = done[0]["steps"]
-        summary["per_worker"] = done
-        summary["steps_per_s"] = round(done[0]["steps"] / max(done[0]["wall_s"], 1e-9), 2)
+        # The worker that finished last evaluated the final weights (under bsp all agree).
+        summary["test_accuracy"] = max(done, key=lambda d: d[0])[1]["test_accuracy"]
+        summary["steps"] = max(d["steps"] for _, d in done)
+        summary["per_worker"] = [d for _, d in done]
+    reached = [t for v in views for t, acc in v.evals if acc >= args.target_accuracy]
+    summary["time_to_target_s"] = round(min(reached), 3) if reached else None
+    worker_steps = sum(v.step.get("step", 0) for v in views)
+    batch = sum(v.start.get("batch_size", 0) for v in views) / max(1, len(views))
+    summary["worker_steps_per_s"] = round(worker_steps / max(wall, 1e-9), 2)
+    summary["examples_per_s"] = round(worker_steps * batch / max(wall, 1e-9), 1)
+    # What the servers saw (written by each server at shutdown).
+    histogram = [0] * len(STALENESS_BUCKETS)
+    servers = {"applied_updates": 0, "dropped_gradients": 0, "dropped_workers": 0,
+               "rejected_pushes": 0}
+    for shard in range(args.servers):
+        try:
+            with open(os.path.join(run_dir, "server-%d.stats.json" % shard)) as f:
+                stats = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for key in servers:
+            servers[key] += int(stats.get(_camel(key), 0))
+        for i, n in enumerate(stats.get("stalenessHistogram", [])[:len(histogram)]):
+            histogram[i] += int(n)
+    summary.update(servers)
+    summary["staleness_histogram"] = dict(zip(STALENESS_BUCKETS, histogram))
+    total = sum(histogram)
+    if total:
+        lows = [0, 1, 2, 3, 4, 8, 16, 32]
+        summary["mean_staleness_lower_bound"] = round(
+            sum(l * n for l, n in zip(lows, histogram)) / total, 3)
     return summary
+
+
+def _camel(name):
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
 
 
 def stop(procs, grace=5.0):

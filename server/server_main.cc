@@ -22,6 +22,7 @@
 #include "common/grpc_options.h"
 #include "common/log.h"
 #include "common/optimizer.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/parameter_service.h"
@@ -33,6 +34,8 @@ ABSL_FLAG(std::string, listen, "",
           "host:port to listen on; port 0 picks a free one (default: servers[shard_id], "
           "else 127.0.0.1:0).");
 ABSL_FLAG(std::string, port_file, "", "Write the bound host:port here once serving.");
+ABSL_FLAG(std::string, stats_file, "",
+          "At shutdown, write the shard's final GetStats as JSON here (for ./rubato launch).");
 ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
 
 namespace {
@@ -113,6 +116,15 @@ int main(int argc, char** argv) {
   const rubato::GetStatsResponse stats = (*shard)->Stats();
   (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (const std::string path = absl::GetFlag(FLAGS_stats_file); !path.empty()) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions print;
+    print.always_print_primitive_fields = true;
+    if (!google::protobuf::util::MessageToJsonString(stats, &json, print).ok() ||
+        !(std::ofstream(path) << json << "\n")) {
+      RUBATO_LOG(ERROR) << "cannot write --stats_file " << path;
+    }
+  }
   RUBATO_LOG(INFO) << "done: " << stats.applied_updates() << " tensor updates, " << stats.pushes()
                    << " pushes, " << stats.rejected_pushes() << " rejected, min version "
                    << stats.min_version();
