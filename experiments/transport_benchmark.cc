@@ -4,8 +4,8 @@
 //   bazel run //experiments:transport_benchmark [-- --seconds=2]
 //
 // For each model size (1, 16, 64 MB of float32, as 8 tensors so that two shards share it), shard
-// count (1, 2) and worker count (1, 3), every worker thread registers and then loops push(step) +
-// pull(step) for --seconds. The shards run in async mode, so that nothing waits at a barrier and
+// count (1, 2) and worker count (1, 3), every worker thread registers and then loops pull(step) +
+// push(step) for --seconds. The shards run in async mode, so that nothing waits at a barrier and
 // the figure is transport plus the server's SGD pass; per worker it reports
 // (bytes pushed + bytes pulled) / time. The TCP line is one socket pair over loopback, one thread
 // writing 1 MiB blocks and one reading: the ceiling for a single connection on this machine.
@@ -27,6 +27,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_options.h"
+#include "common/malloc_tuning.h"
+#include "common/tensor_bytes.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/parameter_service.h"
@@ -130,21 +132,35 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds) {
     base.model.push_back(spec);
   }
   std::vector<double> rates(workers, -1);
+  std::vector<std::string> errors(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       PsClientOptions options = base;
       options.worker_id = w;
       auto client = CreateGrpcPsClient(options);
-      if (!client.ok()) return;
+      if (!client.ok()) {
+        errors[w] = client.status().ToString();
+        return;
+      }
       std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
-      if (!(*client)->Register(values, 1, 0).ok()) return;
+      if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
+        errors[w] = s.status().ToString();
+        return;
+      }
       int64_t step = 0;
       int64_t bytes = 0;
       const absl::Time start = absl::Now();
       while (absl::Now() - start < absl::Seconds(seconds)) {
-        if (!(*client)->Push(step, values).ok()) return;
-        if (!(*client)->Pull(step, absl::MakeSpan(values)).ok()) return;
+        // As a worker does: pull (which waits for the job to start), then push.
+        if (absl::Status s = (*client)->Pull(step, absl::MakeSpan(values)); !s.ok()) {
+          errors[w] = s.ToString();
+          return;
+        }
+        if (absl::Status s = (*client)->Push(step, values); !s.ok()) {
+          errors[w] = s.ToString();
+          return;
+        }
         bytes += 2 * model_bytes;
         ++step;
       }
@@ -157,22 +173,91 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds) {
     s.server->Shutdown();
   }
   double sum = 0;
-  for (double r : rates) {
-    if (r < 0) return -1;
-    sum += r;
+  for (int w = 0; w < workers; ++w) {
+    if (rates[w] < 0) {
+      std::fprintf(stderr, "worker %d: %s\n", w, errors[w].c_str());
+      return -1;
+    }
+    sum += rates[w];
   }
   return sum / workers;
+}
+
+// The same push+pull loop for one worker against one ParameterShard called directly: the wire
+// format's copies, the checks and the SGD pass, without gRPC or sockets. The gap between this and
+// the gRPC figure is the transport's.
+double MeasureInProcess(int64_t model_bytes, double seconds) {
+  ShardOptions options;
+  options.cluster.set_num_workers(1);
+  options.cluster.mutable_consistency()->set_mode(ASYNC);
+  options.cluster.mutable_optimizer()->set_type("sgd");
+  options.cluster.mutable_optimizer()->set_learning_rate(1e-6);
+  options.cluster.set_lease_ms(60000);
+  options.cluster.set_wait_timeout_ms(60000);
+  auto shard = ParameterShard::Create(options);
+  if (!shard.ok()) return -1;
+  const int64_t elements = model_bytes / 4 / kTensors;
+  std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
+  RegisterRequest reg;
+  reg.set_worker_id(0);
+  reg.set_batch_size(1);
+  reg.set_num_workers(1);
+  *reg.mutable_consistency() = options.cluster.consistency();
+  for (int i = 0; i < kTensors; ++i) {
+    TensorSpec* spec = reg.add_model();
+    spec->set_name(absl::StrCat("t", i));
+    spec->add_shape(elements);
+    TensorValue* v = reg.add_initial_values();
+    v->set_name(spec->name());
+    FloatsToBytes(values[i], v->mutable_data());
+  }
+  if (!(*shard)->Register(reg).ok()) return -1;
+  int64_t bytes = 0;
+  const absl::Time start = absl::Now();
+  for (int64_t step = 0; absl::Now() - start < absl::Seconds(seconds); ++step) {
+    PushRequest push;
+    push.set_worker_id(0);
+    push.set_step(step);
+    for (int i = 0; i < kTensors; ++i) {
+      TensorValue* g = push.add_gradients();
+      g->set_name(absl::StrCat("t", i));
+      FloatsToBytes(values[i], g->mutable_data());
+    }
+    if (!(*shard)->Push(push).ok()) return -1;
+    PullRequest pull;
+    pull.set_worker_id(0);
+    pull.set_step(step + 1);
+    bool ok = false;
+    (*shard)->Pull(pull, absl::InfiniteFuture(), [&](absl::Status s, PullResponse r) {
+      ok = s.ok();
+      for (int i = 0; ok && i < r.tensors_size(); ++i) {
+        BytesToFloats(r.tensors(i).data(), absl::MakeSpan(values[i]));
+      }
+    });
+    if (!ok) return -1;
+    bytes += 2 * model_bytes;
+  }
+  return bytes / absl::ToDoubleSeconds(absl::Now() - start);
 }
 
 }  // namespace
 }  // namespace rubato
 
+ABSL_FLAG(bool, keep_freed_memory, true,
+          "Tune malloc as rubato_server and rubato_worker do (common/malloc_tuning.h).");
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
   const double seconds = absl::GetFlag(FLAGS_seconds);
   const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
   std::printf("loopback TCP stream (1 connection): %.2f GB/s\n\n", tcp / 1e9);
-  std::printf("%-8s %-7s %-8s %14s %12s\n", "model", "shards", "workers", "GB/s/worker",
+  for (int64_t mb : {1, 16, 64}) {
+    const double direct = rubato::MeasureInProcess(mb << 20, seconds);
+    std::printf("in-process shard, no gRPC, %2lld MB, 1 worker: %.3f GB/s (%.2f x TCP stream)\n",
+                static_cast<long long>(mb), direct / 1e9, direct / tcp);
+  }
+  std::printf("\n%-8s %-7s %-8s %14s %12s\n", "model", "shards", "workers", "GB/s/worker",
               "x TCP stream");
   for (int64_t mb : {1, 16, 64}) {
     for (int shards : {1, 2}) {

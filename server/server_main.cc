@@ -21,6 +21,7 @@
 #include "common/cluster_spec.h"
 #include "common/grpc_options.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/optimizer.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/server.h"
@@ -53,6 +54,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One Rubato parameter-server shard. See README.md for the flags.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "'"));
 
   auto spec = rubato::ClusterSpecFromFlags(/*need_servers=*/false);

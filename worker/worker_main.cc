@@ -28,6 +28,7 @@
 #include "common/cluster_spec.h"
 #include "common/dataset.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/straggler_model.h"
 #include "worker/cpu_mlp_backend.h"
 #include "worker/cuda/cuda_device.h"
@@ -84,6 +85,7 @@ int Fail(int code, const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One Rubato worker. See README.md for the flags.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
 
   auto cluster = rubato::ClusterSpecFromFlags(/*need_servers=*/true);
