@@ -495,6 +495,35 @@ TEST(ConsistencyTest, SspBlocksOnlyBeyondTheBound) {
       << timeout->status;
 }
 
+TEST(ConsistencyTest, SspDoesNotWaitForADroppedWorker) {
+  ShardOptions o = Options(2);
+  *o.cluster.mutable_consistency() = Mode(SSP, 1);
+  o.cluster.set_lease_ms(200);
+  auto created = ParameterShard::Create(o);
+  ASSERT_TRUE(created.ok());
+  ParameterShard* shard = created->get();
+  for (int w = 0; w < 2; ++w) {
+    RegisterRequest r = Registration(w, 2);
+    *r.mutable_consistency() = Mode(SSP, 1);
+    ASSERT_TRUE(shard->Register(r).ok());
+  }
+  // Worker 0 pushes steps 0 and 1; worker 1 (clock 0) goes silent, so step 2 is blocked at first.
+  for (int c = 0; c < 2; ++c) {
+    ASSERT_TRUE(shard->Push(PushOf(0, c, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
+  }
+  auto r = StartPull(shard, 0, 2, absl::Seconds(10));
+  const absl::Time start = absl::Now();
+  while (!r->done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    HeartbeatRequest hb;
+    hb.set_worker_id(0);
+    ASSERT_TRUE(shard->Heartbeat(hb).ok());
+    ASSERT_LT(absl::Now() - start, absl::Seconds(5)) << "SSP waited on a dead worker";
+  }
+  EXPECT_TRUE(r->status.ok()) << r->status;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_EQ(shard->Stats().dropped_workers(), 1);
+}
+
 // Property: under random delays, no worker ever starts step c while another live worker has
 // pushed fewer than c - s steps. Simulated with real threads and random sleeps, many seeds.
 TEST(ConsistencyTest, SspNeverLetsAWorkerRunMoreThanSAhead) {

@@ -29,6 +29,7 @@
 #include "common/dataset.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/placement.h"
 #include "common/straggler_model.h"
 #include "worker/cpu_mlp_backend.h"
 #include "worker/cuda/cuda_device.h"
@@ -74,6 +75,13 @@ namespace {
 
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
+
+// Largest shard's bytes over the mean: 1 is a perfect balance.
+double MaxOverMean(const std::vector<int64_t>& bytes) {
+  rubato::Placement placement;
+  placement.shard_bytes = bytes;
+  return placement.imbalance();
+}
 
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "rubato_worker: error: %s\n", message.c_str());
@@ -203,7 +211,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<int64_t> start_step = (*client)->Register(params, batch_size, /*resume_step=*/0);
   if (!start_step.ok()) return Fail(kExitRuntime, start_step.status().ToString());
   RUBATO_LOG(INFO) << "registered with " << cluster->servers_size() << " shard(s) ["
-                   << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes; model "
+                   << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes (max/mean "
+                   << MaxOverMean((*client)->shard_bytes()) << "); model "
                    << rubato::MlpLayersString(*spec) << " (" << rubato::MlpParamCount(*spec)
                    << " parameters), backend " << (*backend)->name() << ", shard of "
                    << batcher->shard_size() << " examples, " << steps << " steps";
