@@ -99,6 +99,25 @@ class BadInputTest : public ::testing::Test {
   }
 
   // Runs rubato_server alone with valid flags for 2 workers, then `flags`.
+  // One server with a 1 s lease and two workers of `steps` steps that heartbeat to match; returns
+  // once worker 1 has reported its first steps.
+  void StartTwoWorkersWithShortLeases(int steps, Subprocess** w0, Subprocess** w1) {
+    TestServerOptions options;
+    options.num_workers = 2;
+    options.extra_flags = {"--lease_ms=1000", "--wait_timeout_ms=30000"};
+    ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+    const std::vector<std::string> flags = {
+        absl::StrCat("--data_dir=", kDataDir), "--train_limit=2000", "--test_limit=100",
+        absl::StrCat("--steps=", steps),       "--log_every=5",      "--lease_ms=1000"};
+    absl::StatusOr<Subprocess*> first = cluster_->StartWorker(0, flags);
+    ASSERT_TRUE(IsOk(first));
+    absl::StatusOr<Subprocess*> second = cluster_->StartWorker(1, flags);
+    ASSERT_TRUE(IsOk(second));
+    ASSERT_TRUE(IsOk(WaitForStdoutLine(*second, "\"event\":\"step\"", kRunTimeout)));
+    *w0 = *first;
+    *w1 = *second;
+  }
+
   ProcessResult RunServer(const std::vector<std::string>& flags) {
     std::vector<std::string> args = {
         "--num_workers=2",
@@ -304,32 +323,20 @@ TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
 
 TEST_F(BadInputTest, WorkerKilledMidRunIsDroppedAndItsPeerFinishes) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
-  TestServerOptions options;
-  options.num_workers = 2;
-  options.extra_flags = {"--lease_ms=1000", "--wait_timeout_ms=30000"};
-  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
-  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
-                                          "--train_limit=2000",
-                                          "--test_limit=100",
-                                          "--steps=60",
-                                          "--log_every=5",
-                                          "--lease_ms=1000"};
-  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, flags);
-  ASSERT_TRUE(IsOk(w0));
-  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, flags);
-  ASSERT_TRUE(IsOk(w1));
-  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w1, "\"event\":\"step\"", kRunTimeout)));
-  ASSERT_TRUE(IsOk((*w1)->Signal(SIGKILL)));
-  absl::StatusOr<int> status1 = (*w1)->Wait(absl::Seconds(5));
+  Subprocess* w0 = nullptr;
+  Subprocess* w1 = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkersWithShortLeases(60, &w0, &w1));
+  ASSERT_TRUE(IsOk(w1->Signal(SIGKILL)));
+  absl::StatusOr<int> status1 = w1->Wait(absl::Seconds(5));
   ASSERT_TRUE(IsOk(status1));
   EXPECT_EQ(*status1, 128 + SIGKILL);
 
   // Once worker 1's 1 s lease runs out, the shard drops it from the barrier and worker 0 trains on
   // alone, well before the 30 s wait timeout.
-  absl::StatusOr<int> status0 = (*w0)->Wait(absl::Seconds(25));
+  absl::StatusOr<int> status0 = w0->Wait(absl::Seconds(25));
   ASSERT_TRUE(IsOk(status0)) << "worker 0 hung on its dead peer";
-  EXPECT_EQ(*status0, 0) << (*w0)->ReadStderr();
-  EXPECT_TRUE(HasLineContaining((*w0)->ReadStdout(), "\"event\":\"done\""));
+  EXPECT_EQ(*status0, 0) << w0->ReadStderr();
+  EXPECT_TRUE(HasLineContaining(w0->ReadStdout(), "\"event\":\"done\""));
   EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
   EXPECT_TRUE(HasLineContaining(cluster_->server(0)->ReadStderr(), "dropped worker 1"))
       << cluster_->server(0)->ReadStderr();
@@ -337,34 +344,21 @@ TEST_F(BadInputTest, WorkerKilledMidRunIsDroppedAndItsPeerFinishes) {
 
 TEST_F(BadInputTest, PausedWorkerIsDroppedThenRejoinsAndCarriesOn) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
-  TestServerOptions options;
-  options.num_workers = 2;
-  options.extra_flags = {"--lease_ms=1000", "--wait_timeout_ms=30000"};
-  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
-  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
-                                          "--train_limit=2000",
-                                          "--test_limit=100",
-                                          "--steps=400",
-                                          "--log_every=5",
-                                          "--lease_ms=1000"};
-  absl::StatusOr<Subprocess*> w0 = cluster_->StartWorker(0, flags);
-  ASSERT_TRUE(IsOk(w0));
-  absl::StatusOr<Subprocess*> w1 = cluster_->StartWorker(1, flags);
-  ASSERT_TRUE(IsOk(w1));
-  ASSERT_TRUE(IsOk(WaitForStdoutLine(*w1, "\"event\":\"step\"", kRunTimeout)));
+  Subprocess* w0 = nullptr;
+  Subprocess* w1 = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkersWithShortLeases(400, &w0, &w1));
   // Frozen for 2.5 s, heartbeats included: longer than the 1 s lease.
-  ASSERT_TRUE(IsOk((*w1)->Signal(SIGSTOP)));
+  ASSERT_TRUE(IsOk(w1->Signal(SIGSTOP)));
   absl::SleepFor(absl::Milliseconds(2500));
-  ASSERT_TRUE(IsOk((*w1)->Signal(SIGCONT)));
+  ASSERT_TRUE(IsOk(w1->Signal(SIGCONT)));
 
   absl::StatusOr<std::map<int, int>> statuses = cluster_->WaitForWorkers(absl::Seconds(60));
   ASSERT_TRUE(IsOk(statuses));
-  EXPECT_EQ(statuses->at(0), 0) << (*w0)->ReadStderr();
-  EXPECT_EQ(statuses->at(1), 0) << (*w1)->ReadStderr();
+  EXPECT_EQ(statuses->at(0), 0) << w0->ReadStderr();
+  EXPECT_EQ(statuses->at(1), 0) << w1->ReadStderr();
   // Its next RPC was refused with ABORTED; it registered again and finished the job.
-  EXPECT_TRUE(HasLineContaining((*w1)->ReadStdout(), "\"event\":\"rejoin\""))
-      << (*w1)->ReadStdout();
-  EXPECT_TRUE(HasLineContaining((*w1)->ReadStdout(), "\"event\":\"done\""));
+  EXPECT_TRUE(HasLineContaining(w1->ReadStdout(), "\"event\":\"rejoin\"")) << w1->ReadStdout();
+  EXPECT_TRUE(HasLineContaining(w1->ReadStdout(), "\"event\":\"done\""));
   EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(15))));
   EXPECT_TRUE(HasLineContaining(cluster_->server(0)->ReadStderr(), "dropped worker 1"));
 }
