@@ -12,7 +12,7 @@ namespace rubato {
 // Largest message either end accepts. gRPC's 4 MiB default would cap one tensor at a million
 // floats; protobuf cannot parse messages of 2 GiB or more. 1 GiB leaves headroom below that cap
 // while letting one message hold a 256M-parameter tensor. Clients split pushes and pulls of many
-// tensors into calls below this size (see worker/ps_client.cc).
+// tensors into calls of about 8 MiB (see worker/ps_client.cc).
 inline constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
 
 // Arguments for client channels: message limits, and keepalive so that a vanished peer is noticed

@@ -51,9 +51,8 @@ void BytesToFloats(absl::string_view bytes, absl::Span<float> out) {
 }
 
 void FloatsToBytes(absl::Span<const float> values, std::string* out) {
-  out->resize(values.size() * sizeof(float));
-  if (values.empty()) return;
-  std::memcpy(&(*out)[0], values.data(), out->size());
+  // assign() copies once; resize() + memcpy would zero-fill the buffer first.
+  out->assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
 
 }  // namespace rubato
