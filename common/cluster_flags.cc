@@ -12,6 +12,8 @@
 ABSL_FLAG(std::string, cluster_spec, "", "Text-format rubato.ClusterSpec file (optional).");
 ABSL_FLAG(std::optional<std::string>, servers, std::nullopt,
           "Comma-separated host:port of each server shard; shard id = position.");
+ABSL_FLAG(std::optional<std::string>, peers, std::nullopt,
+          "allreduce: comma-separated host:port of every worker; rank = position.");
 ABSL_FLAG(std::optional<int>, num_workers, std::nullopt, "Number of workers in the job.");
 ABSL_FLAG(std::optional<std::string>, mode, std::nullopt,
           "Consistency model: bsp (default), async, backup:B, ssp:S.");
@@ -75,6 +77,12 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
     }
   }
   if (auto v = absl::GetFlag(FLAGS_num_workers)) spec.set_num_workers(*v);
+  if (auto peers = absl::GetFlag(FLAGS_peers)) {
+    spec.clear_workers();
+    for (absl::string_view p : absl::StrSplit(*peers, ',', absl::SkipEmpty())) {
+      spec.add_workers(std::string(p));
+    }
+  }
   if (auto v = absl::GetFlag(FLAGS_mode)) {
     ASSIGN_OR_RETURN(*spec.mutable_consistency(), ParseConsistency(*v));
   }

@@ -39,6 +39,10 @@ absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
     c.set_mode(ASYNC);
     return c;
   }
+  if (text == "allreduce") {
+    c.set_mode(ALLREDUCE);
+    return c;
+  }
   absl::string_view rest = text;
   int value = -1;
   if (absl::ConsumePrefix(&rest, "backup:") && absl::SimpleAtoi(rest, &value) && value >= 0) {
@@ -52,8 +56,9 @@ absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
     c.set_staleness(value);
     return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "mode: '", text, "' is not one of bsp, async, backup:B, ssp:S (B, S integers >= 0)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("mode: '", text,
+                   "' is not one of bsp, async, backup:B, ssp:S (B, S integers >= 0), allreduce"));
 }
 
 std::string FormatConsistency(const ConsistencyConfig& config) {
@@ -62,6 +67,8 @@ std::string FormatConsistency(const ConsistencyConfig& config) {
       return "bsp";
     case ASYNC:
       return "async";
+    case ALLREDUCE:
+      return "allreduce";
     case BACKUP:
       return absl::StrCat("backup:", config.backup_workers());
     case SSP:
@@ -110,6 +117,17 @@ absl::Status ValidateHostPort(absl::string_view address, absl::string_view field
 }
 
 absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
+  if (spec.consistency().mode() == ALLREDUCE) {
+    need_servers = false;
+    if (spec.workers_size() != spec.num_workers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("workers: allreduce needs one address per worker (", spec.num_workers(),
+                       "), got ", spec.workers_size()));
+    }
+    for (int i = 0; i < spec.workers_size(); ++i) {
+      RETURN_IF_ERROR(ValidateHostPort(spec.workers(i), absl::StrCat("workers[", i, "]")));
+    }
+  }
   if (need_servers && spec.servers().empty()) {
     return absl::InvalidArgumentError("servers: at least one server address is needed");
   }
@@ -127,6 +145,7 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
   switch (c.mode()) {
     case BSP:
     case ASYNC:
+    case ALLREDUCE:
       break;
     case BACKUP:
       if (c.backup_workers() < 0 || c.backup_workers() >= spec.num_workers()) {

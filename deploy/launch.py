@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -113,6 +114,19 @@ class WorkerView:
                     self.evals.append((time.monotonic() - began, record["test_accuracy"]))
 
 
+def free_ports(n):
+    """n distinct loopback ports that were free a moment ago (the workers bind them next)."""
+    socks, ports = [], []
+    for _ in range(n):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        socks.append(sock)
+        ports.append(sock.getsockname()[1])
+    for sock in socks:
+        sock.close()
+    return ports
+
+
 # rubato_worker's exit status after --crash_at_step: an injected failure, not a failed job.
 INJECTED_CRASH = 3
 
@@ -187,6 +201,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.servers < 1 or args.workers < 1:
         p.error("--servers and --workers must be >= 1")
+    if args.mode == "allreduce":
+        args.servers = 0  # The workers form a ring; no parameter servers.
     if args.timeout <= 0 or args.startup_timeout <= 0 or args.refresh <= 0:
         p.error("--timeout, --startup_timeout and --refresh must be > 0")
     try:
@@ -280,9 +296,11 @@ def main(argv):
     began = time.monotonic()
     failure = None
     try:
-        # Servers first, each on a free port reported through its port file.
+        # Servers first, each on a free port reported through its port file. The allreduce mode
+        # has no servers: the workers listen on free ports chosen here and form a ring.
+        allreduce = args.mode == "allreduce"
         addresses = []
-        for s in range(args.servers):
+        for s in range(0 if allreduce else args.servers):
             port_file = os.path.join(run_dir, "server-%d.port" % s)
             if os.path.exists(port_file):
                 os.remove(port_file)
@@ -298,11 +316,16 @@ def main(argv):
             addresses.append(wait_for_port_file(
                 proc, os.path.join(run_dir, "server-%d.port" % s),
                 time.monotonic() + args.startup_timeout))
-        print("rubato: %d server(s) at %s; starting %d worker(s); run directory %s"
-              % (args.servers, ",".join(addresses), args.workers, run_dir), flush=True)
+        if allreduce:
+            where = "--peers=" + ",".join("127.0.0.1:%d" % p for p in free_ports(args.workers))
+            print("rubato: allreduce ring of %d worker(s) (%s); run directory %s"
+                  % (args.workers, where[len("--peers="):], run_dir), flush=True)
+        else:
+            where = "--servers=" + ",".join(addresses)
+            print("rubato: %d server(s) at %s; starting %d worker(s); run directory %s"
+                  % (args.servers, ",".join(addresses), args.workers, run_dir), flush=True)
         for w in range(args.workers):
-            proc = Proc("worker-%d" % w, [worker_bin, "--worker_id=%d" % w,
-                                          "--servers=" + ",".join(addresses)]
+            proc = Proc("worker-%d" % w, [worker_bin, "--worker_id=%d" % w, where]
                         + cluster + worker_flags(args, w), run_dir, capture_stdout=True)
             procs.append(proc)
             workers.append(proc)

@@ -25,6 +25,9 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("update_threads must be >= 1, got ", options.update_threads));
   }
+  if (options.cluster.consistency().mode() == ALLREDUCE) {
+    return absl::InvalidArgumentError("mode allreduce runs without parameter servers");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    Optimizer::Create(options.cluster.optimizer()));
   return std::unique_ptr<ParameterShard>(new ParameterShard(options, std::move(optimizer)));

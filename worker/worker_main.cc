@@ -31,6 +31,7 @@
 #include "common/malloc_tuning.h"
 #include "common/placement.h"
 #include "common/straggler_model.h"
+#include "worker/allreduce_client.h"
 #include "worker/cpu_mlp_backend.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/mlp.h"
@@ -75,6 +76,16 @@ namespace {
 
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
+
+// FNV-1a over the final weights' bytes: equal on workers that hold bit-identical parameters.
+uint64_t ParamsFingerprint(const std::vector<std::vector<float>>& params) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const std::vector<float>& t : params) {
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(t.data());
+    for (size_t i = 0; i < t.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  }
+  return h;
+}
 
 // Largest shard's bytes over the mean: 1 is a perfect balance.
 double MaxOverMean(const std::vector<int64_t>& bytes) {
@@ -204,8 +215,22 @@ int main(int argc, char** argv) {
   client_options.connect_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms));
   // Past the servers' own wait timeout, so that their error (naming whom they waited for) arrives.
   client_options.rpc_timeout = absl::Milliseconds(cluster->wait_timeout_ms()) + absl::Seconds(10);
-  auto client = rubato::CreateGrpcPsClient(client_options);
-  if (!client.ok()) return Fail(kExitUsage, std::string(client.status().message()));
+  absl::StatusOr<std::unique_ptr<rubato::PsClient>> client;
+  if (cluster->consistency().mode() == rubato::ALLREDUCE) {
+    // No servers: a ring all-reduce among the workers; wait_timeout_ms bounds each all-reduce.
+    rubato::AllReduceOptions ring;
+    ring.rank = worker_id;
+    ring.cluster = *cluster;
+    ring.model = client_options.model;
+    ring.steps_per_epoch = steps_per_epoch;
+    ring.total_steps = steps;
+    ring.timeout = absl::Milliseconds(cluster->wait_timeout_ms());
+    client = rubato::CreateAllReduceClient(ring);
+    if (!client.ok()) return Fail(kExitRuntime, client.status().ToString());
+  } else {
+    client = rubato::CreateGrpcPsClient(client_options);
+    if (!client.ok()) return Fail(kExitUsage, std::string(client.status().message()));
+  }
 
   std::vector<std::vector<float>> params = rubato::InitMlpParams(*spec, absl::GetFlag(FLAGS_seed));
   absl::StatusOr<int64_t> start_step = (*client)->Register(params, batch_size, /*resume_step=*/0);
@@ -257,9 +282,10 @@ int main(int argc, char** argv) {
   if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
   std::cout << absl::StrFormat(
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"wall_s\":%.3f,"
+                   "\"params_fnv1a\":\"%016x\","
                    "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f}",
-                   worker_id, result->steps, result->wall_seconds, result->final_loss,
-                   result->test.loss, result->test.accuracy)
+                   worker_id, result->steps, result->wall_seconds, ParamsFingerprint(params),
+                   result->final_loss, result->test.loss, result->test.accuracy)
             << std::endl;
   RUBATO_LOG(INFO) << "done: " << result->steps << " steps in " << result->wall_seconds
                    << " s, test accuracy " << result->test.accuracy;

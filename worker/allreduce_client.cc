@@ -1,0 +1,140 @@
+#include "worker/allreduce_client.h"
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_options.h"
+#include "common/lr_schedule.h"
+#include "common/optimizer.h"
+#include "common/ring_allreduce.h"
+#include "common/status_macros.h"
+#include "common/tensor_bytes.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "worker/ring_peer.h"
+
+namespace rubato {
+namespace {
+
+class AllReduceClient final : public PsClient {
+ public:
+  AllReduceClient(const AllReduceOptions& options, std::unique_ptr<Optimizer> optimizer)
+      : options_(options),
+        size_(options.cluster.num_workers()),
+        optimizer_(std::move(optimizer)),
+        service_(&mailbox_),
+        link_(options.rank, size_, options.cluster.workers((options.rank + 1) % size_), &mailbox_,
+              options.timeout) {
+    for (const TensorSpec& t : options_.model) {
+      elements_.push_back(ElementCount(t.shape()));
+      roles_.push_back(optimizer_->RoleOf(t.name(), t.shape()));
+      total_ += elements_.back();
+    }
+    states_.resize(options_.model.size());
+    flat_.resize(total_);
+  }
+
+  ~AllReduceClient() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+
+  absl::Status Start() {
+    grpc::ServerBuilder builder;
+    ConfigureServerBuilder(&builder);
+    int port = 0;
+    const std::string& address = options_.cluster.workers(options_.rank);
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", options_.rank, " cannot listen on ", address));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
+                                   int64_t /*resume_step*/) override {
+    params_.assign(initial.begin(), initial.end());
+    ScheduleContext context;
+    context.global_batch = int64_t{batch_size} * size_;
+    context.steps_per_epoch = options_.steps_per_epoch;
+    context.total_steps = options_.total_steps;
+    ASSIGN_OR_RETURN(LearningRateScheduler schedule,
+                     LearningRateScheduler::Create(options_.cluster.optimizer().learning_rate(),
+                                                   options_.cluster.lr_schedule(), context));
+    schedule_ = std::move(schedule);
+    return 0;
+  }
+
+  absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
+                    int64_t* min_version) override {
+    for (size_t i = 0; i < params_.size(); ++i) params[i] = params_[i];
+    if (min_version != nullptr) *min_version = step;
+    return absl::OkStatus();
+  }
+
+  absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
+                    PushResult* result) override {
+    if (!schedule_.has_value()) return absl::FailedPreconditionError("Register first");
+    // One all-reduce over all tensors, laid end to end.
+    int64_t offset = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      std::copy(grads[i].begin(), grads[i].end(), flat_.begin() + offset);
+      offset += elements_[i];
+    }
+    RETURN_IF_ERROR(RingAllReduceMean(options_.rank, size_, step, &link_, absl::MakeSpan(flat_),
+                                      options_.timeout));
+    const float lr = static_cast<float>(schedule_->At(step));
+    offset = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      optimizer_->Update(lr, absl::MakeConstSpan(flat_).subspan(offset, elements_[i]),
+                         absl::MakeSpan(params_[i]), roles_[i], &states_[i]);
+      offset += elements_[i];
+    }
+    if (result != nullptr) *result = PushResult();
+    return absl::OkStatus();
+  }
+
+  absl::Status Heartbeat(int64_t /*step*/) override { return absl::OkStatus(); }
+  const std::vector<int>& shard_of() const override { return no_shards_; }
+  const std::vector<int64_t>& shard_bytes() const override { return no_bytes_; }
+
+ private:
+  const AllReduceOptions options_;
+  const int size_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  RingMailbox mailbox_;
+  RingPeerService service_;
+  GrpcRingLink link_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<int64_t> elements_;
+  std::vector<TensorRole> roles_;
+  int64_t total_ = 0;
+  std::vector<std::vector<float>> params_;
+  std::vector<TensorOptimizerState> states_;
+  std::vector<float> flat_;  // (total_) the gradients, then their mean.
+  std::optional<LearningRateScheduler> schedule_;
+  const std::vector<int> no_shards_;
+  const std::vector<int64_t> no_bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsClient>> CreateAllReduceClient(const AllReduceOptions& options) {
+  const int size = options.cluster.num_workers();
+  if (size < 1 || options.cluster.workers_size() != size || options.rank < 0 ||
+      options.rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("allreduce: rank ", options.rank, " of ", size,
+                                                   " with ", options.cluster.workers_size(),
+                                                   " worker addresses"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                   Optimizer::Create(options.cluster.optimizer()));
+  auto client = std::make_unique<AllReduceClient>(options, std::move(optimizer));
+  RETURN_IF_ERROR(client->Start());
+  return std::unique_ptr<PsClient>(std::move(client));
+}
+
+}  // namespace rubato

@@ -1,0 +1,35 @@
+// AllReduceClient: the `allreduce` mode behind the PsClient interface, so the training loop is the
+// same as with parameter servers. There are no servers: every worker keeps the weights, averages
+// its gradient with the others' through a ring all-reduce over gRPC (common/ring_allreduce.h,
+// worker/ring_peer.h), and applies the same optimizer library and learning-rate schedule the
+// servers use (common/optimizer.h, common/lr_schedule.h). Every rank computes bit-identical means,
+// starts from the same seeded weights and applies the same float operations, so the weights stay
+// bit-identical on every worker.
+#ifndef RUBATO_WORKER_ALLREDUCE_CLIENT_H_
+#define RUBATO_WORKER_ALLREDUCE_CLIENT_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "proto/cluster.pb.h"
+#include "worker/ps_client.h"
+
+namespace rubato {
+
+struct AllReduceOptions {
+  int rank = 0;
+  ClusterSpec cluster;  // workers (addresses), num_workers, optimizer, lr_schedule.
+  std::vector<TensorSpec> model;
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  // One all-reduce must finish within this (a dead or stuck peer becomes DEADLINE_EXCEEDED
+  // naming it).
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// Starts this rank's RingPeer server on cluster.workers(rank).
+absl::StatusOr<std::unique_ptr<PsClient>> CreateAllReduceClient(const AllReduceOptions& options);
+
+}  // namespace rubato
+
+#endif  // RUBATO_WORKER_ALLREDUCE_CLIENT_H_
