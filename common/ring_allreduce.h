@@ -37,8 +37,13 @@ class RingLink {
 // Replaces `data` on every rank by the element-wise mean over the `size` ranks. All ranks must call
 // it with the same length and `round` (a per-call counter that keeps tags of successive calls
 // apart). Fails with the link's error, or DEADLINE_EXCEEDED once `timeout` has passed.
+//
+// Each chunk travels in segments of at most `segment_elements` floats (4 MiB by default), so that
+// no message is large: all ranks send their segments at once, and a segment is added as soon as it
+// is received.
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
-                               absl::Span<float> data, absl::Duration timeout);
+                               absl::Span<float> data, absl::Duration timeout,
+                               int64_t segment_elements = int64_t{1} << 20);
 
 }  // namespace rubato
 

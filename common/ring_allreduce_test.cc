@@ -62,7 +62,7 @@ class InProcessLink : public RingLink {
 // Runs one all-reduce on `size` ranks in threads; returns each rank's result and status.
 std::vector<std::vector<float>> RunRing(const std::vector<std::vector<float>>& inputs,
                                         int64_t round, std::vector<absl::Status>* statuses,
-                                        int running = -1) {
+                                        int running = -1, int64_t segment = int64_t{1} << 20) {
   const int size = static_cast<int>(inputs.size());
   if (running < 0) running = size;
   std::vector<std::unique_ptr<Mailbox>> boxes;
@@ -73,8 +73,8 @@ std::vector<std::vector<float>> RunRing(const std::vector<std::vector<float>>& i
   for (int r = 0; r < running; ++r) {
     threads.emplace_back([&, r] {
       InProcessLink link(r, &boxes);
-      (*statuses)[r] =
-          RingAllReduceMean(r, size, round, &link, absl::MakeSpan(data[r]), absl::Seconds(2));
+      (*statuses)[r] = RingAllReduceMean(r, size, round, &link, absl::MakeSpan(data[r]),
+                                         absl::Seconds(2), segment);
     });
   }
   for (auto& t : threads) t.join();
@@ -101,6 +101,26 @@ TEST(RingAllReduceTest, MeanOnEveryRankForManySizesAndLengths) {
         for (const auto& v : inputs) mean += v[i];
         mean /= size;
         EXPECT_NEAR(out[0][i], mean, 1e-6 * (1 + std::fabs(mean))) << "size " << size << " i " << i;
+      }
+    }
+  }
+}
+
+TEST(RingAllReduceTest, SegmentedChunksGiveTheSameResult) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int size : {2, 3, 5}) {
+    std::vector<std::vector<float>> inputs(size, std::vector<float>(103));
+    for (auto& v : inputs) {
+      for (float& x : v) x = normal(rng);
+    }
+    std::vector<absl::Status> statuses;
+    const auto whole = RunRing(inputs, 0, &statuses);
+    for (int64_t segment : {1, 3, 7, 1000}) {
+      const auto parts = RunRing(inputs, 0, &statuses, -1, segment);
+      for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(statuses[r].ok()) << statuses[r];
+        EXPECT_EQ(parts[r], whole[0]) << "size " << size << " segment " << segment << " rank " << r;
       }
     }
   }

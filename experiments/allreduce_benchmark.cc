@@ -1,0 +1,109 @@
+// All-reduce benchmark: algorithm bandwidth (bytes / time) of Rubato's ring all-reduce over gRPC on
+// 127.0.0.1, for 1, 16 and 64 MB of float32 with 2 and 4 ranks (one thread per rank, each with
+// its own RingPeer server), next to the ring's bound 2(N-1)/N * S / B, with B a loopback TCP stream
+// measured in the same run.
+//
+//   bazel run //experiments:allreduce_benchmark [-- --seconds=2]
+//
+// Not yet here (issue 5): OpenMPI's MPI_Allreduce over TCP and Gloo's ring as peers in the same run.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/grpc_options.h"
+#include "common/malloc_tuning.h"
+#include "common/ring_allreduce.h"
+#include "experiments/loopback_tcp.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "worker/ring_peer.h"
+
+ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");
+
+namespace rubato {
+namespace {
+
+// Seconds per all-reduce of `bytes` over `ranks` ranks (the slowest rank's mean), or < 0.
+double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds) {
+  std::vector<std::unique_ptr<RingMailbox>> boxes;
+  std::vector<std::unique_ptr<RingPeerService>> services;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < ranks; ++r) {
+    boxes.push_back(std::make_unique<RingMailbox>());
+    services.push_back(std::make_unique<RingPeerService>(boxes.back().get()));
+    grpc::ServerBuilder builder;
+    ConfigureServerBuilder(&builder);
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(services.back().get());
+    servers.push_back(builder.BuildAndStart());
+    addresses.push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  // Every rank runs the same number of rounds: as many as rank 0 fits in `seconds` (agreed on by
+  // running a fixed count found from one warm-up round).
+  std::vector<double> per_round(ranks, -1);
+  auto run = [&](int rounds, int64_t first_round) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        GrpcRingLink link(r, ranks, addresses[(r + 1) % ranks], boxes[r].get(), absl::Seconds(60));
+        std::vector<float> data(bytes / 4, 1.0f + r);
+        const absl::Time start = absl::Now();
+        for (int k = 0; k < rounds; ++k) {
+          if (!RingAllReduceMean(r, ranks, first_round + k, &link, absl::MakeSpan(data),
+                                 absl::Seconds(60))
+                   .ok()) {
+            return;
+          }
+        }
+        per_round[r] = absl::ToDoubleSeconds(absl::Now() - start) / rounds;
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  run(1, 0);  // Warm-up, and an estimate of one round.
+  const double estimate = *std::max_element(per_round.begin(), per_round.end());
+  if (estimate < 0) return -1;
+  const int rounds = std::max(1, static_cast<int>(seconds / std::max(estimate, 1e-6)));
+  run(rounds, 1);
+  for (auto& s : servers) s->Shutdown();
+  return *std::max_element(per_round.begin(), per_round.end());
+}
+
+}  // namespace
+}  // namespace rubato
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  rubato::KeepFreedMemory();
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
+  std::printf("loopback TCP stream (1 connection): B = %.2f GB/s\n\n", tcp / 1e9);
+  std::printf("%-6s %-6s %12s %14s %14s %10s\n", "size", "ranks", "time", "algbw GB/s",
+              "bound GB/s", "x bound");
+  for (int ranks : {2, 4}) {
+    for (int64_t mb : {1, 16, 64}) {
+      const int64_t bytes = mb << 20;
+      const double t = rubato::SecondsPerAllReduce(bytes, ranks, seconds);
+      // Ring bound on the time: 2(N-1)/N * S / B, so algbw <= B * N / (2(N-1)).
+      const double bound = tcp * ranks / (2.0 * (ranks - 1));
+      if (t < 0) {
+        std::printf("%-6s %-6d %12s\n", absl::StrCat(mb, "MB").c_str(), ranks, "error");
+        continue;
+      }
+      std::printf("%-6s %-6d %9.2f ms %14.3f %14.3f %10.2f\n", absl::StrCat(mb, "MB").c_str(),
+                  ranks, 1e3 * t, bytes / t / 1e9, bound / 1e9, bytes / t / bound);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
