@@ -431,11 +431,14 @@ void ParameterShard::ApplyUpdate(Tensor* t, double learning_rate) {
     if (t->received[w]) from.push_back(w);
   }
   std::vector<float>& mean = t->pending[from[0]];
-  const double inv = 1.0 / static_cast<double>(from.size());
-  for (size_t i = 0; i < n; ++i) {
-    double sum = 0;
-    for (int w : from) sum += t->pending[w][i];
-    mean[i] = static_cast<float>(sum * inv);
+  // A single contributor (async, ssp, or one member left) is its own mean: skip the pass.
+  if (from.size() > 1) {
+    const double inv = 1.0 / static_cast<double>(from.size());
+    for (size_t i = 0; i < n; ++i) {
+      double sum = 0;
+      for (int w : from) sum += t->pending[w][i];
+      mean[i] = static_cast<float>(sum * inv);
+    }
   }
   last_learning_rate_ = learning_rate;
   optimizer_->Update(static_cast<float>(last_learning_rate_), mean, absl::MakeSpan(t->weights),
