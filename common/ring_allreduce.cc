@@ -1,7 +1,6 @@
 #include "common/ring_allreduce.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -20,64 +19,71 @@ int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace
 
+int64_t DefaultRingSegmentElements(int64_t n, int size) {
+  const int64_t chunk = n / std::max(size, 1) + 1;
+  return std::clamp<int64_t>(chunk / 4, int64_t{16} << 10, int64_t{256} << 10);
+}
+
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
                                absl::Span<float> data, absl::Duration timeout,
                                int64_t segment_elements) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", size, ")"));
   }
-  if (segment_elements < 1) {
+  if (segment_elements < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("segment_elements must be >= 1, got ", segment_elements));
+        absl::StrCat("segment_elements must be >= 0, got ", segment_elements));
   }
   if (size == 1) return absl::OkStatus();
-  const absl::Time deadline = absl::Now() + timeout;
   const int64_t n = static_cast<int64_t>(data.size());
+  if (segment_elements == 0) segment_elements = DefaultRingSegmentElements(n, size);
+  const absl::Time deadline = absl::Now() + timeout;
   auto chunk = [&](int c) {
-    const int64_t begin = ChunkBegin(n, size, c);
-    return data.subspan(begin, ChunkBegin(n, size, c + 1) - begin);
+    const int64_t begin = ChunkBegin(n, size, Mod(c, size));
+    return data.subspan(begin, ChunkBegin(n, size, Mod(c, size) + 1) - begin);
   };
-  // Tags: round, phase (0 reduce-scatter, 1 all-gather), step, segment.
-  const int64_t segments_max = (n / size + 1 + segment_elements - 1) / segment_elements;
-  auto tag = [&](int phase, int step, int64_t segment) {
-    return ((round * 2 + phase) * size + step) * segments_max + segment;
+  // Steps 0..size-2 reduce-scatter, steps size-1..2size-3 all-gather. The chunk received at step k
+  // is the chunk sent at step k+1.
+  const int steps = 2 * (size - 1);
+  auto sent_chunk = [&](int k) { return k < size - 1 ? chunk(rank - k) : chunk(rank + size - k); };
+  auto received_chunk = [&](int k) {
+    return k < size - 1 ? chunk(rank - k - 1) : chunk(rank + size - 1 - k);
+  };
+  // Every chunk has at least one segment (possibly empty), so each step sends at least one block.
+  auto segments = [&](absl::Span<float> c) {
+    return std::max<int64_t>(
+        1, (static_cast<int64_t>(c.size()) + segment_elements - 1) / segment_elements);
   };
   auto segment = [&](absl::Span<float> c, int64_t s) {
     const int64_t begin = std::min<int64_t>(s * segment_elements, c.size());
     return c.subspan(begin, std::min<int64_t>(segment_elements, c.size() - begin));
   };
-  auto count = [&](absl::Span<float> c) {
-    return std::max<int64_t>(
-        1, (static_cast<int64_t>(c.size()) + segment_elements - 1) / segment_elements);
-  };
-  std::vector<float> incoming(std::min<int64_t>(segment_elements, n / size + 1));
-  for (int step = 0; step < size - 1; ++step) {
-    const absl::Span<float> out = chunk(Mod(rank - step, size));
-    for (int64_t s = 0; s < count(out); ++s) {
-      RETURN_IF_ERROR(link->Send(tag(0, step, s), segment(out, s)));
-    }
-    const absl::Span<float> into = chunk(Mod(rank - step - 1, size));
-    for (int64_t s = 0; s < count(into); ++s) {
-      const absl::Span<float> part = segment(into, s);
-      const absl::Span<float> buffer = absl::MakeSpan(incoming).subspan(0, part.size());
-      RETURN_IF_ERROR(link->Receive(tag(0, step, s), buffer, deadline));
-      for (size_t i = 0; i < part.size(); ++i) part[i] += buffer[i];
-    }
+  // Tags: (round, step, segment), unique within and across calls with the same segment length.
+  const int64_t segments_max = segments(chunk(0));
+  auto tag = [&](int k, int64_t s) { return (round * steps + k) * segments_max + s; };
+
+  const absl::Span<float> first = sent_chunk(0);
+  for (int64_t s = 0; s < segments(first); ++s) {
+    RETURN_IF_ERROR(link->Send(tag(0, s), segment(first, s)));
   }
-  // Rank r now owns the sum of chunk (r + 1) mod size: scale it once, then pass it around.
   const float inv = 1.0f / static_cast<float>(size);
-  for (float& x : chunk(Mod(rank + 1, size))) x *= inv;
-  for (int step = 0; step < size - 1; ++step) {
-    const absl::Span<float> out = chunk(Mod(rank + 1 - step, size));
-    for (int64_t s = 0; s < count(out); ++s) {
-      RETURN_IF_ERROR(link->Send(tag(1, step, s), segment(out, s)));
-    }
-    const absl::Span<float> into = chunk(Mod(rank - step, size));
-    for (int64_t s = 0; s < count(into); ++s) {
-      RETURN_IF_ERROR(link->Receive(tag(1, step, s), segment(into, s), deadline));
+  for (int k = 0; k < steps; ++k) {
+    const absl::Span<float> into = received_chunk(k);
+    const RingLink::Combine combine =
+        k < size - 1 ? RingLink::Combine::kAdd : RingLink::Combine::kCopy;
+    for (int64_t s = 0; s < segments(into); ++s) {
+      const absl::Span<float> part = segment(into, s);
+      // All-gather step size-1+j overwrites the chunk sent in reduce-scatter step j.
+      if (k >= size - 1) RETURN_IF_ERROR(link->WaitReleased(tag(k - (size - 1), s), deadline));
+      RETURN_IF_ERROR(link->Receive(tag(k, s), part, combine, deadline));
+      // The last reduce-scatter step completes this rank's chunk: scale it once, here.
+      if (k == size - 2) {
+        for (float& x : part) x *= inv;
+      }
+      if (k + 1 < steps) RETURN_IF_ERROR(link->Send(tag(k + 1, s), part));
     }
   }
-  return absl::OkStatus();
+  return link->Flush(deadline);
 }
 
 }  // namespace rubato

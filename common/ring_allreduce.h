@@ -1,5 +1,6 @@
-// RingAllReduce: the bandwidth-optimal all-reduce of Patarasuk & Yuan (2009), over an abstract link
-// to the ring's neighbours, so the algorithm is tested in-process and a gRPC link can carry it.
+// RingAllReduceMean: the bandwidth-optimal all-reduce of Patarasuk & Yuan (2009), over an abstract
+// link to the ring's neighbours, so the algorithm is tested in-process and a gRPC link
+// (worker/ring_peer.h) carries it between processes.
 //
 // N ranks each hold a vector of the same length, split into N chunks (lengths differ by at most
 // one). Reduce-scatter: in step k = 0..N-2 rank r sends chunk (r - k) mod N to rank r+1 and adds
@@ -8,9 +9,16 @@
 // and receives 2(N-1)/N of the vector, the lower bound for a ring. Every rank ends with
 // bit-identical values: each chunk's sum is computed once, by one rank, and copied to the others.
 //
-// Status: the algorithm and its in-process tests. The gRPC link, pipelining of large chunks, the
-// `allreduce` training mode and the benchmarks against OpenMPI and Gloo are issue 5's remaining
-// work.
+// Pipelining. Every chunk is cut into segments, and the block a rank sends at step k+1 is exactly
+// the block it received (and combined) at step k. So the ring runs segment by segment rather than
+// step by step: as soon as segment s of step k has arrived and been added, it is queued for the
+// next rank, while segment s+1 of step k is still on the wire. Sends never wait for the receiver;
+// the link queues them in order. With S bytes and segments of G bytes the last byte arrives about
+// 2(N-1)/N * S/B + 2(N-1) * G/B after the first is sent (B the link bandwidth), instead of
+// 2(N-1) * (S/N)/B with no overlap between a step's receive, its addition and the next send.
+// Blocks are sent from `data` itself, without a copy; the one place where a region that was sent
+// is written again (an all-gather step overwrites the chunk this rank sent in the reduce-scatter
+// step of the same index) first waits for the link to release it.
 #ifndef RUBATO_COMMON_RING_ALLREDUCE_H_
 #define RUBATO_COMMON_RING_ALLREDUCE_H_
 
@@ -22,28 +30,43 @@
 
 namespace rubato {
 
-// A rank's connection to its ring neighbours. Blocks are tagged so that a message that arrives
-// early (the sender is a step ahead) waits for its turn.
+// A rank's connection to its ring neighbours. Blocks carry tags, so a block that arrives before it
+// is asked for waits for its turn and a block out of place is detected.
 class RingLink {
  public:
+  enum class Combine { kAdd, kCopy };
+
   virtual ~RingLink() = default;
-  // Sends `data` to the next rank under `tag`.
+  // Queues `data` for the next rank under `tag` and returns without waiting for it to be delivered.
+  // Blocks leave in the order they were queued, and their tags must increase (those of
+  // RingAllReduceMean do, over calls with increasing `round` and the same length and segment
+  // size); a receiver may reject a block that breaks the order. The link may read `data` (without
+  // copying it) until WaitReleased(tag) or Flush returns OK, so the caller must not change it
+  // before. Fails at once if the link has already failed.
   virtual absl::Status Send(int64_t tag, absl::Span<const float> data) = 0;
-  // Receives the block sent under `tag` by the previous rank into `out` (its size must match),
-  // waiting until `deadline`: DEADLINE_EXCEEDED naming the previous rank otherwise.
-  virtual absl::Status Receive(int64_t tag, absl::Span<float> out, absl::Time deadline) = 0;
+  // Waits until `deadline` for the link to be done with the memory of block `tag`.
+  virtual absl::Status WaitReleased(int64_t tag, absl::Time deadline) = 0;
+  // Waits until `deadline` for every queued block to have left this rank and its memory to be
+  // released: DEADLINE_EXCEEDED naming the next rank otherwise.
+  virtual absl::Status Flush(absl::Time deadline) = 0;
+  // Waits until `deadline` for the block sent under `tag` by the previous rank, and adds it to
+  // `out` (kAdd) or copies it there (kCopy). Its size must equal out.size(). DEADLINE_EXCEEDED
+  // names the previous rank.
+  virtual absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
+                               absl::Time deadline) = 0;
 };
 
 // Replaces `data` on every rank by the element-wise mean over the `size` ranks. All ranks must call
-// it with the same length and `round` (a per-call counter that keeps tags of successive calls
-// apart). Fails with the link's error, or DEADLINE_EXCEEDED once `timeout` has passed.
-//
-// Each chunk travels in segments of at most `segment_elements` floats (4 MiB by default), so that
-// no message is large: all ranks send their segments at once, and a segment is added as soon as it
-// is received.
+// it with the same length, segment size and `round` (a per-call counter that keeps tags of
+// successive calls apart). Fails with the link's error, or DEADLINE_EXCEEDED once `timeout` has
+// passed. `segment_elements` is the largest block sent (see Pipelining above); 0 picks one from
+// the length: a quarter of a chunk, between 16 Ki and 256 Ki floats.
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
                                absl::Span<float> data, absl::Duration timeout,
-                               int64_t segment_elements = int64_t{1} << 20);
+                               int64_t segment_elements = 0);
+
+// The segment length RingAllReduceMean uses for `n` elements over `size` ranks when given 0.
+int64_t DefaultRingSegmentElements(int64_t n, int size);
 
 }  // namespace rubato
 

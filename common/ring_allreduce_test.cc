@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -14,31 +15,54 @@
 namespace rubato {
 namespace {
 
-// Tagged blocks waiting for one rank.
+// A link that copies nothing: Send leaves a pointer to the sender's memory in the next rank's
+// mailbox, the receiver reads it there, and only then is the block released. So the algorithm's
+// WaitReleased/Flush calls are tested: writing a region before its block is released changes what
+// the next rank receives.
+struct Ledger {
+  absl::Mutex mu;
+  std::set<int64_t> outstanding ABSL_GUARDED_BY(mu);
+};
+
+struct Block {
+  absl::Span<const float> data;
+  Ledger* sender;
+};
+
 class Mailbox {
  public:
-  void Put(int64_t tag, std::vector<float> block) {
+  void Put(int64_t tag, Block block) {
     absl::MutexLock lock(&mu_);
-    blocks_[tag] = std::move(block);
+    blocks_[tag] = block;
   }
-  absl::Status Take(int64_t tag, absl::Span<float> out, absl::Time deadline, int from) {
-    absl::MutexLock lock(&mu_);
-    auto has = [&] { return blocks_.count(tag) > 0; };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&has), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("no block ", tag, " from rank ", from));
+  absl::Status Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
+                    absl::Time deadline, int from) {
+    Block block;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has = [&] { return blocks_.count(tag) > 0; };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&has), deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat("no block ", tag, " from rank ", from));
+      }
+      block = blocks_[tag];
+      blocks_.erase(tag);
     }
-    const std::vector<float>& block = blocks_[tag];
-    if (block.size() != out.size()) {
-      return absl::InternalError(absl::StrCat("block ", tag, " has ", block.size(), " elements"));
+    if (block.data.size() != out.size()) {
+      return absl::InternalError(absl::StrCat("block ", tag, " has ", block.data.size()));
     }
-    std::copy(block.begin(), block.end(), out.begin());
-    blocks_.erase(tag);
+    // Give the sender a chance to (wrongly) overwrite the block before it is read.
+    std::this_thread::yield();
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = combine == RingLink::Combine::kAdd ? out[i] + block.data[i] : block.data[i];
+    }
+    absl::MutexLock lock(&block.sender->mu);
+    block.sender->outstanding.erase(tag);
     return absl::OkStatus();
   }
 
  private:
   absl::Mutex mu_;
-  std::map<int64_t, std::vector<float>> blocks_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Block> blocks_ ABSL_GUARDED_BY(mu_);
 };
 
 class InProcessLink : public RingLink {
@@ -46,34 +70,58 @@ class InProcessLink : public RingLink {
   InProcessLink(int rank, std::vector<std::unique_ptr<Mailbox>>* boxes)
       : rank_(rank), boxes_(boxes) {}
   absl::Status Send(int64_t tag, absl::Span<const float> data) override {
-    (*boxes_)[(rank_ + 1) % boxes_->size()]->Put(tag, std::vector<float>(data.begin(), data.end()));
+    {
+      absl::MutexLock lock(&ledger_.mu);
+      ledger_.outstanding.insert(tag);
+    }
+    (*boxes_)[(rank_ + 1) % boxes_->size()]->Put(tag, Block{data, &ledger_});
     return absl::OkStatus();
   }
-  absl::Status Receive(int64_t tag, absl::Span<float> out, absl::Time deadline) override {
+  absl::Status WaitReleased(int64_t tag, absl::Time deadline) override {
+    absl::MutexLock lock(&ledger_.mu);
+    auto released = [&] { return ledger_.outstanding.count(tag) == 0; };
+    if (!ledger_.mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("block ", tag, " not released"));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Flush(absl::Time deadline) override {
+    absl::MutexLock lock(&ledger_.mu);
+    auto released = [&] { return ledger_.outstanding.empty(); };
+    if (!ledger_.mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+      return absl::DeadlineExceededError("blocks not released");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
+                       absl::Time deadline) override {
     const int size = static_cast<int>(boxes_->size());
-    return (*boxes_)[rank_]->Take(tag, out, deadline, (rank_ + size - 1) % size);
+    return (*boxes_)[rank_]->Take(tag, out, combine, deadline, (rank_ + size - 1) % size);
   }
 
  private:
   int rank_;
   std::vector<std::unique_ptr<Mailbox>>* boxes_;
+  Ledger ledger_;
 };
 
 // Runs one all-reduce on `size` ranks in threads; returns each rank's result and status.
 std::vector<std::vector<float>> RunRing(const std::vector<std::vector<float>>& inputs,
                                         int64_t round, std::vector<absl::Status>* statuses,
-                                        int running = -1, int64_t segment = int64_t{1} << 20) {
+                                        int running = -1, int64_t segment = 0) {
   const int size = static_cast<int>(inputs.size());
   if (running < 0) running = size;
   std::vector<std::unique_ptr<Mailbox>> boxes;
   for (int r = 0; r < size; ++r) boxes.push_back(std::make_unique<Mailbox>());
   std::vector<std::vector<float>> data = inputs;
   statuses->assign(size, absl::OkStatus());
+  // Links outlive every thread: a block may point into a finished rank's ledger.
+  std::vector<std::unique_ptr<InProcessLink>> links;
+  for (int r = 0; r < size; ++r) links.push_back(std::make_unique<InProcessLink>(r, &boxes));
   std::vector<std::thread> threads;
   for (int r = 0; r < running; ++r) {
     threads.emplace_back([&, r] {
-      InProcessLink link(r, &boxes);
-      (*statuses)[r] = RingAllReduceMean(r, size, round, &link, absl::MakeSpan(data[r]),
+      (*statuses)[r] = RingAllReduceMean(r, size, round, links[r].get(), absl::MakeSpan(data[r]),
                                          absl::Seconds(2), segment);
     });
   }
@@ -122,6 +170,47 @@ TEST(RingAllReduceTest, SegmentedChunksGiveTheSameResult) {
         ASSERT_TRUE(statuses[r].ok()) << statuses[r];
         EXPECT_EQ(parts[r], whole[0]) << "size " << size << " segment " << segment << " rank " << r;
       }
+    }
+  }
+}
+
+TEST(RingAllReduceTest, BackToBackRoundsThatReuseTheBuffer) {
+  // Like training: as soon as a call returns, the rank overwrites its vector with the next
+  // gradient. The link reads sent blocks from that vector, so a call must not return before the
+  // next rank has them (Flush); otherwise the next rank would read the next round's values.
+  constexpr int kRounds = 20;
+  for (int size : {2, 3, 4}) {
+    const int64_t n = 37;
+    auto value = [](int round, int rank, int64_t i) {
+      return static_cast<float>(round * 1000 + rank * 100 + i);
+    };
+    std::vector<std::unique_ptr<Mailbox>> boxes;
+    for (int r = 0; r < size; ++r) boxes.push_back(std::make_unique<Mailbox>());
+    std::vector<std::unique_ptr<InProcessLink>> links;
+    for (int r = 0; r < size; ++r) links.push_back(std::make_unique<InProcessLink>(r, &boxes));
+    std::vector<int> wrong(size, 0);
+    std::vector<absl::Status> statuses(size);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        std::vector<float> data(n);
+        for (int round = 0; round < kRounds; ++round) {
+          for (int64_t i = 0; i < n; ++i) data[i] = value(round, r, i);
+          statuses[r] = RingAllReduceMean(r, size, round, links[r].get(), absl::MakeSpan(data),
+                                          absl::Seconds(5), /*segment_elements=*/4);
+          if (!statuses[r].ok()) return;
+          for (int64_t i = 0; i < n; ++i) {
+            float sum = 0;  // Integers: exact in any order.
+            for (int q = 0; q < size; ++q) sum += value(round, q, i);
+            if (data[i] != sum / size) ++wrong[r];
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(statuses[r].ok()) << statuses[r];
+      EXPECT_EQ(wrong[r], 0) << "rank " << r << " of " << size;
     }
   }
 }

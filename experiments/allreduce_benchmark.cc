@@ -5,7 +5,8 @@
 //
 //   bazel run //experiments:allreduce_benchmark [-- --seconds=2]
 //
-// Not yet here (issue 5): OpenMPI's MPI_Allreduce over TCP and Gloo's ring as peers in the same run.
+// Not yet here (issue 5): OpenMPI's MPI_Allreduce over TCP and Gloo's ring as peers in the same
+// run.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -14,7 +15,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -27,18 +30,24 @@
 #include "worker/ring_peer.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");
+ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"2", "4"}),
+          "Ring sizes to measure.");
+ABSL_FLAG(std::vector<std::string>, sizes, std::vector<std::string>({"1MB", "16MB", "64MB"}),
+          "Vector sizes (float32), each a number of KB or MB (binary units), e.g. 4KB,1MB.");
+ABSL_FLAG(int64_t, segment_kb, 0,
+          "Segment size in KiB (0: the default, DefaultRingSegmentElements).");
 
 namespace rubato {
 namespace {
 
 // Seconds per all-reduce of `bytes` over `ranks` ranks (the slowest rank's mean), or < 0.
-double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds) {
+double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t segment_elements) {
   std::vector<std::unique_ptr<RingMailbox>> boxes;
   std::vector<std::unique_ptr<RingPeerService>> services;
   std::vector<std::unique_ptr<grpc::Server>> servers;
   std::vector<std::string> addresses;
   for (int r = 0; r < ranks; ++r) {
-    boxes.push_back(std::make_unique<RingMailbox>());
+    boxes.push_back(std::make_unique<RingMailbox>((r + ranks - 1) % ranks));
     services.push_back(std::make_unique<RingPeerService>(boxes.back().get()));
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder);
@@ -55,13 +64,15 @@ double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds) {
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
-        GrpcRingLink link(r, ranks, addresses[(r + 1) % ranks], boxes[r].get(), absl::Seconds(60));
+        GrpcRingLink link(r, ranks, addresses[(r + 1) % ranks], boxes[r].get());
         std::vector<float> data(bytes / 4, 1.0f + r);
         const absl::Time start = absl::Now();
         for (int k = 0; k < rounds; ++k) {
-          if (!RingAllReduceMean(r, ranks, first_round + k, &link, absl::MakeSpan(data),
-                                 absl::Seconds(60))
-                   .ok()) {
+          const absl::Status status =
+              RingAllReduceMean(r, ranks, first_round + k, &link, absl::MakeSpan(data),
+                                absl::Seconds(60), segment_elements);
+          if (!status.ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", r, status.ToString().c_str());
             return;
           }
         }
@@ -90,18 +101,31 @@ int main(int argc, char** argv) {
   std::printf("loopback TCP stream (1 connection): B = %.2f GB/s\n\n", tcp / 1e9);
   std::printf("%-6s %-6s %12s %14s %14s %10s\n", "size", "ranks", "time", "algbw GB/s",
               "bound GB/s", "x bound");
-  for (int ranks : {2, 4}) {
-    for (int64_t mb : {1, 16, 64}) {
-      const int64_t bytes = mb << 20;
-      const double t = rubato::SecondsPerAllReduce(bytes, ranks, seconds);
+  const int64_t segment_elements = absl::GetFlag(FLAGS_segment_kb) * 1024 / 4;
+  for (const std::string& ranks_text : absl::GetFlag(FLAGS_ranks)) {
+    for (const std::string& size_text : absl::GetFlag(FLAGS_sizes)) {
+      int ranks = 0;
+      int64_t count = 0;
+      const absl::string_view unit =
+          size_text.size() > 2 ? absl::string_view(size_text).substr(size_text.size() - 2) : "";
+      if (!absl::SimpleAtoi(ranks_text, &ranks) || ranks < 2 || (unit != "KB" && unit != "MB") ||
+          !absl::SimpleAtoi(absl::string_view(size_text).substr(0, size_text.size() - 2), &count) ||
+          count < 1) {
+        std::fprintf(stderr,
+                     "allreduce_benchmark: bad --ranks %s or --sizes %s (want e.g. 4KB or 16MB)\n",
+                     ranks_text.c_str(), size_text.c_str());
+        return 2;
+      }
+      const int64_t bytes = count << (unit == "KB" ? 10 : 20);
+      const double t = rubato::SecondsPerAllReduce(bytes, ranks, seconds, segment_elements);
       // Ring bound on the time: 2(N-1)/N * S / B, so algbw <= B * N / (2(N-1)).
       const double bound = tcp * ranks / (2.0 * (ranks - 1));
       if (t < 0) {
-        std::printf("%-6s %-6d %12s\n", absl::StrCat(mb, "MB").c_str(), ranks, "error");
+        std::printf("%-6s %-6d %12s\n", size_text.c_str(), ranks, "error");
         continue;
       }
-      std::printf("%-6s %-6d %9.2f ms %14.3f %14.3f %10.2f\n", absl::StrCat(mb, "MB").c_str(),
-                  ranks, 1e3 * t, bytes / t / 1e9, bound / 1e9, bytes / t / bound);
+      std::printf("%-6s %-6d %9.3f ms %14.3f %14.3f %10.2f\n", size_text.c_str(), ranks, 1e3 * t,
+                  bytes / t / 1e9, bound / 1e9, bytes / t / bound);
       std::fflush(stdout);
     }
   }

@@ -23,9 +23,9 @@ class AllReduceClient final : public PsClient {
       : options_(options),
         size_(options.cluster.num_workers()),
         optimizer_(std::move(optimizer)),
+        mailbox_((options.rank + size_ - 1) % size_),
         service_(&mailbox_),
-        link_(options.rank, size_, options.cluster.workers((options.rank + 1) % size_), &mailbox_,
-              options.timeout) {
+        link_(options.rank, size_, options.cluster.workers((options.rank + 1) % size_), &mailbox_) {
     for (const TensorSpec& t : options_.model) {
       elements_.push_back(ElementCount(t.shape()));
       roles_.push_back(optimizer_->RoleOf(t.name(), t.shape()));

@@ -1,86 +1,620 @@
 #include "worker/ring_peer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
-#include "common/status_macros.h"
-#include "common/tensor_bytes.h"
+#include "common/log.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 
 namespace rubato {
+namespace {
 
-absl::Status RingMailbox::Put(int64_t tag, const std::string& bytes) {
-  if (bytes.size() % sizeof(float) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring block ", tag, " has ", bytes.size(), " bytes, not whole floats"));
+constexpr char kStreamMethod[] = "/rubato.RingPeer/Stream";
+constexpr int64_t kClosingTag = -1;  // The last block of a stream closed on purpose.
+
+// Serializes RingBlock{from_rank, tag, data} as two slices: a copied header (the small fields
+// through protobuf, then field 3's key and length by hand) and `data` itself, not copied. gRPC
+// sees a static slice, so it never frees it; the caller keeps the memory unchanged until the
+// receiver acknowledges the block (by then every byte has left this process).
+grpc::ByteBuffer EncodeBlock(int from_rank, int64_t tag, absl::Span<const float> data) {
+  RingBlock header;
+  header.set_from_rank(from_rank);
+  header.set_tag(tag);
+  const uint64_t payload = data.size() * sizeof(float);
+  constexpr uint8_t kDataKey = (3 << 3) | 2;  // Field 3, length-delimited.
+  uint8_t bytes[32];
+  header.ByteSizeLong();  // Caches the sizes (at most 16 bytes: two varints and their keys).
+  uint8_t* p = header.SerializeWithCachedSizesToArray(bytes);
+  *p++ = kDataKey;
+  p = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(payload, p);
+  grpc::Slice slices[2] = {grpc::Slice(bytes, p - bytes), grpc::Slice()};
+  if (payload == 0) return grpc::ByteBuffer(slices, 1);
+  slices[1] = grpc::Slice(data.data(), payload, grpc::Slice::STATIC_SLICE);
+  return grpc::ByteBuffer(slices, 2);
+}
+
+// out (+)= the floats at `bytes` (out.size() of them, possibly unaligned), in one pass that also
+// flags non-finite values (an all-ones exponent). Returns whether all were finite.
+bool CombineFiniteFloats(const char* bytes, absl::Span<float> out, RingLink::Combine combine) {
+  uint32_t bad = 0;
+  const size_t n = out.size();
+  float* o = out.data();
+  if (combine == RingLink::Combine::kAdd) {
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, bytes + 4 * i, 4);
+      float v;
+      std::memcpy(&v, &u, 4);
+      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+      o[i] += v;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, bytes + 4 * i, 4);
+      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+      std::memcpy(o + i, &u, 4);
+    }
   }
-  RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("ring block ", tag), bytes,
-                                  static_cast<int64_t>(bytes.size() / sizeof(float))));
+  return bad == 0;
+}
+
+// Combines a payload that may be split across slices at any byte into `out`: whole floats straight
+// from each slice, a float that straddles two slices through a 4-byte buffer.
+bool CombinePayload(const RingPayload& payload, absl::Span<float> out, RingLink::Combine combine) {
+  bool finite = true;
+  size_t skip = payload.offset, left = payload.bytes, next = 0;
+  char carry[4];
+  size_t carried = 0;
+  for (const grpc::Slice& slice : payload.slices) {
+    const char* p = reinterpret_cast<const char*>(slice.begin());
+    size_t len = slice.size();
+    if (skip >= len) {
+      skip -= len;
+      continue;
+    }
+    p += skip;
+    len = std::min(len - skip, left);
+    skip = 0;
+    left -= len;
+    if (carried > 0) {
+      const size_t k = std::min(4 - carried, len);
+      std::memcpy(carry + carried, p, k);
+      carried += k;
+      p += k;
+      len -= k;
+      if (carried < 4) continue;
+      finite &= CombineFiniteFloats(carry, out.subspan(next++, 1), combine);
+      carried = 0;
+    }
+    const size_t whole = len / 4;
+    finite &= CombineFiniteFloats(p, out.subspan(next, whole), combine);
+    next += whole;
+    carried = len - 4 * whole;
+    std::memcpy(carry, p + 4 * whole, carried);
+    if (left == 0) break;
+  }
+  return finite;
+}
+
+grpc::ByteBuffer EncodeAck(int64_t blocks) {
+  RingAck ack;
+  ack.set_blocks(blocks);
+  grpc::Slice slice(ack.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// The server's end of one stream from the previous rank: reads blocks into the mailbox and
+// acknowledges them (the latest count, whenever no acknowledgement is being written) until the
+// sender closes the stream, or ends it with the error of a malformed block.
+class StreamReader final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit StreamReader(RingMailbox* mailbox) : mailbox_(mailbox) {
+    mailbox_->StreamOpened();
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    absl::Status put;
+    if (ok) {
+      int from = -1;
+      int64_t tag = -1;
+      RingPayload payload;
+      put = ParseRingBlock(message_, &from, &tag, &payload);
+      if (put.ok() && tag == kClosingTag && payload.bytes == 0) {
+        closed_ = true;
+      } else if (put.ok() && tag >= 0 && tag <= last_tag_) {
+        // A sender writes its blocks in the order of their tags.
+        put = absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " came after block ",
+                                                      last_tag_, " (repeated or out of order)"));
+      } else if (put.ok()) {
+        put = mailbox_->Put(from, tag, std::move(payload));
+        last_tag_ = tag;
+      }
+      message_.Clear();
+    } else if (!closed_) {  // The sender went away without closing the stream.
+      mailbox_->StreamBroke(
+          "the stream ended without its closing block (the rank exited, was "
+          "killed, gave up or lost the connection)");
+    }
+    if (!put.ok()) mailbox_->StreamBroke(put.message());
+    bool write = false, finish = false, read = false;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (ok && put.ok()) {
+        ++read_;
+      } else {
+        ending_ = true;
+        status_ = ToGrpcStatus(put);
+      }
+      read = reading_ = !ending_;  // Not after a failed write either: the stream is over.
+      write = !writing_ && !ending_ && read_ > acked_;
+      if (write) {
+        writing_ = true;
+        ack_ = EncodeAck(acked_ = read_);
+      }
+      finish = FinishNowLocked();
+    }
+    if (write) StartWrite(&ack_);
+    if (read) StartRead(&message_);
+    if (finish) Finish(status_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool write = false, finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) ending_ = true;  // The stream is gone; the read out fails too.
+      write = !ending_ && read_ > acked_;
+      if (write) {
+        writing_ = true;
+        ack_ = EncodeAck(acked_ = read_);
+      }
+      finish = FinishNowLocked();
+    }
+    if (write) StartWrite(&ack_);
+    if (finish) Finish(status_);
+  }
+
+  void OnCancel() override {
+    mailbox_->StreamBroke(
+        "the stream was cancelled (the rank exited, gave up or lost the "
+        "connection)");
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Finish once, when the stream is over and no read or write is outstanding.
+  bool FinishNowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!ending_ || writing_ || reading_ || finished_) return false;
+    finished_ = true;
+    return true;
+  }
+
+  RingMailbox* const mailbox_;
+  grpc::ByteBuffer message_;
+  bool closed_ = false;  // The closing block came. Only the read callbacks touch it and last_tag_.
+  int64_t last_tag_ = -1;
+  // Reads and writes complete on different threads.
+  absl::Mutex mu_;
+  int64_t read_ ABSL_GUARDED_BY(mu_) = 0;   // Blocks read.
+  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;  // The count in the latest acknowledgement.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;  // Reads are over: finish once no write is out.
+  bool reading_ ABSL_GUARDED_BY(mu_) = true;  // The constructor starts the first read.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_;   // Set before ending_, read after.
+  grpc::ByteBuffer ack_;  // Touched only by whoever set writing_.
+};
+
+}  // namespace
+
+absl::Status ParseRingBlock(const grpc::ByteBuffer& message, int* from_rank, int64_t* tag,
+                            RingPayload* payload) {
+  *from_rank = 0;  // proto3 leaves out fields that are zero.
+  *tag = 0;
+  payload->slices.clear();
+  grpc::Status dumped = message.Dump(&payload->slices);
+  if (!dumped.ok()) return absl::InvalidArgumentError("ring block: unreadable message");
+  const size_t total = message.Length();
+  // The fields before data take at most 2 + 10 + 1 + 10 + 1 + 10 bytes; parse a copy of those.
+  uint8_t head[40];
+  size_t head_bytes = 0;
+  for (const grpc::Slice& slice : payload->slices) {
+    const size_t k = std::min(slice.size(), sizeof(head) - head_bytes);
+    std::memcpy(head + head_bytes, slice.begin(), k);
+    head_bytes += k;
+    if (head_bytes == sizeof(head)) break;
+  }
+  google::protobuf::io::CodedInputStream in(head, static_cast<int>(head_bytes));
+  payload->offset = total;
+  payload->bytes = 0;
+  while (static_cast<size_t>(in.CurrentPosition()) < head_bytes) {
+    const uint32_t key = in.ReadTag();
+    uint64_t value = 0;
+    const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
+    if (field == 3 && wire == 2) {
+      uint32_t length = 0;
+      if (!in.ReadVarint32(&length) ||
+          static_cast<size_t>(in.CurrentPosition()) + length != total) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ring block: data must be the last field and fill the message (", total, " bytes)"));
+      }
+      payload->offset = in.CurrentPosition();
+      payload->bytes = length;
+      return absl::OkStatus();
+    }
+    if ((field != 1 && field != 2) || wire != 0 || !in.ReadVarint64(&value)) {
+      return absl::InvalidArgumentError(absl::StrCat("ring block: unexpected or truncated field ",
+                                                     field, " (wire type ", wire, ")"));
+    }
+    if (field == 1) *from_rank = static_cast<int32_t>(value);
+    if (field == 2) *tag = static_cast<int64_t>(value);
+  }
+  if (head_bytes != total) {
+    return absl::InvalidArgumentError("ring block: malformed header");
+  }
+  return absl::OkStatus();  // No data field: an empty block.
+}
+
+absl::Status RingMailbox::Put(int from, int64_t tag, RingPayload payload) {
+  if (tag < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ring block has a negative tag ", tag));
+  }
+  if (from != from_rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " came from rank ", from,
+                                                   ", but this rank receives from rank ",
+                                                   from_rank_, " only"));
+  }
+  if (payload.bytes % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring block ", tag, " has ", payload.bytes, " bytes, not whole floats"));
+  }
   absl::MutexLock lock(&mu_);
-  if (!blocks_.emplace(tag, bytes).second) {
+  if (!blocks_.emplace(tag, std::move(payload)).second) {
     return absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " delivered twice"));
   }
   return absl::OkStatus();
 }
 
-absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, absl::Time deadline, int from) {
-  absl::MutexLock lock(&mu_);
-  auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return blocks_.count(tag) > 0; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&has), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", from));
+absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
+                               absl::Time deadline) {
+  RingPayload payload;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return blocks_.count(tag) > 0 || !broken_.empty() || !aborted_.ok();
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", from_rank_));
+    }
+    auto it = blocks_.find(tag);
+    if (it == blocks_.end() && !aborted_.ok()) return aborted_;
+    if (it == blocks_.end()) {
+      return absl::UnavailableError(absl::StrCat("all-reduce: the stream from rank ", from_rank_,
+                                                 " broke before block ", tag, " came: ", broken_));
+    }
+    payload = std::move(it->second);
+    blocks_.erase(it);
   }
-  auto it = blocks_.find(tag);
-  if (it->second.size() != out.size() * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " from rank ", from, " has ",
-                                                   it->second.size() / sizeof(float),
+  if (payload.bytes != out.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " from rank ", from_rank_,
+                                                   " has ", payload.bytes / sizeof(float),
                                                    " floats, expected ", out.size()));
   }
-  BytesToFloats(it->second, out);
-  blocks_.erase(it);
-  return absl::OkStatus();
-}
-
-grpc::ServerUnaryReactor* RingPeerService::Deliver(grpc::CallbackServerContext* context,
-                                                   const RingBlock* block, RingAck* /*ack*/) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(mailbox_->Put(block->tag(), block->data())));
-  return reactor;
-}
-
-GrpcRingLink::GrpcRingLink(int rank, int size, const std::string& next_address,
-                           RingMailbox* mailbox, absl::Duration send_timeout)
-    : rank_(rank),
-      size_(size),
-      next_address_(next_address),
-      mailbox_(mailbox),
-      send_timeout_(send_timeout),
-      stub_(RingPeer::NewStub(grpc::CreateCustomChannel(
-          next_address, grpc::InsecureChannelCredentials(), RubatoChannelArguments()))) {}
-
-absl::Status GrpcRingLink::Send(int64_t tag, absl::Span<const float> data) {
-  RingBlock block;
-  block.set_from_rank(rank_);
-  block.set_tag(tag);
-  FloatsToBytes(data, block.mutable_data());
-  RingAck ack;
-  grpc::ClientContext context;
-  context.set_wait_for_ready(true);  // The next rank may still be starting.
-  context.set_deadline(absl::ToChronoTime(absl::Now() + send_timeout_));
-  const grpc::Status status = stub_->Deliver(&context, block, &ack);
-  if (!status.ok()) {
-    const absl::Status s = FromGrpcStatus(status);
-    return absl::Status(s.code(), absl::StrCat("all-reduce send to rank ", (rank_ + 1) % size_,
-                                               " at ", next_address_, ": ", s.message()));
+  if (!CombinePayload(payload, out, combine)) {
+    // Find the culprit for the message (from a contiguous copy: this is the error path).
+    std::vector<float> values(out.size());
+    CombinePayload(payload, absl::MakeSpan(values), RingLink::Combine::kCopy);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " from rank ",
+                                                       from_rank_, " has a non-finite value (",
+                                                       values[i], ") at element ", i));
+      }
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status GrpcRingLink::Receive(int64_t tag, absl::Span<float> out, absl::Time deadline) {
-  return mailbox_->Take(tag, out, deadline, (rank_ + size_ - 1) % size_);
+void RingMailbox::StreamOpened() {
+  absl::MutexLock lock(&mu_);
+  broken_.clear();
+}
+
+void RingMailbox::Abort(absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.ok()) aborted_ = std::move(error);
+}
+
+void RingMailbox::StreamBroke(absl::string_view why) {
+  absl::MutexLock lock(&mu_);
+  if (broken_.empty()) broken_ = std::string(why);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RingPeerService::Stream(
+    grpc::CallbackServerContext* /*context*/) {
+  return new StreamReader(mailbox_);
+}
+
+// The client end of the stream to the next rank. Blocks queue here and are written one at a time
+// (the callback API allows one outstanding write), each as soon as the previous one is handed to
+// the transport; HTTP/2 flow control paces them. Acknowledgements come back on the same stream. A
+// hold keeps the call alive while the link may still write, so a write never races the call's
+// end. Owned by a shared_ptr that the reactor keeps until OnDone, so the link may go away first.
+class GrpcRingLink::Stream final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  // `on_failure` runs (under the stream's lock) when the stream fails, until Close.
+  Stream(int next_rank, std::string next_address, std::shared_ptr<grpc::Channel> channel,
+         std::function<void(const absl::Status&)> on_failure)
+      : next_rank_(next_rank),
+        next_address_(std::move(next_address)),
+        channel_(std::move(channel)),
+        on_failure_(std::move(on_failure)) {}
+
+  void Start(std::shared_ptr<Stream> self) {
+    self_ = std::move(self);
+    context_.set_wait_for_ready(true);  // The next rank may still be starting.
+    grpc::GenericStub stub(channel_);
+    stub.PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
+    AddHold();
+    StartRead(&ack_);
+    StartCall();
+  }
+
+  absl::Status Enqueue(int64_t tag, grpc::ByteBuffer block) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!error_.ok()) return error_;
+      ++queued_;
+      unacked_.push_back(tag);
+      if (writing_) {
+        queue_.push_back(std::move(block));
+        return absl::OkStatus();
+      }
+      writing_ = true;
+      current_ = std::move(block);
+    }
+    // Outside the lock; safe because writing_ keeps anyone else from writing and the hold keeps
+    // the call alive.
+    StartWrite(&current_);
+    return absl::OkStatus();
+  }
+
+  // Waits for block `tag` to be acknowledged (every block, with tag == kEveryBlock).
+  static constexpr int64_t kEveryBlock = std::numeric_limits<int64_t>::min();
+  absl::Status WaitAcknowledged(int64_t tag, absl::Time deadline) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto acknowledged = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !error_.ok() || (tag == kEveryBlock ? unacked_.empty()
+                                                   : std::find(unacked_.begin(), unacked_.end(),
+                                                               tag) == unacked_.end());
+      };
+      if (mu_.AwaitWithDeadline(absl::Condition(&acknowledged), deadline)) {
+        if (error_.ok()) return absl::OkStatus();
+        return FinalErrorLocked();
+      }
+      const bool connected = channel_->GetState(false) == GRPC_CHANNEL_READY;
+      std::string why = "could not connect";
+      if (connected && written_ < queued_) {
+        why = absl::StrCat(queued_ - written_, " blocks not taken (is the rank stuck?)");
+      } else if (connected) {
+        why = absl::StrCat(unacked_.size(), " blocks not acknowledged (is the rank stuck?)");
+      }
+      SetErrorLocked(absl::DeadlineExceededError(absl::StrCat(
+          "all-reduce timed out sending to rank ", next_rank_, " at ", next_address_, ": ", why)));
+    }
+    context_.TryCancel();  // The write in progress fails, the hold goes, OnDone follows.
+    absl::MutexLock lock(&mu_);
+    return FinalErrorLocked();
+  }
+
+  // Closes the stream once everything queued is written, and waits until `timeout` for the
+  // receiver to have read it all; cancels otherwise.
+  void Close(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    bool release = false, writes_done = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; };
+      mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+      closing_ = true;
+      on_failure_ = nullptr;
+      if (!writing_ && hold_) {
+        hold_ = false;
+        release = true;
+        writes_done = error_.ok();
+      }
+    }
+    if (writes_done) StartWritesDone();
+    if (release) RemoveHold();
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+      context_.TryCancel();  // OnDone follows; this object lives until then.
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool next = false, release = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ok) ++written_;
+      if (!ok && error_.ok()) Fail("the stream broke");
+      if (ok && error_.ok() && !queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        next = true;
+      } else {
+        writing_ = false;
+        current_.Clear();
+        release = ReleaseHoldIfFailedLocked();
+      }
+    }
+    if (next) StartWrite(&current_);
+    if (release) RemoveHold();
+  }
+
+  void OnReadDone(bool ok) override {
+    bool release = false, more = false;
+    {
+      absl::MutexLock lock(&mu_);
+      RingAck ack;
+      grpc::Slice slice;
+      if (ok && (!ack_.DumpToSingleSlice(&slice).ok() ||
+                 !ack.ParseFromArray(slice.begin(), static_cast<int>(slice.size())) ||
+                 ack.blocks() < acked_ || ack.blocks() > queued_)) {
+        Fail(absl::StrCat("malformed acknowledgement (", ack.blocks(), " blocks, ", acked_,
+                          " acknowledged and ", queued_, " sent before)"));
+      } else if (ok) {
+        for (; acked_ < ack.blocks(); ++acked_) unacked_.pop_front();
+        more = true;
+      } else if (!closing_ && error_.ok()) {
+        Fail("the rank ended the stream");
+      }
+      release = ReleaseHoldIfFailedLocked();
+    }
+    if (more) StartRead(&ack_);
+    if (release) RemoveHold();
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<Stream> keep;  // Destroyed last, after the lock is released.
+    absl::MutexLock lock(&mu_);
+    keep = std::move(self_);
+    done_ = true;
+    if (!status.ok() && (error_.ok() || generic_error_)) {
+      const absl::Status s = FromGrpcStatus(status);
+      SetErrorLocked(
+          absl::Status(s.code(), absl::StrCat("all-reduce stream to rank ", next_rank_, " at ",
+                                              next_address_, ": ", s.message())));
+      generic_error_ = false;
+    } else if (error_.ok() && !closing_) {
+      Fail("the rank closed the stream");
+    }
+  }
+
+ private:
+  // After a failure, waits (briefly) for the call to end, so that gRPC is done with the caller's
+  // memory and the receiver's reason, if it sent one, is in error_.
+  absl::Status FinalErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!done_) {
+      auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+      mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(2));
+    }
+    return error_;
+  }
+
+  void Fail(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SetErrorLocked(absl::UnavailableError(
+        absl::StrCat("all-reduce stream to rank ", next_rank_, " at ", next_address_, ": ", what)));
+    generic_error_ = true;
+  }
+
+  // Records the link's failure: queued blocks are dropped, and waiters wake.
+  void SetErrorLocked(absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    error_ = std::move(error);
+    if (on_failure_) on_failure_(error_);
+    queue_.clear();
+  }
+
+  bool ReleaseHoldIfFailedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (hold_ && !writing_ && !error_.ok()) {
+      hold_ = false;
+      return true;
+    }
+    return false;
+  }
+
+  const int next_rank_;
+  const std::string next_address_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer ack_;      // The acknowledgement being read; only OnReadDone touches it.
+  grpc::ByteBuffer current_;  // The block being written; touched only by whoever set writing_.
+  std::shared_ptr<Stream> self_;
+
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> unacked_ ABSL_GUARDED_BY(mu_);  // Tags queued, in order, not acknowledged.
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_ ABSL_GUARDED_BY(mu_) = true;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool generic_error_ ABSL_GUARDED_BY(mu_) = false;  // error_ may be refined by OnDone's status.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const absl::Status&)> on_failure_ ABSL_GUARDED_BY(mu_);
+};
+
+GrpcRingLink::GrpcRingLink(int rank, int size, const std::string& next_address,
+                           RingMailbox* mailbox, absl::Duration close_timeout)
+    : rank_(rank),
+      next_address_(next_address),
+      mailbox_(mailbox),
+      close_timeout_(close_timeout),
+      channel_(grpc::CreateCustomChannel(next_address, grpc::InsecureChannelCredentials(),
+                                         RubatoChannelArguments())) {
+  stream_ =
+      std::make_shared<Stream>((rank + 1) % size, next_address, channel_,
+                               [mailbox](const absl::Status& error) { mailbox->Abort(error); });
+  stream_->Start(stream_);
+}
+
+GrpcRingLink::~GrpcRingLink() {
+  // The closing block; if the link already failed there is nothing to close cleanly.
+  stream_->Enqueue(kClosingTag, EncodeBlock(rank_, kClosingTag, {})).IgnoreError();
+  stream_->Close(close_timeout_);
+  // The reactor drops its reference to itself as OnDone returns, on a gRPC thread. The last
+  // references to the stream and its channel must go here instead: gRPC shuts down the completion
+  // queue that runs callbacks when its last channel goes, which it cannot do from that queue's own
+  // thread (it aborts). After Close, OnDone is on its way (cancelled at worst).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (stream_.use_count() > 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  if (stream_.use_count() > 1) {
+    RUBATO_LOG(ERROR) << "all-reduce stream to " << next_address_
+                      << " did not end within 30 s of being cancelled; leaking it";
+    new std::shared_ptr<Stream>(std::move(stream_));
+    new std::shared_ptr<grpc::Channel>(std::move(channel_));
+  }
+}
+
+absl::Status GrpcRingLink::Send(int64_t tag, absl::Span<const float> data) {
+  return stream_->Enqueue(tag, EncodeBlock(rank_, tag, data));
+}
+
+absl::Status GrpcRingLink::WaitReleased(int64_t tag, absl::Time deadline) {
+  return stream_->WaitAcknowledged(tag, deadline);
+}
+
+absl::Status GrpcRingLink::Flush(absl::Time deadline) {
+  return stream_->WaitAcknowledged(Stream::kEveryBlock, deadline);
+}
+
+absl::Status GrpcRingLink::Receive(int64_t tag, absl::Span<float> out, Combine combine,
+                                   absl::Time deadline) {
+  return mailbox_->Take(tag, out, combine, deadline);
 }
 
 }  // namespace rubato

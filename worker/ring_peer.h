@@ -1,5 +1,19 @@
-// The gRPC side of the ring all-reduce: a mailbox of tagged blocks that this rank's RingPeer
-// service fills, and a RingLink that delivers to the next rank and takes from the mailbox.
+// The gRPC side of the ring all-reduce (common/ring_allreduce.h).
+//
+// Each rank serves RingPeer; its previous neighbour keeps one client stream open to it and writes
+// blocks in order. Why one stream and not a call per block: a stream costs one HTTP/2 stream set-up
+// for the whole job, keeps blocks in order (so the receiver gets segment s before s+1, which the
+// pipelined ring needs), and lets the sender queue the next block while the previous one is still
+// on the wire. Incoming blocks wait in a RingMailbox until the algorithm asks for them by tag.
+//
+// Failure handling, since a dead or stuck peer must not hang a job:
+//  - the next rank not up yet: the stream waits for it (wait_for_ready, reconnect backoff capped at
+//    1 s by RubatoChannelArguments) until the all-reduce's deadline;
+//  - the next rank dies: the stream fails, and every later Send/Flush fails at once naming it;
+//  - the previous rank dies: its stream breaks, and Receive fails at once naming it (blocks it
+//    delivered before still count);
+//  - a rank stops but keeps its connections (SIGSTOP, a livelock): Flush and Receive time out at
+//    the deadline, naming the rank waited for.
 #ifndef RUBATO_WORKER_RING_PEER_H_
 #define RUBATO_WORKER_RING_PEER_H_
 
@@ -13,50 +27,101 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/ring_allreduce.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "proto/ring.grpc.pb.h"
 
 namespace rubato {
 
-// Blocks delivered to this rank, by tag. Thread-safe.
-class RingMailbox {
- public:
-  // INVALID_ARGUMENT for a repeated tag, a size that is not whole floats, or non-finite values.
-  absl::Status Put(int64_t tag, const std::string& bytes);
-  // Waits until `deadline` for the block `tag` and copies it into `out` (sizes must match).
-  // DEADLINE_EXCEEDED names `from`, the rank expected to send it.
-  absl::Status Take(int64_t tag, absl::Span<float> out, absl::Time deadline, int from);
-
- private:
-  absl::Mutex mu_;
-  std::map<int64_t, std::string> blocks_ ABSL_GUARDED_BY(mu_);
+// A block's floats as they came off the wire: the message's slices, not copied, holding `bytes`
+// bytes from byte `offset` on. Floats may straddle slices.
+struct RingPayload {
+  std::vector<grpc::Slice> slices;
+  size_t offset = 0;
+  size_t bytes = 0;
 };
 
-class RingPeerService final : public RingPeer::CallbackService {
+// Parses a serialized RingBlock without copying its data: INVALID_ARGUMENT naming the problem if
+// it is not one (data must be the last field, as protobuf writes it).
+absl::Status ParseRingBlock(const grpc::ByteBuffer& message, int* from_rank, int64_t* tag,
+                            RingPayload* payload);
+
+// Blocks delivered to this rank by `from_rank` (its previous neighbour), by tag. Thread-safe.
+class RingMailbox {
+ public:
+  explicit RingMailbox(int from_rank) : from_rank_(from_rank) {}
+
+  // INVALID_ARGUMENT for a sender other than from_rank, a size that is not whole floats, or a
+  // repeated tag.
+  absl::Status Put(int from, int64_t tag, RingPayload payload);
+  // Waits until `deadline` for block `tag`, then adds it to `out` or copies it there, checking in
+  // the same pass that every value is finite. DEADLINE_EXCEEDED names the previous rank;
+  // UNAVAILABLE if its stream broke before the block came; INVALID_ARGUMENT for a size other than
+  // out.size() or a non-finite value (`out` may then hold part of the block).
+  absl::Status Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
+                    absl::Time deadline);
+
+  // The service reports the previous rank's stream: opened, or ended other than by the sender
+  // closing it (the sender died or cancelled; `why` says how). Take then fails at once for blocks
+  // that did not come.
+  void StreamOpened();
+  void StreamBroke(absl::string_view why);
+  // This rank's link to the next rank failed: Take fails at once too (the ring cannot complete),
+  // with `error`. Stays until the mailbox is destroyed.
+  void Abort(absl::Status error);
+
+ private:
+  const int from_rank_;
+  absl::Mutex mu_;
+  std::map<int64_t, RingPayload> blocks_ ABSL_GUARDED_BY(mu_);
+  std::string broken_ ABSL_GUARDED_BY(mu_);  // Non-empty once the stream broke.
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+};
+
+// Serves RingPeer.Stream on raw messages (ParseRingBlock), so a block's floats are read once, by
+// the addition in RingMailbox::Take, straight from the buffers the transport filled.
+class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<RingPeer::Service> {
  public:
   explicit RingPeerService(RingMailbox* mailbox) : mailbox_(mailbox) {}
-  grpc::ServerUnaryReactor* Deliver(grpc::CallbackServerContext* context, const RingBlock* block,
-                                    RingAck* ack) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
+      grpc::CallbackServerContext* context) override;
 
  private:
   RingMailbox* const mailbox_;
 };
 
-// Sends to `next_address` (rank + 1 mod size); receives from `mailbox`. Sends wait for the next
-// rank to come up (start-up order does not matter) until the all-reduce's deadline.
+// Sends to `next_address` (rank + 1 mod size) on one stream, opened at construction; receives from
+// `mailbox`, which must outlive the link, and aborts it if the stream fails (so a rank waiting to
+// receive learns at once that its next rank died). Send does not copy the floats: the message
+// points at the caller's memory, and gRPC reports when it lets go of it (a slice's destroy
+// callback), which WaitReleased and Flush wait for. The destructor closes the stream and waits (at
+// most `close_timeout`) until the next rank has read every block, so a rank that finishes first
+// does not take its last blocks with it. A closing block (tag -1) before the end of the stream
+// tells the receiver the stream ended on purpose.
 class GrpcRingLink final : public RingLink {
  public:
   GrpcRingLink(int rank, int size, const std::string& next_address, RingMailbox* mailbox,
-               absl::Duration send_timeout);
+               absl::Duration close_timeout = absl::Seconds(10));
+  ~GrpcRingLink() override;
+  GrpcRingLink(const GrpcRingLink&) = delete;
+  GrpcRingLink& operator=(const GrpcRingLink&) = delete;
+
   absl::Status Send(int64_t tag, absl::Span<const float> data) override;
-  absl::Status Receive(int64_t tag, absl::Span<float> out, absl::Time deadline) override;
+  absl::Status WaitReleased(int64_t tag, absl::Time deadline) override;
+  absl::Status Flush(absl::Time deadline) override;
+  absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
+                       absl::Time deadline) override;
+
+  class Stream;  // The client stream's reactor and its queue (worker/ring_peer.cc).
 
  private:
   const int rank_;
-  const int size_;
   const std::string next_address_;
   RingMailbox* const mailbox_;
-  const absl::Duration send_timeout_;
-  std::unique_ptr<RingPeer::Stub> stub_;
+  const absl::Duration close_timeout_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<Stream> stream_;  // Lives until the stream is done, even past this link.
 };
 
 }  // namespace rubato
