@@ -21,7 +21,7 @@ int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 int64_t DefaultRingSegmentElements(int64_t n, int size) {
   const int64_t chunk = n / std::max(size, 1) + 1;
-  return std::clamp<int64_t>(chunk / 4, int64_t{16} << 10, int64_t{256} << 10);
+  return std::clamp<int64_t>(chunk / 2, int64_t{64} << 10, int64_t{256} << 10);
 }
 
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,

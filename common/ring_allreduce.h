@@ -60,7 +60,8 @@ class RingLink {
 // it with the same length, segment size and `round` (a per-call counter that keeps tags of
 // successive calls apart). Fails with the link's error, or DEADLINE_EXCEEDED once `timeout` has
 // passed. `segment_elements` is the largest block sent (see Pipelining above); 0 picks one from
-// the length: a quarter of a chunk, between 16 Ki and 256 Ki floats.
+// the length: half a chunk, between 64 Ki and 256 Ki floats (256 KiB to 1 MiB; per-block costs
+// made smaller segments slower on loopback, see experiments/allreduce_benchmark --segment_kb).
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
                                absl::Span<float> data, absl::Duration timeout,
                                int64_t segment_elements = 0);

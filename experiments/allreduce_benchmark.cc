@@ -3,10 +3,10 @@
 // its own RingPeer server), next to the ring's bound 2(N-1)/N * S / B, with B a loopback TCP stream
 // measured in the same run.
 //
-//   bazel run //experiments:allreduce_benchmark [-- --seconds=2]
+//   bazel run //experiments:allreduce_benchmark [-- --seconds=2 --ranks=2,4 --sizes=1MB,16MB,64MB
+//                                                   --segment_kb=0]
 //
-// Not yet here (issue 5): OpenMPI's MPI_Allreduce over TCP and Gloo's ring as peers in the same
-// run.
+// experiments/allreduce_peers.sh runs this next to OpenMPI and Gloo and prints one table.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_options.h"
@@ -57,36 +58,39 @@ double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t seg
     servers.push_back(builder.BuildAndStart());
     addresses.push_back(absl::StrCat("127.0.0.1:", port));
   }
-  // Every rank runs the same number of rounds: as many as rank 0 fits in `seconds` (agreed on by
-  // running a fixed count found from one warm-up round).
-  std::vector<double> per_round(ranks, -1);
-  auto run = [&](int rounds, int64_t first_round) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        GrpcRingLink link(r, ranks, addresses[(r + 1) % ranks], boxes[r].get());
-        std::vector<float> data(bytes / 4, 1.0f + r);
+  // Each rank keeps one link (one connection) for the whole measurement: 3 warm-up rounds, which
+  // open the connections and touch every page, then as many rounds as the slowest rank's warm-up
+  // says fit in `seconds` (at least 10), timed.
+  std::vector<double> warm(ranks, -1), per_round(ranks, -1);
+  absl::Barrier* warmed = new absl::Barrier(ranks);  // Deletes itself after the last Block().
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      GrpcRingLink link(r, ranks, addresses[(r + 1) % ranks], boxes[r].get());
+      std::vector<float> data(bytes / 4, 1.0f + r);
+      int64_t round = 0;
+      auto rounds = [&](int count) {
         const absl::Time start = absl::Now();
-        for (int k = 0; k < rounds; ++k) {
-          const absl::Status status =
-              RingAllReduceMean(r, ranks, first_round + k, &link, absl::MakeSpan(data),
-                                absl::Seconds(60), segment_elements);
+        for (int k = 0; k < count; ++k, ++round) {
+          const absl::Status status = RingAllReduceMean(
+              r, ranks, round, &link, absl::MakeSpan(data), absl::Seconds(60), segment_elements);
           if (!status.ok()) {
             std::fprintf(stderr, "rank %d: %s\n", r, status.ToString().c_str());
-            return;
+            return -1.0;
           }
         }
-        per_round[r] = absl::ToDoubleSeconds(absl::Now() - start) / rounds;
-      });
-    }
-    for (auto& t : threads) t.join();
-  };
-  run(1, 0);  // Warm-up, and an estimate of one round.
-  const double estimate = *std::max_element(per_round.begin(), per_round.end());
-  if (estimate < 0) return -1;
-  const int rounds = std::max(1, static_cast<int>(seconds / std::max(estimate, 1e-6)));
-  run(rounds, 1);
+        return absl::ToDoubleSeconds(absl::Now() - start) / count;
+      };
+      warm[r] = rounds(3);
+      if (warmed->Block()) delete warmed;
+      const double estimate = *std::max_element(warm.begin(), warm.end());
+      if (*std::min_element(warm.begin(), warm.end()) < 0) return;
+      per_round[r] = rounds(std::max(10, static_cast<int>(seconds / std::max(estimate, 1e-6))));
+    });
+  }
+  for (auto& t : threads) t.join();
   for (auto& s : servers) s->Shutdown();
+  if (*std::min_element(per_round.begin(), per_round.end()) < 0) return -1;
   return *std::max_element(per_round.begin(), per_round.end());
 }
 

@@ -11,13 +11,15 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int mbs[] = {1, 16, 64};
-  const int iters[] = {50, 10, 5};
+  const int iters[] = {50, 20, 10};
   for (int k = 0; k < 3; ++k) {
     const long n = (long)mbs[k] * 1024 * 1024 / 4;
     float* in = malloc(n * sizeof(float));
     float* out = malloc(n * sizeof(float));
     for (long i = 0; i < n; ++i) in[i] = (float)(rank + 1);
-    MPI_Allreduce(in, out, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* warm-up */
+    for (int it = 0; it < 3; ++it) { /* warm-up */
+      MPI_Allreduce(in, out, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
     for (int it = 0; it < iters[k]; ++it) {
