@@ -47,29 +47,45 @@ grpc::ByteBuffer EncodeBlock(int from_rank, int64_t tag, absl::Span<const float>
 }
 
 // out (+)= the floats at `bytes` (out.size() of them, possibly unaligned), in one pass that also
-// flags non-finite values (an all-ones exponent). Returns whether all were finite.
-bool CombineFiniteFloats(const char* bytes, absl::Span<float> out, RingLink::Combine combine) {
-  uint32_t bad = 0;
+// flags non-finite values (an all-ones exponent). Returns whether all were finite. Written in
+// fixed blocks of 16 so that GCC vectorizes it at -O2 (and with AVX2 where the CPU has it).
+__attribute__((target_clones("avx2", "default"))) bool CombineFiniteFloats(
+    const char* __restrict bytes, absl::Span<float> out, RingLink::Combine combine) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  constexpr size_t kBlock = 16;
+  uint32_t exponents[kBlock] = {};  // Element-wise maxima, reduced once at the end.
   const size_t n = out.size();
-  float* o = out.data();
-  if (combine == RingLink::Combine::kAdd) {
-    for (size_t i = 0; i < n; ++i) {
+  float* __restrict o = out.data();
+  const bool add = combine == RingLink::Combine::kAdd;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const char* in = bytes + 4 * i;
+    for (size_t j = 0; j < kBlock; ++j) {
       uint32_t u;
-      std::memcpy(&u, bytes + 4 * i, 4);
-      float v;
-      std::memcpy(&v, &u, 4);
-      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
-      o[i] += v;
+      std::memcpy(&u, in + 4 * j, 4);
+      exponents[j] = std::max(exponents[j], u & kExponent);
     }
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t u;
-      std::memcpy(&u, bytes + 4 * i, 4);
-      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
-      std::memcpy(o + i, &u, 4);
+    if (add) {
+      for (size_t j = 0; j < kBlock; ++j) {
+        float v;
+        std::memcpy(&v, in + 4 * j, 4);
+        o[i + j] += v;
+      }
+    } else {
+      std::memcpy(o + i, in, 4 * kBlock);
     }
   }
-  return bad == 0;
+  uint32_t max_exponent = 0;
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, bytes + 4 * i, 4);
+    float v;
+    std::memcpy(&v, &u, 4);
+    max_exponent = std::max(max_exponent, u & kExponent);
+    o[i] = add ? o[i] + v : v;
+  }
+  for (uint32_t e : exponents) max_exponent = std::max(max_exponent, e);
+  return max_exponent != kExponent;
 }
 
 // Combines a payload that may be split across slices at any byte into `out`: whole floats straight
