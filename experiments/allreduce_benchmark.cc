@@ -1,17 +1,23 @@
 // All-reduce benchmark: algorithm bandwidth (bytes / time) of Rubato's ring all-reduce over gRPC on
-// 127.0.0.1, for 1, 16 and 64 MB of float32 with 2 and 4 ranks (one thread per rank, each with
-// its own RingPeer server), next to the ring's bound 2(N-1)/N * S / B, with B a loopback TCP stream
-// measured in the same run.
+// 127.0.0.1, for 1, 16 and 64 MB of float32 with 2 and 4 ranks (one process per rank, each with
+// its own RingPeer server, forked before this process touches gRPC), next to the ring's bound
+// 2(N-1)/N * S / B, with B a loopback TCP stream measured in the same run.
 //
 //   bazel run //experiments:allreduce_benchmark [-- --seconds=2 --ranks=2,4 --sizes=1MB,16MB,64MB
 //                                                   --segment_kb=0]
 //
 // experiments/allreduce_peers.sh runs this next to OpenMPI and Gloo and prints one table.
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -19,7 +25,6 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_options.h"
@@ -41,57 +46,141 @@ ABSL_FLAG(int64_t, segment_kb, 0,
 namespace rubato {
 namespace {
 
-// Seconds per all-reduce of `bytes` over `ranks` ranks (the slowest rank's mean), or < 0.
-double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t segment_elements) {
-  std::vector<std::unique_ptr<RingMailbox>> boxes;
-  std::vector<std::unique_ptr<RingPeerService>> services;
-  std::vector<std::unique_ptr<grpc::Server>> servers;
-  std::vector<std::string> addresses;
-  for (int r = 0; r < ranks; ++r) {
-    boxes.push_back(std::make_unique<RingMailbox>((r + ranks - 1) % ranks));
-    services.push_back(std::make_unique<RingPeerService>(boxes.back().get()));
-    grpc::ServerBuilder builder;
-    ConfigureServerBuilder(&builder);
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(services.back().get());
-    servers.push_back(builder.BuildAndStart());
-    addresses.push_back(absl::StrCat("127.0.0.1:", port));
+// Whole reads and writes on a pipe; false on EOF or error.
+bool WriteAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= n;
   }
-  // Each rank keeps one link (one connection) for the whole measurement: 3 warm-up rounds, which
-  // open the connections and touch every page, then as many rounds as the slowest rank's warm-up
-  // says fit in `seconds` (at least 10), timed.
-  std::vector<double> warm(ranks, -1), per_round(ranks, -1);
-  absl::Barrier* warmed = new absl::Barrier(ranks);  // Deletes itself after the last Block().
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      GrpcRingLink link(r, ranks, addresses[(r + 1) % ranks], boxes[r].get());
-      std::vector<float> data(bytes / 4, 1.0f + r);
-      int64_t round = 0;
-      auto rounds = [&](int count) {
-        const absl::Time start = absl::Now();
-        for (int k = 0; k < count; ++k, ++round) {
-          const absl::Status status = RingAllReduceMean(
-              r, ranks, round, &link, absl::MakeSpan(data), absl::Seconds(60), segment_elements);
-          if (!status.ok()) {
-            std::fprintf(stderr, "rank %d: %s\n", r, status.ToString().c_str());
-            return -1.0;
-          }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t size) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= n;
+  }
+  return true;
+}
+
+// One rank, in its own process: serve RingPeer on a free port and tell the parent (`up`), learn
+// every rank's port (`down`), run 3 warm-up rounds (connections, first-touch pages) and report
+// their mean, learn how many rounds to time, time them and report the mean. Messages are doubles.
+int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, int up, int down) {
+  RingMailbox mailbox((rank + ranks - 1) % ranks);
+  RingPeerService service(&mailbox);
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  double message = server == nullptr ? -1 : port;
+  std::vector<double> ports(ranks);
+  if (!WriteAll(up, &message, sizeof(message)) || server == nullptr ||
+      !ReadAll(down, ports.data(), sizeof(double) * ranks)) {
+    return 1;
+  }
+  int status = 0;
+  {
+    GrpcRingLink link(rank, ranks,
+                      absl::StrCat("127.0.0.1:", static_cast<int>(ports[(rank + 1) % ranks])),
+                      &mailbox);
+    std::vector<float> data(bytes / 4, 1.0f + rank);
+    int64_t round = 0;
+    auto time_rounds = [&](int count) {
+      const absl::Time start = absl::Now();
+      for (int k = 0; k < count; ++k, ++round) {
+        const absl::Status s = RingAllReduceMean(rank, ranks, round, &link, absl::MakeSpan(data),
+                                                 absl::Seconds(60), segment_elements);
+        if (!s.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+          return -1.0;
         }
-        return absl::ToDoubleSeconds(absl::Now() - start) / count;
-      };
-      warm[r] = rounds(3);
-      if (warmed->Block()) delete warmed;
-      const double estimate = *std::max_element(warm.begin(), warm.end());
-      if (*std::min_element(warm.begin(), warm.end()) < 0) return;
-      per_round[r] = rounds(std::max(10, static_cast<int>(seconds / std::max(estimate, 1e-6))));
-    });
+      }
+      return absl::ToDoubleSeconds(absl::Now() - start) / count;
+    };
+    message = time_rounds(3);
+    double rounds = 0;
+    if (!WriteAll(up, &message, sizeof(message)) || !ReadAll(down, &rounds, sizeof(rounds)) ||
+        rounds < 1) {
+      status = 1;
+    } else {
+      message = time_rounds(static_cast<int>(rounds));
+      if (!WriteAll(up, &message, sizeof(message))) status = 1;
+    }
   }
-  for (auto& t : threads) t.join();
-  for (auto& s : servers) s->Shutdown();
-  if (*std::min_element(per_round.begin(), per_round.end()) < 0) return -1;
-  return *std::max_element(per_round.begin(), per_round.end());
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  return status;
+}
+
+// Seconds per all-reduce of `bytes` over `ranks` ranks, each a process of its own as in a real
+// job (and as the MPI and Gloo peers run): the slowest rank's mean over as many rounds as the
+// slowest warm-up says fit in `seconds` (at least 10). < 0 on failure.
+double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t segment_elements) {
+  std::vector<int> up(ranks), down(ranks);
+  std::vector<pid_t> children;
+  for (int r = 0; r < ranks; ++r) {
+    int to_parent[2], to_child[2];
+    if (pipe(to_parent) != 0 || pipe(to_child) != 0) return -1;
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      close(to_parent[0]);
+      close(to_child[1]);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      _exit(RunRank(r, ranks, bytes, segment_elements, to_parent[1], to_child[0]));
+    }
+    close(to_parent[1]);
+    close(to_child[0]);
+    up[r] = to_parent[0];
+    down[r] = to_child[1];
+    children.push_back(pid);
+  }
+  // Each exchange: one double from every rank, then an answer to every rank.
+  auto gather = [&](std::vector<double>* values) {
+    values->resize(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      if (!ReadAll(up[r], &(*values)[r], sizeof(double)) || (*values)[r] < 0) return false;
+    }
+    return true;
+  };
+  auto send = [&](const void* data, size_t size) {
+    for (int r = 0; r < ranks; ++r) {
+      if (!WriteAll(down[r], data, size)) return false;
+    }
+    return true;
+  };
+  double result = -1;
+  std::vector<double> ports, warm, timed;
+  if (gather(&ports) && send(ports.data(), sizeof(double) * ranks) && gather(&warm)) {
+    const double estimate = *std::max_element(warm.begin(), warm.end());
+    const double rounds = std::max(10.0, std::floor(seconds / std::max(estimate, 1e-6)));
+    if (send(&rounds, sizeof(rounds)) && gather(&timed)) {
+      result = *std::max_element(timed.begin(), timed.end());
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    close(up[r]);
+    close(down[r]);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    // A rank that failed has closed its pipe; the others end at their all-reduce deadline.
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      result = -1;
+    }
+  }
+  return result;
 }
 
 }  // namespace
