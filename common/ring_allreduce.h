@@ -16,9 +16,12 @@
 // the link queues them in order. With S bytes and segments of G bytes the last byte arrives about
 // 2(N-1)/N * S/B + 2(N-1) * G/B after the first is sent (B the link bandwidth), instead of
 // 2(N-1) * (S/N)/B with no overlap between a step's receive, its addition and the next send.
-// Blocks are sent from `data` itself, without a copy; the one place where a region that was sent
-// is written again (an all-gather step overwrites the chunk this rank sent in the reduce-scatter
-// step of the same index) first waits for the link to release it.
+// Blocks are sent from `data` itself, without a copy, so sent memory must not change before the
+// next rank has the block. Within a call, one region that was sent is written again: all-gather
+// step j overwrites the chunk this rank sent in reduce-scatter step j. That is safe without any
+// wait: the block that overwrites it carries the chunk's final sum, which exists only after rank
+// r+1 added this rank's block to it. At the end, Flush waits for the next rank to have every block
+// this call sent (the all-gather ones carry no such guarantee), so the caller may reuse `data`.
 #ifndef RUBATO_COMMON_RING_ALLREDUCE_H_
 #define RUBATO_COMMON_RING_ALLREDUCE_H_
 
@@ -41,13 +44,11 @@ class RingLink {
   // Blocks leave in the order they were queued, and their tags must increase (those of
   // RingAllReduceMean do, over calls with increasing `round` and the same length and segment
   // size); a receiver may reject a block that breaks the order. The link may read `data` (without
-  // copying it) until WaitReleased(tag) or Flush returns OK, so the caller must not change it
-  // before. Fails at once if the link has already failed.
+  // copying it) until the next rank has received the block, so the caller must not change it
+  // before (Flush tells). Fails at once if the link has already failed.
   virtual absl::Status Send(int64_t tag, absl::Span<const float> data) = 0;
-  // Waits until `deadline` for the link to be done with the memory of block `tag`.
-  virtual absl::Status WaitReleased(int64_t tag, absl::Time deadline) = 0;
-  // Waits until `deadline` for every queued block to have left this rank and its memory to be
-  // released: DEADLINE_EXCEEDED naming the next rank otherwise.
+  // Waits until `deadline` for the next rank to have received every block queued so far:
+  // DEADLINE_EXCEEDED naming the next rank otherwise. Afterwards their memory is the caller's.
   virtual absl::Status Flush(absl::Time deadline) = 0;
   // Waits until `deadline` for the block sent under `tag` by the previous rank, and adds it to
   // `out` (kAdd) or copies it there (kCopy). Its size must equal out.size(). DEADLINE_EXCEEDED

@@ -17,8 +17,8 @@ namespace {
 
 // A link that copies nothing: Send leaves a pointer to the sender's memory in the next rank's
 // mailbox, the receiver reads it there, and only then is the block released. So the algorithm's
-// WaitReleased/Flush calls are tested: writing a region before its block is released changes what
-// the next rank receives.
+// use of sent memory is tested: writing a region before the next rank has read it (an all-gather
+// step too early, a call returning before Flush) changes what that rank receives.
 struct Ledger {
   absl::Mutex mu;
   std::set<int64_t> outstanding ABSL_GUARDED_BY(mu);
@@ -75,14 +75,6 @@ class InProcessLink : public RingLink {
       ledger_.outstanding.insert(tag);
     }
     (*boxes_)[(rank_ + 1) % boxes_->size()]->Put(tag, Block{data, &ledger_});
-    return absl::OkStatus();
-  }
-  absl::Status WaitReleased(int64_t tag, absl::Time deadline) override {
-    absl::MutexLock lock(&ledger_.mu);
-    auto released = [&] { return ledger_.outstanding.count(tag) == 0; };
-    if (!ledger_.mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("block ", tag, " not released"));
-    }
     return absl::OkStatus();
   }
   absl::Status Flush(absl::Time deadline) override {

@@ -13,6 +13,7 @@
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -23,7 +24,10 @@ namespace rubato {
 namespace {
 
 constexpr char kStreamMethod[] = "/rubato.RingPeer/Stream";
+// Empty blocks with special tags. Both ask the receiver to acknowledge everything read so far;
+// other blocks are not acknowledged one by one.
 constexpr int64_t kClosingTag = -1;  // The last block of a stream closed on purpose.
+constexpr int64_t kSyncTag = -2;     // Sent by Flush.
 
 // Serializes RingBlock{from_rank, tag, data} as two slices: a copied header (the small fields
 // through protobuf, then field 3's key and length by hand) and `data` itself, not copied. gRPC
@@ -145,13 +149,15 @@ class StreamReader final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
 
   void OnReadDone(bool ok) override {
     absl::Status put;
+    bool acknowledge = false;
     if (ok) {
       int from = -1;
       int64_t tag = -1;
       RingPayload payload;
       put = ParseRingBlock(message_, &from, &tag, &payload);
-      if (put.ok() && tag == kClosingTag && payload.bytes == 0) {
-        closed_ = true;
+      if (put.ok() && (tag == kClosingTag || tag == kSyncTag) && payload.bytes == 0) {
+        closed_ |= tag == kClosingTag;
+        acknowledge = true;
       } else if (put.ok() && tag >= 0 && tag <= last_tag_) {
         // A sender writes its blocks in the order of their tags.
         put = absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " came after block ",
@@ -173,15 +179,16 @@ class StreamReader final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       reading_ = false;
       if (ok && put.ok()) {
         ++read_;
+        if (acknowledge) wanted_ = read_;
       } else {
         ending_ = true;
         status_ = ToGrpcStatus(put);
       }
       read = reading_ = !ending_;  // Not after a failed write either: the stream is over.
-      write = !writing_ && !ending_ && read_ > acked_;
+      write = !writing_ && !ending_ && wanted_ > acked_;
       if (write) {
         writing_ = true;
-        ack_ = EncodeAck(acked_ = read_);
+        ack_ = EncodeAck(acked_ = wanted_);
       }
       finish = FinishNowLocked();
     }
@@ -196,10 +203,10 @@ class StreamReader final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) ending_ = true;  // The stream is gone; the read out fails too.
-      write = !ending_ && read_ > acked_;
+      write = !ending_ && wanted_ > acked_;
       if (write) {
         writing_ = true;
-        ack_ = EncodeAck(acked_ = read_);
+        ack_ = EncodeAck(acked_ = wanted_);
       }
       finish = FinishNowLocked();
     }
@@ -229,8 +236,9 @@ class StreamReader final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc
   int64_t last_tag_ = -1;
   // Reads and writes complete on different threads.
   absl::Mutex mu_;
-  int64_t read_ ABSL_GUARDED_BY(mu_) = 0;   // Blocks read.
-  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;  // The count in the latest acknowledgement.
+  int64_t read_ ABSL_GUARDED_BY(mu_) = 0;    // Blocks read.
+  int64_t wanted_ ABSL_GUARDED_BY(mu_) = 0;  // Blocks up to the latest sync or closing block.
+  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;   // The count in the latest acknowledgement.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;  // Reads are over: finish once no write is out.
   bool reading_ ABSL_GUARDED_BY(mu_) = true;  // The constructor starts the first read.
@@ -620,11 +628,8 @@ absl::Status GrpcRingLink::Send(int64_t tag, absl::Span<const float> data) {
   return stream_->Enqueue(tag, EncodeBlock(rank_, tag, data));
 }
 
-absl::Status GrpcRingLink::WaitReleased(int64_t tag, absl::Time deadline) {
-  return stream_->WaitAcknowledged(tag, deadline);
-}
-
 absl::Status GrpcRingLink::Flush(absl::Time deadline) {
+  RETURN_IF_ERROR(stream_->Enqueue(kSyncTag, EncodeBlock(rank_, kSyncTag, {})));
   return stream_->WaitAcknowledged(Stream::kEveryBlock, deadline);
 }
 

@@ -94,11 +94,12 @@ class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<Ring
 // Sends to `next_address` (rank + 1 mod size) on one stream, opened at construction; receives from
 // `mailbox`, which must outlive the link, and aborts it if the stream fails (so a rank waiting to
 // receive learns at once that its next rank died). Send does not copy the floats: the message
-// points at the caller's memory, and gRPC reports when it lets go of it (a slice's destroy
-// callback), which WaitReleased and Flush wait for. The destructor closes the stream and waits (at
-// most `close_timeout`) until the next rank has read every block, so a rank that finishes first
-// does not take its last blocks with it. A closing block (tag -1) before the end of the stream
-// tells the receiver the stream ended on purpose.
+// points at the caller's memory. Flush sends an empty sync block (tag -2) and waits for the next
+// rank to acknowledge it, which it does once it has read every block before it; blocks are not
+// acknowledged one by one. The destructor sends a closing block (tag -1, which tells the receiver
+// the stream ended on purpose), closes the stream and waits (at most `close_timeout`) until the
+// next rank has read every block, so a rank that finishes first does not take its last blocks
+// with it.
 class GrpcRingLink final : public RingLink {
  public:
   GrpcRingLink(int rank, int size, const std::string& next_address, RingMailbox* mailbox,
@@ -108,7 +109,6 @@ class GrpcRingLink final : public RingLink {
   GrpcRingLink& operator=(const GrpcRingLink&) = delete;
 
   absl::Status Send(int64_t tag, absl::Span<const float> data) override;
-  absl::Status WaitReleased(int64_t tag, absl::Time deadline) override;
   absl::Status Flush(absl::Time deadline) override;
   absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
                        absl::Time deadline) override;
