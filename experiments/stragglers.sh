@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Straggler experiment: 4 workers on Fashion-MNIST (MLP 784-256-10, batch 64 each), worker 3
-# slowed 4x, every consistency model, plus a straggler-free BSP run. Reports the wall time until a
+# slowed 4x, every consistency model and the synchronous ring all-reduce baseline (no servers),
+# plus straggler-free BSP and all-reduce runs. Reports the wall time until a
 # worker first measured the target test accuracy (default 0.80), from each run's summary.json.
 #
 #   experiments/stragglers.sh [target] [extra ./rubato launch flags...]
@@ -23,7 +24,8 @@ run() {
     echo "$name: failed, see $out/$name.log" >&2; }
 }
 run bsp-no-straggler --mode bsp "$@"
-for mode in bsp backup:1 ssp:2 ssp:8 async; do
+run allreduce-no-straggler --mode allreduce "$@"
+for mode in allreduce bsp backup:1 ssp:2 ssp:8 async; do
   run "${mode/:/-}" --mode "$mode" --slow_workers 3:4 "$@"
 done
 run async-staleness-aware --mode async --staleness_aware_lr true --slow_workers 3:4 "$@"
