@@ -5,7 +5,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -404,12 +403,11 @@ class GrpcRingLink::Stream final
     StartCall();
   }
 
-  absl::Status Enqueue(int64_t tag, grpc::ByteBuffer block) {
+  absl::Status Enqueue(grpc::ByteBuffer block) {
     {
       absl::MutexLock lock(&mu_);
       if (!error_.ok()) return error_;
       ++queued_;
-      unacked_.push_back(tag);
       if (writing_) {
         queue_.push_back(std::move(block));
         return absl::OkStatus();
@@ -423,15 +421,12 @@ class GrpcRingLink::Stream final
     return absl::OkStatus();
   }
 
-  // Waits for block `tag` to be acknowledged (every block, with tag == kEveryBlock).
-  static constexpr int64_t kEveryBlock = std::numeric_limits<int64_t>::min();
-  absl::Status WaitAcknowledged(int64_t tag, absl::Time deadline) {
+  // Waits for every block queued so far to be acknowledged.
+  absl::Status WaitAcknowledged(absl::Time deadline) {
     {
       absl::MutexLock lock(&mu_);
       auto acknowledged = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !error_.ok() || (tag == kEveryBlock ? unacked_.empty()
-                                                   : std::find(unacked_.begin(), unacked_.end(),
-                                                               tag) == unacked_.end());
+        return !error_.ok() || acked_ == queued_;
       };
       if (mu_.AwaitWithDeadline(absl::Condition(&acknowledged), deadline)) {
         if (error_.ok()) return absl::OkStatus();
@@ -442,7 +437,7 @@ class GrpcRingLink::Stream final
       if (connected && written_ < queued_) {
         why = absl::StrCat(queued_ - written_, " blocks not taken (is the rank stuck?)");
       } else if (connected) {
-        why = absl::StrCat(unacked_.size(), " blocks not acknowledged (is the rank stuck?)");
+        why = absl::StrCat(queued_ - acked_, " blocks not acknowledged (is the rank stuck?)");
       }
       SetErrorLocked(absl::DeadlineExceededError(absl::StrCat(
           "all-reduce timed out sending to rank ", next_rank_, " at ", next_address_, ": ", why)));
@@ -510,7 +505,7 @@ class GrpcRingLink::Stream final
         Fail(absl::StrCat("malformed acknowledgement (", ack.blocks(), " blocks, ", acked_,
                           " acknowledged and ", queued_, " sent before)"));
       } else if (ok) {
-        for (; acked_ < ack.blocks(); ++acked_) unacked_.pop_front();
+        acked_ = ack.blocks();
         more = true;
       } else if (!closing_ && error_.ok()) {
         Fail("the rank ended the stream");
@@ -579,7 +574,6 @@ class GrpcRingLink::Stream final
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
-  std::deque<int64_t> unacked_ ABSL_GUARDED_BY(mu_);  // Tags queued, in order, not acknowledged.
   int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
@@ -608,7 +602,7 @@ GrpcRingLink::GrpcRingLink(int rank, int size, const std::string& next_address,
 
 GrpcRingLink::~GrpcRingLink() {
   // The closing block; if the link already failed there is nothing to close cleanly.
-  stream_->Enqueue(kClosingTag, EncodeBlock(rank_, kClosingTag, {})).IgnoreError();
+  stream_->Enqueue(EncodeBlock(rank_, kClosingTag, {})).IgnoreError();
   stream_->Close(close_timeout_);
   // The reactor drops its reference to itself as OnDone returns, on a gRPC thread. The last
   // references to the stream and its channel must go here instead: gRPC shuts down the completion
@@ -625,12 +619,12 @@ GrpcRingLink::~GrpcRingLink() {
 }
 
 absl::Status GrpcRingLink::Send(int64_t tag, absl::Span<const float> data) {
-  return stream_->Enqueue(tag, EncodeBlock(rank_, tag, data));
+  return stream_->Enqueue(EncodeBlock(rank_, tag, data));
 }
 
 absl::Status GrpcRingLink::Flush(absl::Time deadline) {
-  RETURN_IF_ERROR(stream_->Enqueue(kSyncTag, EncodeBlock(rank_, kSyncTag, {})));
-  return stream_->WaitAcknowledged(Stream::kEveryBlock, deadline);
+  RETURN_IF_ERROR(stream_->Enqueue(EncodeBlock(rank_, kSyncTag, {})));
+  return stream_->WaitAcknowledged(deadline);
 }
 
 absl::Status GrpcRingLink::Receive(int64_t tag, absl::Span<float> out, Combine combine,
