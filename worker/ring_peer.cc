@@ -478,7 +478,8 @@ class GrpcRingLink::Stream final
     {
       absl::MutexLock lock(&mu_);
       if (ok) ++written_;
-      if (!ok && error_.ok()) Fail("the stream broke");
+      if (!ok && error_.ok())
+        Fail("the stream broke (the rank exited, was killed or lost the connection)");
       if (ok && error_.ok() && !queue_.empty()) {
         current_ = std::move(queue_.front());
         queue_.pop_front();
@@ -508,7 +509,7 @@ class GrpcRingLink::Stream final
         acked_ = ack.blocks();
         more = true;
       } else if (!closing_ && error_.ok()) {
-        Fail("the rank ended the stream");
+        Fail("the rank ended the stream (it exited, was killed or lost the connection)");
       }
       release = ReleaseHoldIfFailedLocked();
     }
