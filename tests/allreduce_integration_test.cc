@@ -117,5 +117,29 @@ TEST_F(AllReduceTest, AKilledPeerIsAnErrorNamingItOnEveryOtherWorker) {
   }
 }
 
+TEST_F(AllReduceTest, AStuckPeerEndsEveryOtherWorkerAtTheDeadline) {
+  // SIGSTOP keeps rank 1's connections open but answers nothing: only deadlines can tell. Rank 2
+  // waits for rank 1 and names it; rank 0 waits for rank 2 (which waits for rank 1) and names
+  // whom it waited for. Both exit soon after the 3 s deadline, not after the links' close timeout.
+  ASSERT_NO_FATAL_FAILURE(StartRing(3, {"--steps=100000", "--wait_timeout_ms=3000"}));
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(workers_[1].get(), "\"event\":\"step\"", absl::Seconds(30))));
+  ASSERT_TRUE(IsOk(workers_[1]->Signal(SIGSTOP)));
+  const absl::Time stopped = absl::Now();
+  for (int w : {2, 0}) {
+    absl::StatusOr<int> status = workers_[w]->Wait(absl::Seconds(30));
+    ASSERT_TRUE(IsOk(status)) << "worker " << w << " hung on its stuck peer";
+    EXPECT_EQ(*status, 1);
+    const std::vector<std::string> errors = ErrorLines(workers_[w]->ReadStderr(), "rubato_worker");
+    ASSERT_EQ(errors.size(), 1u) << workers_[w]->ReadStderr();
+    EXPECT_NE(errors[0].find("DEADLINE_EXCEEDED"), std::string::npos) << errors[0];
+    if (w == 2) {
+      EXPECT_NE(errors[0].find("from rank 1"), std::string::npos) << errors[0];
+    }
+  }
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(9));
+  ASSERT_TRUE(IsOk(workers_[1]->Signal(SIGKILL)));
+  ASSERT_TRUE(IsOk(workers_[1]->Signal(SIGCONT)));
+}
+
 }  // namespace
 }  // namespace rubato

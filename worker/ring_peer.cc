@@ -604,7 +604,8 @@ GrpcRingLink::GrpcRingLink(int rank, int size, const std::string& next_address,
 GrpcRingLink::~GrpcRingLink() {
   // The closing block; if the link already failed there is nothing to close cleanly.
   stream_->Enqueue(EncodeBlock(rank_, kClosingTag, {})).IgnoreError();
-  stream_->Close(close_timeout_);
+  // After a failed receive the ring is broken: do not wait for the next rank to read the rest.
+  stream_->Close(receive_failed_ ? absl::ZeroDuration() : close_timeout_);
   // The reactor drops its reference to itself as OnDone returns, on a gRPC thread. The last
   // references to the stream and its channel must go here instead: gRPC shuts down the completion
   // queue that runs callbacks when its last channel goes, which it cannot do from that queue's own
@@ -630,7 +631,9 @@ absl::Status GrpcRingLink::Flush(absl::Time deadline) {
 
 absl::Status GrpcRingLink::Receive(int64_t tag, absl::Span<float> out, Combine combine,
                                    absl::Time deadline) {
-  return mailbox_->Take(tag, out, combine, deadline);
+  absl::Status status = mailbox_->Take(tag, out, combine, deadline);
+  if (!status.ok()) receive_failed_ = true;
+  return status;
 }
 
 }  // namespace rubato

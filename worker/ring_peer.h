@@ -99,7 +99,7 @@ class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<Ring
 // acknowledged one by one. The destructor sends a closing block (tag -1, which tells the receiver
 // the stream ended on purpose), closes the stream and waits (at most `close_timeout`) until the
 // next rank has read every block, so a rank that finishes first does not take its last blocks
-// with it.
+// with it (unless a Receive failed: then the ring is broken and the stream is cancelled at once).
 class GrpcRingLink final : public RingLink {
  public:
   GrpcRingLink(int rank, int size, const std::string& next_address, RingMailbox* mailbox,
@@ -120,6 +120,7 @@ class GrpcRingLink final : public RingLink {
   const std::string next_address_;
   RingMailbox* const mailbox_;
   const absl::Duration close_timeout_;
+  bool receive_failed_ = false;  // Then the destructor cancels instead of closing in order.
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<Stream> stream_;  // Lives until the stream is done, even past this link.
 };
