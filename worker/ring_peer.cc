@@ -451,35 +451,34 @@ class GrpcRingLink::Stream final
   // receiver to have read it all; cancels otherwise.
   void Close(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
-    bool release = false, writes_done = false;
+    HoldRelease release;
     {
       absl::MutexLock lock(&mu_);
       auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; };
       mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
       closing_ = true;
       on_failure_ = nullptr;
-      if (!writing_ && hold_) {
-        hold_ = false;
-        release = true;
-        writes_done = error_.ok();
-      }
+      release = ReleaseHoldLocked();  // Or OnWriteDone does, once the write in progress ends.
     }
-    if (writes_done) StartWritesDone();
-    if (release) RemoveHold();
-    absl::MutexLock lock(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
-      context_.TryCancel();  // OnDone follows; this object lives until then.
+    Apply(release);
+    bool done = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto is_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+      done = mu_.AwaitWithDeadline(absl::Condition(&is_done), deadline);
     }
+    if (!done) context_.TryCancel();  // OnDone follows; this object lives until then.
   }
 
   void OnWriteDone(bool ok) override {
-    bool next = false, release = false;
+    bool next = false;
+    HoldRelease release;
     {
       absl::MutexLock lock(&mu_);
       if (ok) ++written_;
-      if (!ok && error_.ok())
+      if (!ok && error_.ok()) {
         Fail("the stream broke (the rank exited, was killed or lost the connection)");
+      }
       if (ok && error_.ok() && !queue_.empty()) {
         current_ = std::move(queue_.front());
         queue_.pop_front();
@@ -487,15 +486,16 @@ class GrpcRingLink::Stream final
       } else {
         writing_ = false;
         current_.Clear();
-        release = ReleaseHoldIfFailedLocked();
+        release = ReleaseHoldLocked();
       }
     }
     if (next) StartWrite(&current_);
-    if (release) RemoveHold();
+    Apply(release);
   }
 
   void OnReadDone(bool ok) override {
-    bool release = false, more = false;
+    bool more = false;
+    HoldRelease release;
     {
       absl::MutexLock lock(&mu_);
       RingAck ack;
@@ -511,10 +511,10 @@ class GrpcRingLink::Stream final
       } else if (!closing_ && error_.ok()) {
         Fail("the rank ended the stream (it exited, was killed or lost the connection)");
       }
-      release = ReleaseHoldIfFailedLocked();
+      release = ReleaseHoldLocked();
     }
     if (more) StartRead(&ack_);
-    if (release) RemoveHold();
+    Apply(release);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -557,12 +557,20 @@ class GrpcRingLink::Stream final
     queue_.clear();
   }
 
-  bool ReleaseHoldIfFailedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (hold_ && !writing_ && !error_.ok()) {
-      hold_ = false;
-      return true;
-    }
-    return false;
+  // The hold goes once no write is in progress and the stream failed or is being closed; a stream
+  // closed in good order is half-closed first.
+  struct HoldRelease {
+    bool release = false;
+    bool writes_done = false;
+  };
+  HoldRelease ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!hold_ || writing_ || (error_.ok() && !closing_)) return {};
+    hold_ = false;
+    return {true, error_.ok()};
+  }
+  void Apply(HoldRelease release) {
+    if (release.writes_done) StartWritesDone();
+    if (release.release) RemoveHold();
   }
 
   const int next_rank_;
