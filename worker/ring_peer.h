@@ -6,10 +6,16 @@
 // pipelined ring needs), and lets the sender queue the next block while the previous one is still
 // on the wire. Incoming blocks wait in a RingMailbox until the algorithm asks for them by tag.
 //
+// Known limit: gRPC 1.51 keeps an HTTP/2 connection's flow-control window at 64 KiB (with
+// bandwidth-delay probing off; on, it was slower), so a link moves 64 KiB per window-update round
+// trip (GRPC_TRACE=flowctl: "stalled ... by transport ... t_win=0"). Splitting blocks over several
+// connections was slower still on 2 cores. This is what holds 1 MB all-reduces back.
+//
 // Failure handling, since a dead or stuck peer must not hang a job:
 //  - the next rank not up yet: the stream waits for it (wait_for_ready, reconnect backoff capped at
 //    1 s by RubatoChannelArguments) until the all-reduce's deadline;
-//  - the next rank dies: the stream fails, and every later Send/Flush fails at once naming it;
+//  - the next rank dies: the stream fails, and every later Send/Flush fails at once naming it, as
+//    does a Receive waiting meanwhile (the failure aborts this rank's mailbox);
 //  - the previous rank dies: its stream breaks, and Receive fails at once naming it (blocks it
 //    delivered before still count);
 //  - a rank stops but keeps its connections (SIGSTOP, a livelock): Flush and Receive time out at
