@@ -1,7 +1,6 @@
 #include "worker/ring_peer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -13,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/tensor_bytes.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -343,16 +343,13 @@ absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Com
                                                    " floats, expected ", out.size()));
   }
   if (!CombinePayload(payload, out, combine)) {
-    // Find the culprit for the message (from a contiguous copy: this is the error path).
+    // Name the culprit (from a contiguous copy: this is the error path).
     std::vector<float> values(out.size());
     CombinePayload(payload, absl::MakeSpan(values), RingLink::Combine::kCopy);
-    for (size_t i = 0; i < values.size(); ++i) {
-      if (!std::isfinite(values[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("ring block ", tag, " from rank ",
-                                                       from_rank_, " has a non-finite value (",
-                                                       values[i], ") at element ", i));
-      }
-    }
+    return CheckFloatBytes(
+        absl::StrCat("ring block ", tag, " from rank ", from_rank_),
+        absl::string_view(reinterpret_cast<const char*>(values.data()), payload.bytes),
+        static_cast<int64_t>(values.size()));
   }
   return absl::OkStatus();
 }
