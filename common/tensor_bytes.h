@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -15,6 +16,11 @@ namespace rubato {
 
 // Product of the dimensions (1 for a scalar); -1 if a dimension is < 1 or the product overflows.
 int64_t ElementCount(absl::Span<const int64_t> shape);
+
+// The element count of a shape that arrived over the network: InvalidArgument unless every
+// dimension is >= 1, the rank is at most kMaxTensorRank and the product at most kMaxTensorElements
+// (common/limits.h).
+absl::StatusOr<int64_t> CheckedElementCount(absl::Span<const int64_t> shape);
 
 // "[784,256]".
 std::string ShapeString(absl::Span<const int64_t> shape);
