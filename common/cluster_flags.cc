@@ -4,8 +4,10 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cluster_spec.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 
 // Optional flags: a flag that is not given leaves the spec file's value (or the default) in place.
@@ -56,6 +58,9 @@ ABSL_FLAG(std::optional<double>, final_lr_fraction, std::nullopt,
 ABSL_FLAG(std::optional<int64_t>, lease_ms, std::nullopt,
           "Worker lease in ms (default 10000): once training has started, a worker silent for "
           "longer is dropped from the barriers; workers heartbeat every lease/4.");
+ABSL_FLAG(std::optional<int64_t>, max_message_mb, std::nullopt,
+          "Largest gRPC message either end accepts, in MiB (default 64; ./rubato launch derives it "
+          "from the model). A server holds a message whole before it can refuse it.");
 ABSL_FLAG(std::optional<int64_t>, wait_timeout_ms, std::nullopt,
           "Longest a pull waits for the other workers before failing, in ms (default 120000).");
 
@@ -124,6 +129,13 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   if (auto v = absl::GetFlag(FLAGS_final_lr_fraction)) lr->set_final_lr_fraction(*v);
   if (auto v = absl::GetFlag(FLAGS_lease_ms)) spec.set_lease_ms(*v);
   if (auto v = absl::GetFlag(FLAGS_wait_timeout_ms)) spec.set_wait_timeout_ms(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_message_mb)) {
+    if (*v < 1 || *v > (kMaxMessageBytesLimit >> 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("--max_message_mb must be in [1, ",
+                                                     kMaxMessageBytesLimit >> 20, "], got ", *v));
+    }
+    spec.set_max_message_bytes(*v << 20);
+  }
   RETURN_IF_ERROR(ValidateClusterSpec(spec, need_servers));
   return spec;
 }

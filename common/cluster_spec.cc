@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/limits.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
 #include "common/status_macros.h"
@@ -94,6 +95,10 @@ absl::StatusOr<ClusterSpec> ReadClusterSpecFile(const std::string& path) {
   return spec;
 }
 
+int64_t MaxMessageBytes(const ClusterSpec& spec) {
+  return spec.max_message_bytes() > 0 ? spec.max_message_bytes() : kDefaultMaxMessageBytes;
+}
+
 void FillClusterSpecDefaults(ClusterSpec* spec) {
   if (spec->consistency().mode() == CONSISTENCY_MODE_UNSPECIFIED) {
     spec->mutable_consistency()->set_mode(BSP);
@@ -103,6 +108,7 @@ void FillClusterSpecDefaults(ClusterSpec* spec) {
   if (opt->learning_rate() == 0) opt->set_learning_rate(kDefaultLearningRate);
   if (spec->lease_ms() == 0) spec->set_lease_ms(kDefaultLeaseMs);
   if (spec->wait_timeout_ms() == 0) spec->set_wait_timeout_ms(kDefaultWaitTimeoutMs);
+  if (spec->max_message_bytes() == 0) spec->set_max_message_bytes(kDefaultMaxMessageBytes);
 }
 
 absl::Status ValidateHostPort(absl::string_view address, absl::string_view field) {
@@ -137,9 +143,19 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
   if (spec.num_workers() == 0) {
     return absl::InvalidArgumentError("num_workers is required (--num_workers or the spec file)");
   }
-  if (spec.num_workers() < 1) {
+  if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be in [1, ", kMaxWorkers,
+                                                   "], got ", spec.num_workers()));
+  }
+  if (spec.servers_size() > kMaxShards) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_workers must be >= 1, got ", spec.num_workers()));
+        absl::StrCat("servers: at most ", kMaxShards, " shards, got ", spec.servers_size()));
+  }
+  if (spec.max_message_bytes() != 0 && (spec.max_message_bytes() < (int64_t{1} << 20) ||
+                                         spec.max_message_bytes() > kMaxMessageBytesLimit)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes must be in [1 MiB, ", kMaxMessageBytesLimit, "], got ",
+                     spec.max_message_bytes()));
   }
   const ConsistencyConfig& c = spec.consistency();
   switch (c.mode()) {
@@ -155,9 +171,9 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
       }
       break;
     case SSP:
-      if (c.staleness() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("consistency.staleness must be >= 0, got ", c.staleness()));
+      if (c.staleness() < 0 || c.staleness() > kMaxStaleness) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "consistency.staleness must be in [0, ", kMaxStaleness, "], got ", c.staleness()));
       }
       break;
     default:
@@ -177,12 +193,16 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
   RETURN_IF_ERROR(
       LearningRateScheduler::Create(spec.optimizer().learning_rate(), spec.lr_schedule(), context)
           .status());
-  if (spec.lease_ms() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("lease_ms must be > 0, got ", spec.lease_ms()));
-  }
-  if (spec.wait_timeout_ms() <= 0) {
+  // A day at most: longer would be a typo, and durations built from these must not overflow.
+  constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
+  if (spec.lease_ms() <= 0 || spec.lease_ms() > kMaxTimeoutMs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("wait_timeout_ms must be > 0, got ", spec.wait_timeout_ms()));
+        absl::StrCat("lease_ms must be in [1, ", kMaxTimeoutMs, "], got ", spec.lease_ms()));
+  }
+  if (spec.wait_timeout_ms() <= 0 || spec.wait_timeout_ms() > kMaxTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("wait_timeout_ms must be in [1, ",
+                                                   kMaxTimeoutMs, "], got ",
+                                                   spec.wait_timeout_ms()));
   }
   return absl::OkStatus();
 }

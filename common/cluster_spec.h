@@ -29,6 +29,9 @@ absl::StatusOr<ClusterSpec> ReadClusterSpecFile(const std::string& path);
 // Fills unset fields: mode bsp, optimizer sgd at kDefaultLearningRate, lease and wait timeout.
 void FillClusterSpecDefaults(ClusterSpec* spec);
 
+// The spec's message limit, or kDefaultMaxMessageBytes (common/limits.h) when it is unset.
+int64_t MaxMessageBytes(const ClusterSpec& spec);
+
 // Checks every field. `need_servers`: a worker needs the server list; a server does not.
 absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers);
 

@@ -4,16 +4,18 @@
 
 #include <cstdint>
 
+#include "common/limits.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
 
 namespace rubato {
 
-// Largest message either end accepts. gRPC's 4 MiB default would cap one tensor at a million
-// floats; protobuf cannot parse messages of 2 GiB or more. 1 GiB leaves headroom below that cap
-// while letting one message hold a 256M-parameter tensor. Clients split pushes and pulls of many
-// tensors into calls of about 8 MiB (see worker/ps_client.cc).
-inline constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
+// Message size. gRPC's 4 MiB default would cap one tensor at a million floats; protobuf cannot
+// parse messages of 2 GiB or more. Every endpoint takes its limit from the job's
+// ClusterSpec.max_message_bytes (common/limits.h: 64 MiB unless set, at most 1 GiB), because a
+// server buffers a message whole before it can refuse it: the limit bounds what one call can make
+// it hold. Clients split pushes and pulls of many tensors into calls of about 8 MiB (see
+// worker/ps_client.cc).
 
 // HTTP/2 flow control for bulk float traffic, on both ends. gRPC's default estimates the
 // bandwidth-delay product with pings and grows each stream's window from 64 KiB; on loopback that
@@ -25,10 +27,17 @@ inline constexpr int kMaxFrameBytes = (16 << 20) - 1;  // HTTP/2's largest frame
 
 // Arguments for client channels: message limits, the flow control above, and keepalive so that a
 // vanished peer is noticed during a long pull rather than at the deadline only.
-grpc::ChannelArguments RubatoChannelArguments();
+grpc::ChannelArguments RubatoChannelArguments(int64_t max_message_bytes = kDefaultMaxMessageBytes);
 
-// Applies the same message limits and flow control to a server.
-void ConfigureServerBuilder(grpc::ServerBuilder* builder);
+// Applies the same message limits and flow control to a server, and turns SO_REUSEPORT off: gRPC
+// sets it by default, so a second server could bind a port that a live one holds and take part of
+// its connections. With it off, a port in use fails the bind.
+void ConfigureServerBuilder(grpc::ServerBuilder* builder,
+                            int64_t max_message_bytes = kDefaultMaxMessageBytes);
+
+// Caps the memory gRPC may use for this server's connections and calls (buffers, parsed
+// messages in flight) at `bytes`, through a grpc::ResourceQuota. 0: no cap.
+void SetServerMemoryBudget(grpc::ServerBuilder* builder, int64_t bytes);
 
 }  // namespace rubato
 

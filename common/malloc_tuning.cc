@@ -18,4 +18,10 @@ void KeepFreedMemory() {
 #endif
 }
 
+void ReturnFreedMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace rubato

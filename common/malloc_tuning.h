@@ -15,6 +15,11 @@ namespace rubato {
 // Call once, early in main, before other threads start. A no-op outside glibc.
 void KeepFreedMemory();
 
+// Gives freed memory back to the kernel now (malloc_trim). KeepFreedMemory keeps it for reuse, which
+// is right in steady state; after a transient peak (a burst of large messages, refused or not) a
+// server calls this periodically so that its resident size comes back down.
+void ReturnFreedMemory();
+
 }  // namespace rubato
 
 #endif  // RUBATO_COMMON_MALLOC_TUNING_H_
