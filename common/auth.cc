@@ -1,0 +1,119 @@
+#include "common/auth.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/limits.h"
+#include "openssl/crypto.h"
+#include "openssl/evp.h"
+#include "openssl/hmac.h"
+
+namespace rubato {
+
+std::string AuthIdentity::ToString() const {
+  return worker_id.has_value() ? absl::StrCat("worker ", *worker_id) : "the operator";
+}
+
+absl::StatusOr<JobAuth> JobAuth::FromSecret(std::string secret) {
+  if (secret.size() < kMinSecretBytes || secret.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the job secret must be ", kMinSecretBytes,
+                                                   " to ", kMaxSecretBytes, " bytes, got ",
+                                                   secret.size()));
+  }
+  return JobAuth(std::move(secret));
+}
+
+absl::StatusOr<JobAuth> JobAuth::FromFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("--auth_secret_file ", path, ": no such file"));
+  }
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth_secret_file ", path, " is accessible by group or others (mode ",
+        absl::StrFormat("%03o", st.st_mode & 0777), "); chmod 600 it"));
+  }
+  if (st.st_size > static_cast<off_t>(2 * kMaxSecretBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_secret_file ", path, " is ", st.st_size, " bytes; a secret is at most ",
+                     kMaxSecretBytes));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--auth_secret_file ", path, ": cannot read"));
+  std::stringstream content;
+  content << in.rdbuf();
+  std::string secret = content.str();
+  secret.erase(secret.find_last_not_of(" \t\r\n") + 1);
+  absl::StatusOr<JobAuth> auth = FromSecret(std::move(secret));
+  if (!auth.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_secret_file ", path, ": ", auth.status().message()));
+  }
+  return auth;
+}
+
+std::string JobAuth::Mac(absl::string_view message) const {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex(2 * length, '0');
+  for (unsigned int i = 0; i < length; ++i) {
+    hex[2 * i] = kHex[mac[i] >> 4];
+    hex[2 * i + 1] = kHex[mac[i] & 15];
+  }
+  return hex;
+}
+
+std::string JobAuth::WorkerToken(int worker_id) const {
+  return absl::StrCat("worker/", worker_id, "/", Mac(absl::StrCat("rubato worker ", worker_id)));
+}
+
+std::string JobAuth::OperatorToken() const {
+  return absl::StrCat("operator/", Mac("rubato operator"));
+}
+
+absl::StatusOr<AuthIdentity> JobAuth::Verify(absl::string_view token) const {
+  AuthIdentity identity;
+  std::string expected;
+  absl::string_view mac;
+  if (absl::ConsumePrefix(&token, "worker/")) {
+    const size_t slash = token.find('/');
+    int id = -1;
+    // One spelling per id: digits only, no leading zero ("worker/+1/", "worker/01/" are not 1).
+    if (slash == absl::string_view::npos || slash == 0 || slash > 5 ||
+        (slash > 1 && token[0] == '0') ||
+        !std::all_of(token.begin(), token.begin() + slash, absl::ascii_isdigit) ||
+        !absl::SimpleAtoi(token.substr(0, slash), &id) || id >= kMaxWorkers) {
+      return absl::UnauthenticatedError("malformed rubato-auth token (bad worker id)");
+    }
+    identity.worker_id = id;
+    expected = Mac(absl::StrCat("rubato worker ", id));
+    mac = token.substr(slash + 1);
+  } else if (absl::ConsumePrefix(&token, "operator/")) {
+    expected = Mac("rubato operator");
+    mac = token;
+  } else {
+    return absl::UnauthenticatedError(
+        "malformed rubato-auth token (expected worker/<id>/<mac> or operator/<mac>)");
+  }
+  // The length of a MAC is public; its content is compared in constant time.
+  if (mac.size() != expected.size() ||
+      CRYPTO_memcmp(mac.data(), expected.data(), expected.size()) != 0) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("wrong rubato-auth token for ", identity.ToString(),
+                     " (not made from this job's secret)"));
+  }
+  return identity;
+}
+
+}  // namespace rubato

@@ -1,0 +1,147 @@
+#include "common/security.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "grpcpp/client_context.h"
+
+namespace rubato {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot read"));
+  std::stringstream content;
+  content << in.rdbuf();
+  std::string pem = content.str();
+  if (!absl::StrContains(pem, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", path, ": not a PEM file (no -----BEGIN line)"));
+  }
+  return pem;
+}
+
+absl::Status CheckTlsFiles(const TlsFiles& tls) {
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const JobAuth>> LoadAuth(const SecurityConfig& config) {
+  if (config.auth_secret_file.empty()) return std::shared_ptr<const JobAuth>();
+  ASSIGN_OR_RETURN(JobAuth auth, JobAuth::FromFile(config.auth_secret_file));
+  return std::make_shared<const JobAuth>(std::move(auth));
+}
+
+}  // namespace
+
+bool IsLoopbackHost(absl::string_view host_port) {
+  absl::string_view host = host_port.substr(0, host_port.rfind(':'));
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+ServerSecurity::ServerSecurity() : credentials_(grpc::InsecureServerCredentials()) {}
+
+absl::StatusOr<ServerSecurity> ServerSecurity::Create(const SecurityConfig& config) {
+  ServerSecurity s;
+  s.insecure_ = config.insecure;
+  ASSIGN_OR_RETURN(s.auth_, LoadAuth(config));
+  RETURN_IF_ERROR(CheckTlsFiles(config.tls));
+  if (config.tls.enabled()) {
+    if (config.tls.cert.empty()) {
+      return absl::InvalidArgumentError("a server needs --tls_cert and --tls_key for TLS");
+    }
+    grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    ASSIGN_OR_RETURN(pair.private_key, ReadPem(config.tls.key, "tls_key"));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(config.tls.cert, "tls_cert"));
+    options.pem_key_cert_pairs.push_back(std::move(pair));
+    s.tls_ = "TLS";
+    if (!config.tls.ca.empty()) {
+      ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(config.tls.ca, "tls_ca"));
+      options.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      s.tls_ = "mutual TLS";
+    }
+    s.credentials_ = grpc::SslServerCredentials(options);
+  }
+  return s;
+}
+
+absl::Status ServerSecurity::CheckCall(const grpc::CallbackServerContext& context,
+                                       std::optional<int> worker_id) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto range = metadata.equal_range(kAuthMetadataKey);
+  if (range.first == range.second) {
+    return absl::UnauthenticatedError(
+        "this job's servers authenticate every call: no rubato-auth token (start the client with "
+        "the job's --auth_secret_file)");
+  }
+  if (std::next(range.first) != range.second) {
+    return absl::UnauthenticatedError("more than one rubato-auth token");
+  }
+  const grpc::string_ref token = range.first->second;
+  ASSIGN_OR_RETURN(AuthIdentity identity,
+                   auth_->Verify(absl::string_view(token.data(), token.size())));
+  if (worker_id.has_value() && identity.worker_id != worker_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call for worker ", *worker_id, " carries the token of ", identity.ToString(),
+        "; a worker can act only as itself"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ServerSecurity::CheckListenAddress(absl::string_view listen) const {
+  if (auth_ != nullptr || insecure_ || IsLoopbackHost(listen)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "refusing to listen on ", listen,
+      " without authentication: anyone who reaches it could read and overwrite the model. Give "
+      "the job's --auth_secret_file (./rubato launch makes one), listen on a loopback address, or "
+      "pass --insecure on a network you trust"));
+}
+
+std::string ServerSecurity::Describe() const {
+  std::string transport = tls_.empty() ? "plaintext" : tls_;
+  if (auth_ != nullptr) return absl::StrCat(transport, ", every call authenticated by the job secret");
+  return absl::StrCat(transport, ", calls NOT authenticated (",
+                      insecure_ ? "--insecure" : "no --auth_secret_file: loopback only", ")");
+}
+
+ClientSecurity::ClientSecurity() : credentials_(grpc::InsecureChannelCredentials()) {}
+
+absl::StatusOr<ClientSecurity> ClientSecurity::Create(const SecurityConfig& config,
+                                                      std::optional<int> worker_id) {
+  ClientSecurity c;
+  ASSIGN_OR_RETURN(std::shared_ptr<const JobAuth> auth, LoadAuth(config));
+  if (auth != nullptr) {
+    c.token_ = worker_id.has_value() ? auth->WorkerToken(*worker_id) : auth->OperatorToken();
+  }
+  RETURN_IF_ERROR(CheckTlsFiles(config.tls));
+  if (config.tls.enabled()) {
+    grpc::SslCredentialsOptions options;
+    if (!config.tls.ca.empty()) {
+      ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(config.tls.ca, "tls_ca"));
+    }
+    if (!config.tls.cert.empty()) {
+      ASSIGN_OR_RETURN(options.pem_private_key, ReadPem(config.tls.key, "tls_key"));
+      ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(config.tls.cert, "tls_cert"));
+    }
+    c.credentials_ = grpc::SslCredentials(options);
+  }
+  return c;
+}
+
+void ClientSecurity::Attach(grpc::ClientContext* context) const {
+  if (!token_.empty()) context->AddMetadata(kAuthMetadataKey, token_);
+}
+
+}  // namespace rubato

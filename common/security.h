@@ -1,0 +1,97 @@
+// Transport security and call authentication for every Rubato endpoint, in one place.
+//
+// ServerSecurity is what a listening endpoint (a parameter-server shard, an all-reduce rank)
+// needs: its gRPC credentials (plaintext, TLS, or mutual TLS) and the job's JobAuth, with which
+// every handler checks the caller (CheckCall). ClientSecurity is the other side: channel
+// credentials and the token this process attaches to each call (Attach).
+//
+// The secure default: an endpoint without a job secret accepts calls from anyone who reaches its
+// port, so it may listen only on a loopback address unless the operator says --insecure
+// (CheckListenAddress).
+#ifndef RUBATO_COMMON_SECURITY_H_
+#define RUBATO_COMMON_SECURITY_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/auth.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_context.h"
+
+namespace rubato {
+
+// PEM files for TLS. cert and key together turn TLS on; ca verifies the other end: a client checks
+// the server's certificate against it (the system's roots without it), a server given a ca
+// requires and verifies a client certificate (mutual TLS).
+struct TlsFiles {
+  std::string cert;
+  std::string key;
+  std::string ca;
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
+// What every binary is given: --auth_secret_file, --tls_cert/--tls_key/--tls_ca, --insecure.
+struct SecurityConfig {
+  std::string auth_secret_file;
+  TlsFiles tls;
+  bool insecure = false;
+};
+
+class ServerSecurity {
+ public:
+  // Plaintext, no authentication: for tests and in-process tools on loopback.
+  ServerSecurity();
+  // InvalidArgument / NotFound naming the flag and file for a bad secret or unreadable PEM files.
+  static absl::StatusOr<ServerSecurity> Create(const SecurityConfig& config);
+
+  const std::shared_ptr<grpc::ServerCredentials>& credentials() const { return credentials_; }
+  bool authenticates() const { return auth_ != nullptr; }
+
+  // OK if the call carries a valid token (or authentication is off). With `worker_id`, the token
+  // must be that worker's; without, any valid token will do (read-only calls). UNAUTHENTICATED for
+  // a missing or wrong token, PERMISSION_DENIED for a valid token of another identity.
+  absl::Status CheckCall(const grpc::CallbackServerContext& context,
+                         std::optional<int> worker_id) const;
+
+  // OK for a loopback address, or when calls are authenticated, or with --insecure; otherwise
+  // FAILED_PRECONDITION naming the address and the two ways out.
+  absl::Status CheckListenAddress(absl::string_view listen) const;
+
+  // One line for the start-up log: "TLS (mutual), calls authenticated by the job secret" etc.
+  std::string Describe() const;
+
+ private:
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+  std::shared_ptr<const JobAuth> auth_;
+  bool insecure_ = false;
+  std::string tls_;  // "", "TLS" or "mutual TLS".
+};
+
+class ClientSecurity {
+ public:
+  // Plaintext, no token.
+  ClientSecurity();
+  // As ServerSecurity::Create; the token is worker `worker_id`'s, or the operator's when nullopt.
+  static absl::StatusOr<ClientSecurity> Create(const SecurityConfig& config,
+                                               std::optional<int> worker_id);
+
+  const std::shared_ptr<grpc::ChannelCredentials>& credentials() const { return credentials_; }
+  // Adds this process's token to a call, if it has one.
+  void Attach(grpc::ClientContext* context) const;
+
+ private:
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::string token_;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost" (host part of host:port).
+bool IsLoopbackHost(absl::string_view host_port);
+
+}  // namespace rubato
+
+#endif  // RUBATO_COMMON_SECURITY_H_
