@@ -19,35 +19,56 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext* context,
                                                      const RegisterRequest* request,
                                                      RegisterResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
   return Answer(context, shard_->Register(*request), response);
 }
 
 grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* context,
                                                  const PushRequest* request,
                                                  PushResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
   return Answer(context, shard_->Push(*request), response);
 }
 
 grpc::ServerUnaryReactor* ParameterService::Heartbeat(grpc::CallbackServerContext* context,
                                                       const HeartbeatRequest* request,
                                                       HeartbeatResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
   return Answer(context, shard_->Heartbeat(*request), response);
 }
 
 grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext* context,
                                                      const GetStatsRequest* /*request*/,
                                                      GetStatsResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, std::nullopt); !s.ok()) {
+    return Refuse(context, s);
+  }
   return Answer(context, absl::StatusOr<GetStatsResponse>(shard_->Stats()), response);
 }
 
 grpc::ServerUnaryReactor* ParameterService::Pull(grpc::CallbackServerContext* context,
                                                  const PullRequest* request,
                                                  PullResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The client's deadline, if any; the shard caps it with the cluster's wait timeout. A cancelled
   // call stays queued until that deadline, which is bounded; finishing it then is harmless.

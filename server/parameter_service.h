@@ -3,9 +3,16 @@
 // Each RPC is translated to a ParameterShard call. A Pull that must wait is not parked on a thread:
 // the reactor is finished from whichever thread later satisfies it (a Push that applies the update,
 // or the shard's deadline thread).
+//
+// Every call is authenticated first (common/security.h) when the job has a secret: Register, Pull,
+// Push and Heartbeat only with the token of the request's own worker_id, GetStats with any valid
+// token. A refused call changes nothing, not even the caller's lease.
 #ifndef RUBATO_SERVER_PARAMETER_SERVICE_H_
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
+#include <utility>
+
+#include "common/security.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "server/parameter_shard.h"
 
@@ -14,7 +21,8 @@ namespace rubato {
 class ParameterService final : public ParameterServer::CallbackService {
  public:
   // `shard` must outlive the service.
-  explicit ParameterService(ParameterShard* shard) : shard_(shard) {}
+  explicit ParameterService(ParameterShard* shard, ServerSecurity security = ServerSecurity())
+      : shard_(shard), security_(std::move(security)) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -32,6 +40,7 @@ class ParameterService final : public ParameterServer::CallbackService {
 
  private:
   ParameterShard* const shard_;
+  const ServerSecurity security_;
 };
 
 }  // namespace rubato

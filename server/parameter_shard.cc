@@ -8,11 +8,33 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/tensor_bytes.h"
 
 namespace rubato {
+namespace {
+
+// Steps, versions and resume points are in [0, kMaxStep): clock arithmetic on them cannot overflow.
+absl::Status CheckStep(absl::string_view field, int64_t step) {
+  if (step < 0 || step >= kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be in [0, ", kMaxStep, "), got ", step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTensorName(absl::string_view name) {
+  if (name.empty() || name.size() > static_cast<size_t>(kMaxTensorNameBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("a tensor name must be 1 to ",
+                                                   kMaxTensorNameBytes, " bytes, got ",
+                                                   name.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     const ShardOptions& options) {
@@ -109,30 +131,31 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         " was started with ", request.num_workers(), " workers in mode ",
         FormatConsistency(request.consistency())));
   }
-  if (request.steps_per_epoch() < 0 || request.total_steps() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", id, ": steps_per_epoch and total_steps must be >= 0"));
-  }
+  RETURN_IF_ERROR(CheckStep("steps_per_epoch", request.steps_per_epoch()));
+  RETURN_IF_ERROR(CheckStep("total_steps", request.total_steps()));
+  RETURN_IF_ERROR(CheckStep("resume_step", request.resume_step()));
   if (request.model().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", id, " registered with an empty model"));
   }
-  if (request.batch_size() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", id, ": batch_size must be >= 1, got ", request.batch_size()));
+  if (request.model_size() > kMaxTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": model of ",
+                                                   request.model_size(), " tensors (at most ",
+                                                   kMaxTensors, ")"));
+  }
+  if (request.batch_size() < 1 || request.batch_size() > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": batch_size must be in [1, ",
+                                                   kMaxBatchSize, "], got ",
+                                                   request.batch_size()));
   }
   // Validate the request on its own before looking at the shard's state.
   absl::flat_hash_map<std::string, int> model_index;
   for (int i = 0; i < request.model_size(); ++i) {
     const TensorSpec& spec = request.model(i);
-    if (spec.name().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker ", id, ": tensor ", i, " has no name"));
-    }
-    if (ElementCount(spec.shape()) < 1) {
+    RETURN_IF_ERROR(CheckTensorName(spec.name()));
+    if (absl::StatusOr<int64_t> n = CheckedElementCount(spec.shape()); !n.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": tensor '", spec.name(),
-                                                     "' has invalid shape ",
-                                                     ShapeString(spec.shape())));
+                                                     "': ", n.status().message()));
     }
     if (!model_index.emplace(spec.name(), i).second) {
       return absl::InvalidArgumentError(
@@ -147,13 +170,14 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   for (int i = 0; i < request.initial_values_size(); ++i) {
     const TensorValue& v = request.initial_values(i);
     const TensorSpec& spec = request.model(i);
+    RETURN_IF_ERROR(CheckTensorName(v.name()));
     if (v.name() != spec.name()) {
       return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": initial value ", i, " is '",
                                                      v.name(), "' but model tensor ", i, " is '",
                                                      spec.name(), "'"));
     }
     RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("initial value of '", v.name(), "'"), v.data(),
-                                    ElementCount(spec.shape())));
+                                    *CheckedElementCount(spec.shape())));
   }
 
   std::vector<Completion> ready;
@@ -242,6 +266,11 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     response.set_num_workers(options_.cluster.num_workers());
     response.set_min_version(MinVersion());
     response.set_lease_ms(options_.cluster.lease_ms());
+    // Where this worker goes on: the job's step under bsp and backup; its own clock under async
+    // and ssp, whose versions count every worker's updates (a rejoined worker that took the version
+    // would skip steps it never computed and, under ssp, wait on a clock no one will reach).
+    const ConsistencyMode mode = options_.cluster.consistency().mode();
+    response.set_resume_step(mode == BSP || mode == BACKUP ? MinVersion() : Clock(id));
   }
   Run(&ready);
   return response;
@@ -282,11 +311,25 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
             absl::StrCat("training has not started: ", RegisteredCount(), " of ",
                          options_.cluster.num_workers(), " workers registered"));
       }
-      if (request.step() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
+      RETURN_IF_ERROR(CheckStep("step", request.step()));
+      if (request.gradients_size() > static_cast<int>(tensors_.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("a push of ", request.gradients_size(),
+                                                       " gradients to a shard of ",
+                                                       tensors_.size(), " tensors"));
+      }
+      const ConsistencyMode mode = options_.cluster.consistency().mode();
+      // A gradient is computed on pulled weights: under async and ssp a push for a step this
+      // worker has not pulled is from the future (under bsp and backup the versions say so).
+      if ((mode == ASYNC || mode == SSP) && request.step() > workers_[id].pulled_step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", request.step(), " from worker ", id, " is from the future: it has pulled ",
+            workers_[id].pulled_step < 0 ? std::string("nothing")
+                                         : absl::StrCat("up to step ", workers_[id].pulled_step),
+            " from shard ", options_.shard_id));
       }
       absl::flat_hash_set<absl::string_view> seen;
       for (const TensorValue& g : request.gradients()) {
+        RETURN_IF_ERROR(CheckTensorName(g.name()));  // Before it is echoed in an error.
         auto it = index_.find(g.name());
         if (it == index_.end()) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -299,7 +342,6 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
         const Tensor& t = tensors_[it->second];
         RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("gradient '", g.name(), "'"), g.data(),
                                         static_cast<int64_t>(t.weights.size())));
-        const ConsistencyMode mode = options_.cluster.consistency().mode();
         if ((mode == BSP || mode == BACKUP) && request.step() > t.version) {
           return absl::FailedPreconditionError(
               absl::StrCat("step ", request.step(), " from worker ", id,
@@ -411,6 +453,7 @@ int64_t ParameterShard::Clock(int w) const {
 
 void ParameterShard::RecordPulled(const PullRequest& request) {
   const int id = request.worker_id();
+  workers_[id].pulled_step = std::max(workers_[id].pulled_step, request.step());
   if (request.names().empty()) {
     for (Tensor& t : tensors_) t.pulled_version[id] = t.version;
   } else {
@@ -456,13 +499,22 @@ absl::Status ParameterShard::CheckPull(const PullRequest& request) const {
         absl::StrCat("parameter server shard ", options_.shard_id, " is shutting down"));
   }
   RETURN_IF_ERROR(CheckMember(id));
-  if (request.step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("step must be >= 0, got ", request.step()));
+  RETURN_IF_ERROR(CheckStep("step", request.step()));
+  if (request.names_size() > static_cast<int>(tensors_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a pull of ", request.names_size(),
+                                                   " tensors from a shard of ", tensors_.size()));
   }
+  // Each name once: a name repeated n times would make the response n tensors large.
+  absl::flat_hash_set<absl::string_view> seen;
   for (const std::string& name : request.names()) {
+    RETURN_IF_ERROR(CheckTensorName(name));  // Before it is echoed in an error.
     if (!index_.contains(name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown tensor '", name, "' (not on shard ", options_.shard_id, ")"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' appears twice in one pull"));
     }
   }
   return absl::OkStatus();
@@ -556,6 +608,8 @@ void ParameterShard::CollectReady(std::vector<Completion>* out) {
 void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
   absl::Status status;
   PullResponse response;
+  std::vector<Completion> superseded;
+  bool parked = false;
   {
     absl::MutexLock lock(&mu_);
     status = CheckPull(request);
@@ -565,13 +619,39 @@ void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullD
         RecordPulled(request);
         response = Snapshot(request);
       } else {
+        SupersedePulls(request, &superseded);
         waiting_.push_back({request, std::min(deadline, absl::Now() + max_wait_), std::move(done)});
         waiting_changed_.Signal();
-        return;
+        parked = true;
       }
     }
   }
-  done(std::move(status), std::move(response));
+  Run(&superseded);
+  if (!parked) done(std::move(status), std::move(response));
+}
+
+void ParameterShard::SupersedePulls(const PullRequest& request, std::vector<Completion>* out) {
+  auto overlaps = [&request](const PullRequest& other) {
+    if (request.names().empty() || other.names().empty()) return true;
+    for (const std::string& a : request.names()) {
+      for (const std::string& b : other.names()) {
+        if (a == b) return true;
+      }
+    }
+    return false;
+  };
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->request.worker_id() == request.worker_id() && overlaps(it->request)) {
+      out->push_back({std::move(it->done),
+                      absl::AbortedError(absl::StrCat(
+                          "pull for step ", it->request.step(), " by worker ",
+                          request.worker_id(), " superseded by its pull for step ", request.step())),
+                      PullResponse()});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void ParameterShard::DeadlineLoop() {
@@ -640,6 +720,7 @@ absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatReque
   absl::MutexLock lock(&mu_);
   const int id = request.worker_id();
   RETURN_IF_ERROR(CheckMember(id));
+  RETURN_IF_ERROR(CheckStep("step", request.step()));
   workers_[id].last_seen = absl::Now();
   workers_[id].last_step = std::max(workers_[id].last_step, request.step());
   HeartbeatResponse response;

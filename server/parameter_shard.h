@@ -126,6 +126,7 @@ class ParameterShard {
     int64_t steps_per_epoch = 0;
     int64_t total_steps = 0;
     int64_t last_step = -1;
+    int64_t pulled_step = -1;  // Highest step this worker has pulled (async, ssp: pushes up to it).
     absl::Time last_seen;
   };
   struct PendingPull {
@@ -155,6 +156,11 @@ class ParameterShard {
   // Number of steps worker `w` has pushed to every tensor of this shard.
   int64_t Clock(int w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordStaleness(int64_t tau) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails (ABORTED) the same worker's parked pulls that share a tensor with `request`: an honest
+  // worker has one pull per tensor in flight, and a retry replaces a pull whose call broke. This
+  // bounds a worker's parked pulls, and the snapshots they cost, by the shard's tensors.
+  void SupersedePulls(const PullRequest& request, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Remembers which versions a worker was given (async, ssp staleness).
   void RecordPulled(const PullRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int RegisteredCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -426,9 +426,10 @@ TEST(ConsistencyTest, BackupAppliesTheFirstNMinusBAndDropsExactlyTheLateOnes) {
 
 TEST(ConsistencyTest, AsyncAppliesEveryPushOnArrivalAndMeasuresStaleness) {
   auto shard = StartedShardIn(2, Mode(ASYNC));
-  // Both pull version 0, then push: the second gradient is one update stale.
+  // Both pull version 0, then push: the second gradient is one update stale. Worker 1 pulls for
+  // step 10 (async pulls never wait), which lets it push steps 0..10 on those weights below.
   PullNow(shard.get(), 0, 0);
-  PullNow(shard.get(), 1, 0);
+  PullNow(shard.get(), 1, 10);
   const std::vector<float> g0 = {1, 1, 1, 1}, g1 = {2, 2, 2, 2};
   auto a = shard->Push(PushOf(0, 0, {Value("w", g0)}));
   ASSERT_TRUE(a.ok());
@@ -442,7 +443,7 @@ TEST(ConsistencyTest, AsyncAppliesEveryPushOnArrivalAndMeasuresStaleness) {
   ASSERT_TRUE(pulled->done.HasBeenNotified()) << "async pulls never wait";
   EXPECT_EQ(Floats(pulled->response.tensors(0)), expected);
   EXPECT_EQ(pulled->response.tensors(0).version(), 2);
-  // Many pushes from one worker without pulling: all applied, staleness growing.
+  // Many pushes from one worker without pulling again: all applied, staleness growing.
   for (int step = 1; step <= 10; ++step) {
     ASSERT_TRUE(shard->Push(PushOf(1, step, {Value("w", g1)})).ok());
   }
@@ -460,6 +461,7 @@ TEST(ConsistencyTest, AsyncAppliesEveryPushOnArrivalAndMeasuresStaleness) {
 TEST(ConsistencyTest, StalenessAwareAsyncDividesTheRateByTau) {
   auto shard = StartedShardIn(2, Mode(ASYNC, 0, /*staleness_aware=*/true));
   PullNow(shard.get(), 1, 0);
+  PullNow(shard.get(), 0, 2);
   const std::vector<float> g = {1, 1, 1, 1};
   for (int step = 0; step < 3; ++step)
     ASSERT_TRUE(shard->Push(PushOf(0, step, {Value("w", g)})).ok());
@@ -483,6 +485,7 @@ TEST(ConsistencyTest, SspBlocksOnlyBeyondTheBound) {
   auto blocked = StartPull(shard.get(), 0, 3, absl::Seconds(5));
   EXPECT_FALSE(blocked->done.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
       << "step 3 needs worker 1 at clock >= 1";
+  PullNow(shard.get(), 1, 0);
   push(1, 0);
   ASSERT_TRUE(blocked->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_TRUE(blocked->status.ok());
@@ -508,6 +511,7 @@ TEST(ConsistencyTest, SspDoesNotWaitForADroppedWorker) {
     ASSERT_TRUE(shard->Register(r).ok());
   }
   // Worker 0 pushes steps 0 and 1; worker 1 (clock 0) goes silent, so step 2 is blocked at first.
+  PullNow(shard, 0, 1);
   for (int c = 0; c < 2; ++c) {
     ASSERT_TRUE(shard->Push(PushOf(0, c, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
   }
@@ -671,6 +675,175 @@ TEST(ParameterShardTest, WorkersWithDifferentJobLengthsAreRefused) {
   auto r = (*shard)->Register(b);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("job mismatch"), std::string::npos) << r.status();
+}
+
+// Issue 9: what a hostile or broken client sent to main before these checks. Each test failed
+// there (a crash, an amplified answer, a poisoned clock, a worker that skipped its steps).
+
+// Finding 1: shape [2^31, 2^31] or [2^62] with an empty value passed the byte check (elements * 4
+// wrapped to 0) and the finiteness loop walked off the buffer; [2^62+1] with 4 bytes read the heap.
+TEST(HostileInputTest, OverflowingShapesAreRefusedNotRead) {
+  auto shard = ParameterShard::Create(Options(1));
+  ASSERT_TRUE(shard.ok());
+  const int64_t two31 = int64_t{1} << 31, two62 = int64_t{1} << 62;
+  for (const auto& [shape, bytes] : std::vector<std::pair<std::vector<int64_t>, int>>{
+           {{two31, two31}, 0}, {{two62}, 0}, {{two62 + 1}, 4}, {{1, 2, 3, 4, 5, 6, 7, 8, 9}, 4}}) {
+    RegisterRequest r = Registration(0, 1);
+    r.mutable_model(0)->clear_shape();
+    for (int64_t d : shape) r.mutable_model(0)->add_shape(d);
+    r.mutable_initial_values(0)->set_data(std::string(bytes, '\0'));
+    absl::StatusOr<RegisterResponse> response = (*shard)->Register(r);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument)
+        << ShapeString(shape) << ": " << response.status();
+  }
+  EXPECT_EQ((*shard)->Stats().tensors_size(), 0) << "nothing adopted";
+}
+
+TEST(HostileInputTest, RegisterFieldsOutOfRange) {
+  auto shard = ParameterShard::Create(Options(2));
+  ASSERT_TRUE(shard.ok());
+  std::vector<RegisterRequest> bad;
+  for (int64_t v : {int64_t{-1}, std::numeric_limits<int64_t>::min(), int64_t{1} << 48,
+                    std::numeric_limits<int64_t>::max()}) {
+    bad.push_back(Registration(0, 2));
+    bad.back().set_resume_step(v);
+    bad.push_back(Registration(0, 2));
+    bad.back().set_total_steps(v);
+    bad.push_back(Registration(0, 2));
+    bad.back().set_steps_per_epoch(v);
+  }
+  bad.push_back(Registration(0, 2));
+  bad.back().set_batch_size(std::numeric_limits<int32_t>::max());
+  bad.push_back(Registration(0, 2));
+  bad.back().mutable_model(0)->set_name(std::string(257, 'n'));
+  bad.back().mutable_initial_values(0)->set_name(std::string(257, 'n'));
+  bad.push_back(Registration(0, 2));
+  bad.back().mutable_model(0)->set_name("");
+  bad.back().mutable_initial_values(0)->set_name("");
+  for (const RegisterRequest& r : bad) {
+    EXPECT_EQ((*shard)->Register(r).status().code(), absl::StatusCode::kInvalidArgument)
+        << r.ShortDebugString().substr(0, 200);
+  }
+  EXPECT_EQ((*shard)->Stats().tensors_size(), 0);
+  EXPECT_EQ((*shard)->Stats().workers_size(), 0);
+}
+
+// Finding 2: one tensor named 1,100 times made a 1.1 GB answer out of a 1 MiB tensor.
+TEST(HostileInputTest, PullWithRepeatedNamesIsRefused) {
+  auto shard = StartedShard(1);
+  PullRequest req;
+  req.set_worker_id(0);
+  req.set_step(0);
+  req.add_names("w");
+  req.add_names("w");
+  absl::Notification done;
+  absl::Status status;
+  shard->Pull(req, absl::Now() + absl::Seconds(1), [&](absl::Status s, PullResponse r) {
+    status = s;
+    EXPECT_EQ(r.tensors_size(), 0);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.HasBeenNotified());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("appears twice"), std::string::npos) << status;
+}
+
+// Finding 2, parked: a worker's new pull replaces its parked pulls of the same tensors, so the
+// pulls one worker can park (and the snapshots they cost when a step completes) are bounded.
+TEST(HostileInputTest, ParkedPullsOfOneWorkerAreSupersededNotAccumulated) {
+  auto shard = StartedShard(2);
+  std::vector<std::unique_ptr<PullResult>> pulls;
+  for (int i = 0; i < 50; ++i) pulls.push_back(StartPull(shard.get(), 0, 1, absl::Seconds(10)));
+  EXPECT_EQ(shard->Stats().pending_pulls(), 1);
+  for (int i = 0; i + 1 < 50; ++i) {
+    ASSERT_TRUE(pulls[i]->done.HasBeenNotified());
+    EXPECT_EQ(pulls[i]->status.code(), absl::StatusCode::kAborted) << pulls[i]->status;
+  }
+  // Disjoint pulls of one worker coexist (a client's call groups); another worker's are its own.
+  auto w_only = StartPull(shard.get(), 1, 1, absl::Seconds(10), {"w"});
+  auto b_only = StartPull(shard.get(), 1, 1, absl::Seconds(10), {"b"});
+  EXPECT_EQ(shard->Stats().pending_pulls(), 3);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(
+        shard->Push(PushOf(w, 0, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
+  }
+  for (PullResult* r : {pulls.back().get(), w_only.get(), b_only.get()}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    EXPECT_TRUE(r->status.ok()) << r->status;
+  }
+}
+
+// Finding 4: in ssp and async a push for step 10^12 was accepted, and every later honest push of
+// that worker was dropped as a duplicate; step 2^63-1 overflowed the SSP clock.
+TEST(HostileInputTest, PushesFromTheFutureAreRefusedInEveryMode) {
+  for (const ConsistencyConfig& mode :
+       {Mode(BSP), Mode(BACKUP, 1), Mode(ASYNC), Mode(SSP, 2)}) {
+    SCOPED_TRACE(mode.ShortDebugString());
+    auto shard = StartedShardIn(2, mode);
+    PullNow(shard.get(), 0, 0);
+    for (int64_t step : {int64_t{1000000000000}, std::numeric_limits<int64_t>::max(),
+                         int64_t{1} << 48, int64_t{5}}) {
+      auto r = shard->Push(PushOf(0, step, {Value("w", {1, 1, 1, 1})}));
+      EXPECT_FALSE(r.ok()) << step;
+      EXPECT_TRUE(absl::IsFailedPrecondition(r.status()) || absl::IsInvalidArgument(r.status()))
+          << r.status();
+    }
+    // The honest push of step 0 is still taken.
+    auto honest = shard->Push(PushOf(0, 0, {Value("w", {1, 1, 1, 1})}));
+    ASSERT_TRUE(honest.ok()) << honest.status();
+    EXPECT_EQ(honest->accepted(), 1);
+    EXPECT_EQ(honest->duplicates(), 0);
+  }
+}
+
+TEST(HostileInputTest, HugeStepsInPullsAndHeartbeatsAreRefused) {
+  auto shard = StartedShardIn(2, Mode(SSP, 2));
+  for (int64_t step : {int64_t{-1}, int64_t{1} << 48, std::numeric_limits<int64_t>::max(),
+                       std::numeric_limits<int64_t>::min()}) {
+    auto r = StartPull(shard.get(), 0, step, absl::Seconds(1));
+    ASSERT_TRUE(r->done.HasBeenNotified()) << step;
+    EXPECT_EQ(r->status.code(), absl::StatusCode::kInvalidArgument) << step;
+    HeartbeatRequest hb;
+    hb.set_worker_id(0);
+    hb.set_step(step);
+    EXPECT_EQ(shard->Heartbeat(hb).status().code(), absl::StatusCode::kInvalidArgument) << step;
+  }
+  // Pulls still work, and the clocks were not touched.
+  EXPECT_EQ(PullNow(shard.get(), 1, 2).tensors_size(), 2);
+}
+
+// Finding 5: a worker that rejoined in ssp or async was told to resume at the tensor version,
+// which counts every worker's pushes: in async it skipped most of its steps, in ssp it waited for
+// a clock no one would reach. It now resumes at its own clock.
+TEST(HostileInputTest, RejoinResumesAtTheWorkersOwnClockInAsyncAndSsp) {
+  for (const ConsistencyConfig& mode : {Mode(ASYNC), Mode(SSP, 2)}) {
+    SCOPED_TRACE(mode.ShortDebugString());
+    auto shard = StartedShardIn(3, mode);
+    const std::vector<TensorValue> g = {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})};
+    // Each worker pushes steps 0..3: versions reach 12, every clock is 4.
+    for (int step = 0; step < 4; ++step) {
+      for (int w = 0; w < 3; ++w) {
+        PullNow(shard.get(), w, step);
+        ASSERT_TRUE(shard->Push(PushOf(w, step, g)).ok());
+      }
+    }
+    ASSERT_EQ(shard->Stats().tensors(0).version(), 12);
+    RegisterRequest again = Registration(1, 3);
+    *again.mutable_consistency() = mode;
+    again.set_resume_step(4);
+    auto r = shard->Register(again);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->resume_step(), 4) << "its own clock, not the version";
+    EXPECT_EQ(r->min_version(), 12);
+  }
+  // bsp keeps the job's step.
+  auto bsp = StartedShard(2);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(bsp->Push(PushOf(w, 0, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
+  }
+  auto r = bsp->Register(Registration(0, 2));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->resume_step(), 1);
 }
 
 }  // namespace

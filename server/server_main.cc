@@ -23,6 +23,8 @@
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/optimizer.h"
+#include "common/security.h"
+#include "common/security_flags.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -38,6 +40,9 @@ ABSL_FLAG(std::string, port_file, "", "Write the bound host:port here once servi
 ABSL_FLAG(std::string, stats_file, "",
           "At shutdown, write the shard's final GetStats as JSON here (for ./rubato launch).");
 ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
+ABSL_FLAG(int64_t, memory_budget_mb, 0,
+          "Cap on the memory gRPC may use for connections and calls in flight, in MiB (a "
+          "grpc::ResourceQuota). 0: 4 x --max_message_mb + 256.");
 
 namespace {
 
@@ -71,6 +76,14 @@ int main(int argc, char** argv) {
     return Fail(std::string(s.message()));
   }
   rubato::SetLogTag(absl::StrCat("server-", shard_id));
+  auto security = rubato::ServerSecurity::Create(rubato::SecurityConfigFromFlags());
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  if (auto s = security->CheckListenAddress(listen); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  int64_t memory_budget = absl::GetFlag(FLAGS_memory_budget_mb) << 20;
+  if (memory_budget < 0) return Fail("--memory_budget_mb must be >= 0");
+  if (memory_budget == 0) memory_budget = 4 * rubato::MaxMessageBytes(*spec) + (int64_t{256} << 20);
 
   rubato::ShardOptions options;
   options.shard_id = shard_id;
@@ -80,21 +93,25 @@ int main(int argc, char** argv) {
   auto shard = rubato::ParameterShard::Create(options);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
 
-  rubato::ParameterService service(shard->get());
+  rubato::ParameterService service(shard->get(), *security);
   grpc::ServerBuilder builder;
-  rubato::ConfigureServerBuilder(&builder);
+  rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(*spec));
+  rubato::SetServerMemoryBudget(&builder, memory_budget);
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, security->credentials(), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
+    return Fail(absl::StrCat("cannot listen on ", listen,
+                             ": the address is in use or not an address of this host"));
   }
   const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound << ": "
                    << spec->num_workers() << " workers, mode "
                    << rubato::FormatConsistency(spec->consistency()) << ", wait timeout "
-                   << spec->wait_timeout_ms() << " ms";
+                   << spec->wait_timeout_ms() << " ms; " << security->Describe()
+                   << "; messages up to " << (rubato::MaxMessageBytes(*spec) >> 20)
+                   << " MiB, gRPC memory budget " << (memory_budget >> 20) << " MiB";
   if (auto config = rubato::CompleteOptimizerConfig(spec->optimizer()); config.ok()) {
     RUBATO_LOG(INFO) << "optimizer { " << config->ShortDebugString() << " }; lr_schedule { "
                      << spec->lr_schedule().ShortDebugString()
@@ -112,7 +129,16 @@ int main(int argc, char** argv) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  while (g_signal == 0) absl::SleepFor(absl::Milliseconds(50));
+  // Freed memory is kept for reuse (KeepFreedMemory); give it back now and then, so that a burst
+  // of large messages does not leave the server's resident size at its peak.
+  absl::Time next_trim = absl::Now();
+  while (g_signal == 0) {
+    absl::SleepFor(absl::Milliseconds(50));
+    if (absl::Now() >= next_trim) {
+      rubato::ReturnFreedMemory();
+      next_trim = absl::Now() + absl::Seconds(5);
+    }
+  }
 
   RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
   const rubato::GetStatsResponse stats = (*shard)->Stats();
