@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
 #include "common/grpc_options.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
@@ -24,8 +25,9 @@ class AllReduceClient final : public PsClient {
         size_(options.cluster.num_workers()),
         optimizer_(std::move(optimizer)),
         mailbox_((options.rank + size_ - 1) % size_),
-        service_(&mailbox_),
-        link_(options.rank, size_, options.cluster.workers((options.rank + 1) % size_), &mailbox_) {
+        service_(&mailbox_, options.server_security),
+        link_(options.rank, size_, options.cluster.workers((options.rank + 1) % size_), &mailbox_,
+              absl::Seconds(10), options.client_security, MaxMessageBytes(options.cluster)) {
     for (const TensorSpec& t : options_.model) {
       elements_.push_back(ElementCount(t.shape()));
       roles_.push_back(optimizer_->RoleOf(t.name(), t.shape()));
@@ -40,16 +42,18 @@ class AllReduceClient final : public PsClient {
   }
 
   absl::Status Start() {
-    grpc::ServerBuilder builder;
-    ConfigureServerBuilder(&builder);
-    int port = 0;
     const std::string& address = options_.cluster.workers(options_.rank);
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+    RETURN_IF_ERROR(options_.server_security.CheckListenAddress(address));
+    grpc::ServerBuilder builder;
+    ConfigureServerBuilder(&builder, MaxMessageBytes(options_.cluster));
+    int port = 0;
+    builder.AddListeningPort(address, options_.server_security.credentials(), &port);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(
-          absl::StrCat("rank ", options_.rank, " cannot listen on ", address));
+          absl::StrCat("rank ", options_.rank, " cannot listen on ", address,
+                       ": the address is in use or not an address of this host"));
     }
     return absl::OkStatus();
   }

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "common/security.h"
 #include "proto/cluster.pb.h"
 #include "worker/ps_client.h"
 
@@ -25,6 +26,10 @@ struct AllReduceOptions {
   // One all-reduce must finish within this (a dead or stuck peer becomes DEADLINE_EXCEEDED
   // naming it).
   absl::Duration timeout = absl::Seconds(60);
+  // This rank's ring server (credentials, and the job secret that checks the previous rank's
+  // token) and its link to the next rank (credentials, this rank's token).
+  ServerSecurity server_security;
+  ClientSecurity client_security;
 };
 
 // Starts this rank's RingPeer server on cluster.workers(rank).

@@ -19,8 +19,8 @@
 namespace rubato {
 namespace {
 
-// One tensor must fit in one message, with room to spare for framing and the other fields.
-constexpr int64_t kMaxTensorBytes = kMaxMessageBytes / 2;
+// Room in a message for framing, names and the other fields, beyond the tensors' bytes.
+constexpr int64_t kMessageOverheadBytes = int64_t{1} << 20;
 // A shard's tensors are sent in calls of about this many bytes (a larger tensor goes alone). Calls
 // to one shard run concurrently over its connection, and messages below glibc's largest mmap
 // threshold (32 MiB) are built in reused heap memory instead of freshly faulted pages
@@ -33,30 +33,14 @@ struct CallGroup {
   std::vector<int> tensors;  // Indices into the model.
 };
 
-// Collects the first error among calls that finish on gRPC's threads.
-class FirstError {
- public:
-  void Add(absl::Status s) {
-    absl::MutexLock lock(&mu_);
-    if (status_.ok() && !s.ok()) status_ = std::move(s);
-  }
-  absl::Status Get() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
 class GrpcPsClient final : public PsClient {
  public:
   GrpcPsClient(const PsClientOptions& options, Placement placement, std::vector<CallGroup> groups)
       : options_(options), placement_(std::move(placement)), groups_(std::move(groups)) {
     for (const std::string& address : options_.servers) {
-      stubs_.push_back(ParameterServer::NewStub(grpc::CreateCustomChannel(
-          address, grpc::InsecureChannelCredentials(), RubatoChannelArguments())));
+      stubs_.push_back(ParameterServer::NewStub(
+          grpc::CreateCustomChannel(address, options_.security.credentials(),
+                                    RubatoChannelArguments(options_.max_message_bytes))));
     }
     for (const TensorSpec& spec : options_.model) elements_.push_back(ElementCount(spec.shape()));
     for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
@@ -87,7 +71,7 @@ class GrpcPsClient final : public PsClient {
       FloatsToBytes(initial[i], v->mutable_data());
     }
     RETURN_IF_ERROR(FanOut(
-        call_shards, options_.connect_timeout, /*wait_for_ready=*/true,
+        call_shards, options_.connect_timeout, Retry::kWaitForReady,
         [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
             Done done) { async->Register(context, &requests[call], &responses[call], done); }));
     for (int s = 0; s < shards; ++s) {
@@ -97,8 +81,10 @@ class GrpcPsClient final : public PsClient {
             responses[s].num_shards(), ", but this worker has it as shard ", s, " of ", shards));
       }
     }
-    int64_t resume = responses[0].min_version();
-    for (const RegisterResponse& r : responses) resume = std::min(resume, r.min_version());
+    // A step some shard has not seen from this worker is pushed again everywhere; shards that had
+    // it acknowledge the repeat as a duplicate.
+    int64_t resume = responses[0].resume_step();
+    for (const RegisterResponse& r : responses) resume = std::min(resume, r.resume_step());
     return resume;
   }
 
@@ -117,7 +103,7 @@ class GrpcPsClient final : public PsClient {
       for (int i : groups_[g].tensors) requests[g].add_names(options_.model[i].name());
     }
     RETURN_IF_ERROR(FanOut(
-        group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
+        group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
         [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
             Done done) { async->Pull(context, &requests[call], &responses[call], done); }));
     for (size_t g = 0; g < n; ++g) {
@@ -162,7 +148,7 @@ class GrpcPsClient final : public PsClient {
       }
     }
     RETURN_IF_ERROR(FanOut(
-        group_shards_, options_.rpc_timeout, /*wait_for_ready=*/false,
+        group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
         [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
             Done done) { async->Push(context, &requests[call], &responses[call], done); }));
     if (result != nullptr) {
@@ -175,17 +161,19 @@ class GrpcPsClient final : public PsClient {
     return absl::OkStatus();
   }
 
+  // Every shard at once, so that a slow or unreachable shard delays no other's heartbeat.
   absl::Status Heartbeat(int64_t step) override {
-    for (size_t s = 0; s < stubs_.size(); ++s) {
-      HeartbeatRequest req;
-      req.set_worker_id(options_.worker_id);
-      req.set_step(step);
-      HeartbeatResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      RETURN_IF_ERROR(Annotate(static_cast<int>(s), stubs_[s]->Heartbeat(&ctx, req, &resp)));
-    }
-    return absl::OkStatus();
+    const int shards = static_cast<int>(stubs_.size());
+    std::vector<int> call_shards(shards);
+    HeartbeatRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_step(step);
+    std::vector<HeartbeatResponse> responses(shards);
+    for (int s = 0; s < shards; ++s) call_shards[s] = s;
+    return FanOut(
+        call_shards, options_.heartbeat_timeout, Retry::kNever,
+        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
+            Done done) { async->Heartbeat(context, &request, &responses[call], done); });
   }
 
   const std::vector<int>& shard_of() const override { return placement_.shard_of; }
@@ -194,36 +182,110 @@ class GrpcPsClient final : public PsClient {
  private:
   using Done = std::function<void(grpc::Status)>;
 
+  enum class Retry {
+    kNever,
+    // The calls wait for a server that is not up yet (gRPC's wait_for_ready); running out of time
+    // means the server could not be reached.
+    kWaitForReady,
+    // A call that fails with UNAVAILABLE is started again after a backoff, waiting for the
+    // connection, for up to options_.retry_timeout from its first failure.
+    kWhileUnavailable,
+  };
+
   // Starts one asynchronous call per entry of `call_shards` (the shard each call goes to) with
-  // start(async stub, call index, context, done), all at once, and waits for every one. Returns the
-  // first error, naming its shard. With wait_for_ready, calls wait for a server that is not up yet,
-  // and running out of time means the server could not be reached.
+  // start(async stub, call index, context, done), all at once, and waits for every one, retrying
+  // as `retry` says. Returns the first error, naming its shard.
   template <typename StartCall>
-  absl::Status FanOut(const std::vector<int>& call_shards, absl::Duration timeout,
-                      bool wait_for_ready, StartCall start) {
+  absl::Status FanOut(const std::vector<int>& call_shards, absl::Duration timeout, Retry retry,
+                      StartCall start) {
     const size_t n = call_shards.size();
+    const absl::Time deadline = absl::Now() + timeout;
+    std::vector<size_t> calls(n);
+    for (size_t c = 0; c < n; ++c) calls[c] = c;
+    std::vector<absl::Time> first_failure(n, absl::InfiniteFuture());
+    absl::Duration backoff = absl::Milliseconds(100);
+    while (true) {
+      std::vector<grpc::Status> results = RunCalls(call_shards, calls, deadline, retry, first_failure,
+                                                   start);
+      absl::Status error;
+      std::vector<size_t> again;
+      const absl::Time now = absl::Now();
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const size_t c = calls[k];
+        const int shard = call_shards[c];
+        const grpc::Status& status = results[k];
+        if (status.ok()) continue;
+        if (retry == Retry::kWaitForReady &&
+            status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          if (error.ok()) {
+            error = absl::UnavailableError(absl::StrCat(
+                "cannot reach parameter server shard ", shard, " at ", options_.servers[shard],
+                " within ", absl::FormatDuration(timeout), ": ", status.error_message()));
+          }
+          continue;
+        }
+        if (retry == Retry::kWhileUnavailable && IsTransportFailure(status)) {
+          if (first_failure[c] == absl::InfiniteFuture()) first_failure[c] = now;
+          if (now < first_failure[c] + options_.retry_timeout && now < deadline) {
+            again.push_back(c);
+            continue;
+          }
+          if (error.ok()) {
+            error = absl::UnavailableError(absl::StrCat(
+                "parameter server shard ", shard, " at ", options_.servers[shard],
+                " unreachable for ", absl::FormatDuration(now - first_failure[c]),
+                " (retried with backoff for up to ", absl::FormatDuration(options_.retry_timeout),
+                "): ", status.error_message()));
+          }
+          continue;
+        }
+        if (error.ok()) error = Annotate(shard, status);
+      }
+      if (!error.ok()) return error;
+      if (again.empty()) return absl::OkStatus();
+      absl::SleepFor(std::min(backoff, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+      backoff = std::min(2 * backoff, absl::Seconds(2));
+      calls = std::move(again);
+    }
+  }
+
+  // UNAVAILABLE from the transport (refused, reset, cut), not from a server that answered: a
+  // shard that is shutting down says so in its message and is not retried.
+  static bool IsTransportFailure(const grpc::Status& status) {
+    return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+           status.error_message().find("shutting down") == std::string::npos;
+  }
+
+  // One round of FanOut: the calls `calls` (indices into call_shards), concurrently. A retried
+  // call (first_failure set) waits for its connection up to its retry window's end.
+  template <typename StartCall>
+  std::vector<grpc::Status> RunCalls(const std::vector<int>& call_shards,
+                                     const std::vector<size_t>& calls, absl::Time deadline,
+                                     Retry retry, const std::vector<absl::Time>& first_failure,
+                                     StartCall& start) {
+    const size_t n = calls.size();
     std::vector<grpc::ClientContext> contexts(n);
-    const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
-    FirstError error;
+    std::vector<grpc::Status> results(n);
     absl::BlockingCounter pending(static_cast<int>(n));
-    for (size_t call = 0; call < n; ++call) {
-      contexts[call].set_deadline(deadline);
-      contexts[call].set_wait_for_ready(wait_for_ready);
-      const int shard = call_shards[call];
-      start(stubs_[shard]->async(), static_cast<int>(call), &contexts[call],
-            [this, shard, timeout, wait_for_ready, &error, &pending](grpc::Status status) {
-              if (wait_for_ready && status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-                error.Add(absl::UnavailableError(absl::StrCat(
-                    "cannot reach parameter server shard ", shard, " at ", options_.servers[shard],
-                    " within ", absl::FormatDuration(timeout))));
-              } else {
-                error.Add(Annotate(shard, status));
-              }
+    for (size_t k = 0; k < n; ++k) {
+      const size_t c = calls[k];
+      absl::Time call_deadline = deadline;
+      bool wait_for_ready = retry == Retry::kWaitForReady;
+      if (first_failure[c] != absl::InfiniteFuture()) {
+        wait_for_ready = true;
+        call_deadline = std::min(deadline, first_failure[c] + options_.retry_timeout);
+      }
+      contexts[k].set_deadline(absl::ToChronoTime(call_deadline));
+      contexts[k].set_wait_for_ready(wait_for_ready);
+      options_.security.Attach(&contexts[k]);
+      start(stubs_[call_shards[c]]->async(), static_cast<int>(c), &contexts[k],
+            [&results, &pending, k](grpc::Status status) {
+              results[k] = std::move(status);
               pending.DecrementCount();
             });
     }
     pending.Wait();
-    return error.Get();
+    return results;
   }
 
   absl::Status Annotate(int shard, const grpc::Status& status) const {
@@ -268,15 +330,25 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", spec.name(), "' has invalid shape ", ShapeString(spec.shape())));
     }
-    if (4 * elements > kMaxTensorBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' is ", 4 * elements,
-                                                     " bytes; one message holds at most ",
-                                                     kMaxTensorBytes));
+    if (elements > kMaxTensorElements) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' has ", elements,
+                                                     " elements; at most ", kMaxTensorElements));
     }
     sizes.push_back({spec.name(), 4 * elements});
   }
   ASSIGN_OR_RETURN(Placement placement,
                    PlaceTensors(sizes, static_cast<int>(options.servers.size())));
+  // Register sends a shard's initial values in one message; pushes and pulls send at least one
+  // whole tensor per message. Both must fit the job's limit.
+  for (size_t s = 0; s < placement.shard_bytes.size(); ++s) {
+    const int64_t needed = placement.shard_bytes[s] + kMessageOverheadBytes;
+    if (needed > options.max_message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", s, " holds ", placement.shard_bytes[s], " bytes of this model, more than one ",
+          "message may carry (", options.max_message_bytes >> 20, " MiB): give every server and ",
+          "worker --max_message_mb=", (needed + (int64_t{1} << 20) - 1) >> 20, " or more"));
+    }
+  }
   // Group each shard's tensors, in model order, into calls of about kTargetCallBytes.
   std::vector<CallGroup> groups;
   for (int s = 0; s < static_cast<int>(options.servers.size()); ++s) {

@@ -5,6 +5,13 @@
 // (common/placement.h), which every worker computes identically. Calls go to all shards at once
 // (asynchronous RPCs, one channel per shard) and return when every shard has answered; the first
 // error, prefixed with the shard and its address, is returned.
+//
+// Network faults: a pull or push whose call fails with UNAVAILABLE (connection refused, reset or
+// cut) is retried with backoff (100 ms doubling to 2 s), the retries waiting for the connection to
+// come back, for up to `retry_timeout` from its first failure; then it fails naming the shard.
+// Retrying is safe: a push is idempotent per (worker, step, tensor), and a pull supersedes the
+// same worker's parked one on the shard. Heartbeats go to every shard at once and are not retried
+// (the next one follows within a quarter lease).
 #ifndef RUBATO_WORKER_PS_CLIENT_H_
 #define RUBATO_WORKER_PS_CLIENT_H_
 
@@ -16,6 +23,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/limits.h"
+#include "common/security.h"
 #include "proto/parameter_server.pb.h"
 
 namespace rubato {
@@ -66,10 +75,20 @@ struct PsClientOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   // Deadline of one pull or push; should exceed the servers' wait_timeout_ms.
   absl::Duration rpc_timeout = absl::Seconds(150);
+  // How long a pull or push rides out an unreachable shard (see above).
+  absl::Duration retry_timeout = absl::Seconds(30);
+  // Deadline of one heartbeat to each shard.
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // Channel credentials and this worker's token.
+  ClientSecurity security;
+  // The job's message limit (ClusterSpec.max_message_bytes): a tensor, or a shard's initial
+  // values, that cannot fit is refused at creation.
+  int64_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 
-// InvalidArgument for an empty server list, a bad tensor shape, or a tensor that cannot fit in one
-// message (common/grpc_options.h).
+// InvalidArgument for an empty server list, a bad tensor shape, or a tensor (or a shard's initial
+// values, which Register sends in one message) that cannot fit in max_message_bytes, naming the
+// --max_message_mb that would.
 absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptions& options);
 
 }  // namespace rubato

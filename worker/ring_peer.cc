@@ -369,8 +369,18 @@ void RingMailbox::StreamBroke(absl::string_view why) {
   if (broken_.empty()) broken_ = std::string(why);
 }
 
+// A stream refused before it could reach the mailbox (authentication failed).
+class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RingPeerService::Stream(
-    grpc::CallbackServerContext* /*context*/) {
+    grpc::CallbackServerContext* context) {
+  if (absl::Status s = security_.CheckCall(*context, mailbox_->from_rank()); !s.ok()) {
+    return new RefusedStream(s);
+  }
   return new StreamReader(mailbox_);
 }
 
@@ -384,11 +394,13 @@ class GrpcRingLink::Stream final
  public:
   // `on_failure` runs (under the stream's lock) when the stream fails, until Close.
   Stream(int next_rank, std::string next_address, std::shared_ptr<grpc::Channel> channel,
-         std::function<void(const absl::Status&)> on_failure)
+         std::function<void(const absl::Status&)> on_failure, const ClientSecurity& security)
       : next_rank_(next_rank),
         next_address_(std::move(next_address)),
         channel_(std::move(channel)),
-        on_failure_(std::move(on_failure)) {}
+        on_failure_(std::move(on_failure)) {
+    security.Attach(&context_);
+  }
 
   void Start(std::shared_ptr<Stream> self) {
     self_ = std::move(self);
@@ -593,16 +605,17 @@ class GrpcRingLink::Stream final
 };
 
 GrpcRingLink::GrpcRingLink(int rank, int size, const std::string& next_address,
-                           RingMailbox* mailbox, absl::Duration close_timeout)
+                           RingMailbox* mailbox, absl::Duration close_timeout,
+                           const ClientSecurity& security, int64_t max_message_bytes)
     : rank_(rank),
       next_address_(next_address),
       mailbox_(mailbox),
       close_timeout_(close_timeout),
-      channel_(grpc::CreateCustomChannel(next_address, grpc::InsecureChannelCredentials(),
-                                         RubatoChannelArguments())) {
-  stream_ =
-      std::make_shared<Stream>((rank + 1) % size, next_address, channel_,
-                               [mailbox](const absl::Status& error) { mailbox->Abort(error); });
+      channel_(grpc::CreateCustomChannel(next_address, security.credentials(),
+                                         RubatoChannelArguments(max_message_bytes))) {
+  stream_ = std::make_shared<Stream>(
+      (rank + 1) % size, next_address, channel_,
+      [mailbox](const absl::Status& error) { mailbox->Abort(error); }, security);
   stream_->Start(stream_);
 }
 

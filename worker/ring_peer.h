@@ -32,7 +32,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 #include "common/ring_allreduce.h"
+#include "common/security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -57,6 +59,8 @@ absl::Status ParseRingBlock(const grpc::ByteBuffer& message, int* from_rank, int
 class RingMailbox {
  public:
   explicit RingMailbox(int from_rank) : from_rank_(from_rank) {}
+
+  int from_rank() const { return from_rank_; }
 
   // INVALID_ARGUMENT for a sender other than from_rank, a size that is not whole floats, or a
   // repeated tag.
@@ -86,15 +90,20 @@ class RingMailbox {
 };
 
 // Serves RingPeer.Stream on raw messages (ParseRingBlock), so a block's floats are read once, by
-// the addition in RingMailbox::Take, straight from the buffers the transport filled.
+// the addition in RingMailbox::Take, straight from the buffers the transport filled. With a job
+// secret, a stream is accepted only with the previous rank's own token (common/security.h);
+// anything else ends at once with UNAUTHENTICATED or PERMISSION_DENIED and never reaches the
+// mailbox.
 class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<RingPeer::Service> {
  public:
-  explicit RingPeerService(RingMailbox* mailbox) : mailbox_(mailbox) {}
+  explicit RingPeerService(RingMailbox* mailbox, ServerSecurity security = ServerSecurity())
+      : mailbox_(mailbox), security_(std::move(security)) {}
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* context) override;
 
  private:
   RingMailbox* const mailbox_;
+  const ServerSecurity security_;
 };
 
 // Sends to `next_address` (rank + 1 mod size) on one stream, opened at construction; receives from
@@ -108,8 +117,11 @@ class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<Ring
 // with it (unless a Receive failed: then the ring is broken and the stream is cancelled at once).
 class GrpcRingLink final : public RingLink {
  public:
+  // `security`: the channel's credentials and this rank's token (worker `rank`'s).
   GrpcRingLink(int rank, int size, const std::string& next_address, RingMailbox* mailbox,
-               absl::Duration close_timeout = absl::Seconds(10));
+               absl::Duration close_timeout = absl::Seconds(10),
+               const ClientSecurity& security = ClientSecurity(),
+               int64_t max_message_bytes = kDefaultMaxMessageBytes);
   ~GrpcRingLink() override;
   GrpcRingLink(const GrpcRingLink&) = delete;
   GrpcRingLink& operator=(const GrpcRingLink&) = delete;

@@ -79,6 +79,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
                      "\"t\":%.3f}",
                      options.worker_id, step, resume, absl::ToDoubleSeconds(absl::Now() - start))
               << std::endl;
+    result.rejoins = rejoins;
+    if (resume > step) result.skipped_steps += std::min(resume, options.steps) - step;
     return std::max(resume, step);
   };
   for (int64_t step = options.start_step; step < options.steps; ++step) {
@@ -99,6 +101,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     }
     if (options.skip_to_current_version && version > step) {
       skipped_steps += std::min(version, options.steps) - step;
+      result.skipped_steps += std::min(version, options.steps) - step;
       step = version;
       if (step >= options.steps) break;
     }
@@ -131,6 +134,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       RETURN_IF_ERROR(AtStep(step, s));
     }
     const absl::Time t3 = absl::Now();
+    ++result.computed_steps;
 
     loss_sum += *loss;
     compute_s += absl::ToDoubleSeconds(t2 - t1);

@@ -47,7 +47,10 @@ struct TrainingOptions {
 };
 
 struct TrainingResult {
-  int64_t steps = 0;
+  int64_t steps = 0;           // The job's steps: the loop ran until the job reached this one.
+  int64_t computed_steps = 0;  // Steps this worker computed and pushed.
+  int64_t skipped_steps = 0;   // Steps it jumped over (backup:b catching up, a rejoin).
+  int rejoins = 0;             // Times it registered again after being dropped.
   double final_loss = 0;  // Mean training loss over the last log interval.
   EvalResult test;        // At the end.
   double wall_seconds = 0;

@@ -29,6 +29,8 @@
 #include "common/dataset.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/security.h"
+#include "common/security_flags.h"
 #include "common/placement.h"
 #include "common/straggler_model.h"
 #include "worker/allreduce_client.h"
@@ -53,6 +55,9 @@ ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (Eigen). The CUDA backend is not written yet; the worker logs "
           "whether a CUDA device is usable.");
 ABSL_FLAG(int64_t, connect_timeout_ms, 30000, "How long to wait for unreachable servers at start.");
+ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
+          "How long a pull or push retries a shard that became unreachable (a network cut, a "
+          "reset connection) before the worker fails naming it.");
 
 // Straggler injection (common/straggler_model.h). The defaults inject nothing.
 ABSL_FLAG(double, slowdown, 1, "Multiply this worker's compute time by this factor (>= 1).");
@@ -123,15 +128,19 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_eval_every) < 0 ||
       absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_train_limit) < 0 ||
-      absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1) {
+      absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1 ||
+      absl::GetFlag(FLAGS_retry_timeout_ms) < 0) {
     return Fail(kExitUsage,
-                "--steps, --eval_every, --train_limit and --test_limit must be >= 0, --log_every "
-                "and --connect_timeout_ms >= 1");
+                "--steps, --eval_every, --train_limit, --test_limit and --retry_timeout_ms must be "
+                ">= 0, --log_every and --connect_timeout_ms >= 1");
   }
   if (absl::GetFlag(FLAGS_backend) != "cpu") {
     return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '",
                                          absl::GetFlag(FLAGS_backend), "' (available: cpu)"));
   }
+  const rubato::SecurityConfig security = rubato::SecurityConfigFromFlags();
+  auto client_security = rubato::ClientSecurity::Create(security, worker_id);
+  if (!client_security.ok()) return Fail(kExitUsage, std::string(client_security.status().message()));
   rubato::StragglerOptions straggler_options;
   straggler_options.slowdown = absl::GetFlag(FLAGS_slowdown);
   straggler_options.min_step_ms = absl::GetFlag(FLAGS_min_step_ms);
@@ -215,6 +224,11 @@ int main(int argc, char** argv) {
   client_options.connect_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms));
   // Past the servers' own wait timeout, so that their error (naming whom they waited for) arrives.
   client_options.rpc_timeout = absl::Milliseconds(cluster->wait_timeout_ms()) + absl::Seconds(10);
+  client_options.retry_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_retry_timeout_ms));
+  client_options.heartbeat_timeout =
+      absl::Milliseconds(std::clamp<int64_t>(cluster->lease_ms() / 4, 100, 5000));
+  client_options.security = *client_security;
+  client_options.max_message_bytes = rubato::MaxMessageBytes(*cluster);
   absl::StatusOr<std::unique_ptr<rubato::PsClient>> client;
   if (cluster->consistency().mode() == rubato::ALLREDUCE) {
     // No servers: a ring all-reduce among the workers; wait_timeout_ms bounds each all-reduce.
@@ -225,6 +239,14 @@ int main(int argc, char** argv) {
     ring.steps_per_epoch = steps_per_epoch;
     ring.total_steps = steps;
     ring.timeout = absl::Milliseconds(cluster->wait_timeout_ms());
+    auto server_security = rubato::ServerSecurity::Create(security);
+    if (!server_security.ok()) {
+      return Fail(kExitUsage, std::string(server_security.status().message()));
+    }
+    ring.server_security = *server_security;
+    ring.client_security = *client_security;
+    RUBATO_LOG(INFO) << "ring peer on " << cluster->workers(worker_id) << ": "
+                     << server_security->Describe();
     client = rubato::CreateAllReduceClient(ring);
     if (!client.ok()) return Fail(kExitRuntime, client.status().ToString());
   } else {
@@ -281,13 +303,17 @@ int main(int argc, char** argv) {
   heartbeats.join();
   if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
   std::cout << absl::StrFormat(
-                   "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"wall_s\":%.3f,"
+                   "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
+                   "\"skipped_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
                    "\"params_fnv1a\":\"%016x\","
                    "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f}",
-                   worker_id, result->steps, result->wall_seconds, ParamsFingerprint(params),
+                   worker_id, result->steps, result->computed_steps, result->skipped_steps,
+                   result->rejoins, result->wall_seconds, ParamsFingerprint(params),
                    result->final_loss, result->test.loss, result->test.accuracy)
             << std::endl;
-  RUBATO_LOG(INFO) << "done: " << result->steps << " steps in " << result->wall_seconds
+  RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps
+                   << " steps computed here (" << result->skipped_steps << " skipped) in "
+                   << result->wall_seconds
                    << " s, test accuracy " << result->test.accuracy;
   return 0;
 }
