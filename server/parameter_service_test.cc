@@ -3,12 +3,19 @@
 // push from another client, and tensors larger than gRPC's 4 MiB default travel.
 #include "server/parameter_service.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
 #include <future>
 #include <limits>
 #include <memory>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/grpc_options.h"
+#include "common/security.h"
 #include "common/tensor_bytes.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/server.h"
@@ -20,7 +27,7 @@ namespace {
 
 class ServiceTest : public ::testing::Test {
  protected:
-  void Start(int workers) {
+  void Start(int workers, ServerSecurity security = ServerSecurity()) {
     workers_ = workers;
     ShardOptions o;
     o.cluster.set_num_workers(workers);
@@ -32,7 +39,7 @@ class ServiceTest : public ::testing::Test {
     auto shard = ParameterShard::Create(o);
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = std::move(*shard);
-    service_ = std::make_unique<ParameterService>(shard_.get());
+    service_ = std::make_unique<ParameterService>(shard_.get(), std::move(security));
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder);
     int port = 0;
@@ -67,6 +74,7 @@ class ServiceTest : public ::testing::Test {
     FloatsToBytes(values, init->mutable_data());
     RegisterResponse resp;
     grpc::ClientContext ctx;
+    Attach(&ctx, worker);
     return stub_->Register(&ctx, req, &resp);
   }
 
@@ -76,6 +84,7 @@ class ServiceTest : public ::testing::Test {
     req.set_step(step);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    Attach(&ctx, worker);
     return stub_->Pull(&ctx, req, resp);
   }
 
@@ -89,9 +98,16 @@ class ServiceTest : public ::testing::Test {
     FloatsToBytes(grad, g->mutable_data());
     PushResponse resp;
     grpc::ClientContext ctx;
+    Attach(&ctx, worker);
     return stub_->Push(&ctx, req, &resp);
   }
 
+  // The token each call carries: `token_for_` of the request's worker, or none.
+  void Attach(grpc::ClientContext* ctx, int worker) {
+    if (token_for_) ctx->AddMetadata(kAuthMetadataKey, token_for_(worker));
+  }
+
+  std::function<std::string(int)> token_for_;
   int workers_ = 0;
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<ParameterService> service_;
@@ -173,6 +189,76 @@ TEST_F(ServiceTest, TensorsLargerThanFourMebibytesTravel) {
   std::vector<float> w(n);
   BytesToFloats(resp.tensors(0).data(), absl::MakeSpan(w));
   EXPECT_FLOAT_EQ(w[n - 1], 0.001f * ((n - 1) % 1000) - 0.05f);
+}
+
+// Issue 9, finding 7: with a job secret, every call needs a token, and a worker's token works only
+// for that worker. Refused calls change nothing.
+TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
+  const std::string path = ::testing::TempDir() + "/service_test.secret";
+  std::ofstream(path) << "the job secret for this test, 40 bytes...";
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  SecurityConfig config;
+  config.auth_secret_file = path;
+  absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
+  ASSERT_TRUE(security.ok()) << security.status();
+  Start(2, *security);
+  const JobAuth auth = *JobAuth::FromFile(path);
+  const JobAuth wrong = *JobAuth::FromSecret("not the job secret at all");
+
+  // No token, a token from another secret, another worker's token: nothing registers.
+  EXPECT_EQ(Register(0, 8).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  token_for_ = [&](int w) { return wrong.WorkerToken(w); };
+  EXPECT_EQ(Register(0, 8).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  token_for_ = [&](int w) { return auth.WorkerToken(1 - w); };
+  grpc::Status impostor = Register(0, 8);
+  EXPECT_EQ(impostor.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(impostor.error_message().find("can act only as itself"), std::string::npos)
+      << impostor.error_message();
+  token_for_ = [&](int) { return auth.OperatorToken(); };
+  EXPECT_EQ(Register(0, 8).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(shard_->Stats().workers_size(), 0);
+  EXPECT_EQ(shard_->Stats().tensors_size(), 0) << "an impostor chose the model";
+
+  token_for_ = [&](int w) { return auth.WorkerToken(w); };
+  ASSERT_TRUE(Register(0, 8).ok());
+  ASSERT_TRUE(Register(1, 8).ok());
+  PullResponse before;
+  ASSERT_TRUE(Pull(0, 0, &before).ok());
+  // Worker 1 pushing as worker 0: refused, and worker 0's own push then counts (it is no duplicate).
+  token_for_ = [&](int w) { return auth.WorkerToken(1 - w); };
+  EXPECT_EQ(Push(0, 0, std::vector<float>(8, 1.0f)).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  PullResponse stolen;
+  EXPECT_EQ(Pull(0, 0, &stolen).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(stolen.tensors_size(), 0);
+  token_for_ = [&](int w) { return auth.WorkerToken(w); };
+  ASSERT_TRUE(Push(0, 0, std::vector<float>(8, 1.0f)).ok());
+  EXPECT_EQ(shard_->Stats().duplicate_gradients(), 0);
+
+  // GetStats and Heartbeat: no token, no answer; the operator may read stats.
+  GetStatsResponse stats;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub_->GetStats(&ctx, GetStatsRequest(), &stats).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kAuthMetadataKey, auth.OperatorToken());
+    ASSERT_TRUE(stub_->GetStats(&ctx, GetStatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.workers_size(), 2);
+  }
+  {
+    HeartbeatRequest hb;
+    hb.set_worker_id(1);
+    HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kAuthMetadataKey, auth.WorkerToken(0));
+    EXPECT_EQ(stub_->Heartbeat(&ctx, hb, &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << "a worker kept another's lease alive";
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace
