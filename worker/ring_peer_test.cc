@@ -1,6 +1,9 @@
 #include "worker/ring_peer.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -11,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_options.h"
+#include "common/security.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -25,14 +29,14 @@ using ::testing::HasSubstr;
 
 // One rank's RingPeer server and mailbox on 127.0.0.1.
 struct Peer {
-  explicit Peer(int from_rank) : mailbox(from_rank), service(&mailbox) {}
+  explicit Peer(int from_rank, ServerSecurity security = ServerSecurity())
+      : mailbox(from_rank), service(&mailbox, security), credentials(security.credentials()) {}
 
   std::string Start(int port = 0) {
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder);
     int bound = 0;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
-                             &bound);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), credentials, &bound);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
     return absl::StrCat("127.0.0.1:", bound);
@@ -46,6 +50,7 @@ struct Peer {
 
   RingMailbox mailbox;
   RingPeerService service;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   std::unique_ptr<grpc::Server> server;
 };
 
@@ -349,6 +354,52 @@ TEST(GrpcRingTest, PayloadsSplitAcrossSlicesAtAnyByte) {
     const absl::Status s = ParseRingBlock(message, &from, &tag, &payload);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   }
+}
+
+// Issue 9: with a job secret, a rank accepts a stream only from its previous rank, proven by that
+// rank's token; anything else is refused before it reaches the mailbox.
+TEST(GrpcRingTest, OnlyThePreviousRanksTokenOpensAStream) {
+  const std::string path = ::testing::TempDir() + "/ring_test.secret";
+  std::ofstream(path) << "a ring secret of thirty-two bytes";
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  SecurityConfig config;
+  config.auth_secret_file = path;
+  absl::StatusOr<ServerSecurity> server_security = ServerSecurity::Create(config);
+  ASSERT_TRUE(server_security.ok()) << server_security.status();
+  Peer receiver(/*from_rank=*/0, *server_security);  // Rank 1: its previous rank is 0.
+  const std::string address = receiver.Start();
+  const std::vector<float> block = {1, 2, 3};
+
+  SecurityConfig other = config;
+  other.auth_secret_file = ::testing::TempDir() + "/ring_test_other.secret";
+  std::ofstream(other.auth_secret_file) << "some other job's secret, also long";
+  ASSERT_EQ(chmod(other.auth_secret_file.c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, ClientSecurity>> refused = {
+      {"no token", ClientSecurity()},
+      {"rank 1's token", *ClientSecurity::Create(config, 1)},
+      {"another job's token", *ClientSecurity::Create(other, 0)},
+  };
+  for (const auto& [what, security] : refused) {
+    RingMailbox own(1);
+    GrpcRingLink link(0, 2, address, &own, absl::Seconds(1), security);
+    ASSERT_TRUE(link.Send(0, block).ok());
+    const absl::Status s = link.Flush(absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) << what << ": " << s;
+  }
+  std::vector<float> out(3, 0.0f);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(receiver.mailbox.Take(
+      0, absl::MakeSpan(out), RingLink::Combine::kCopy, absl::Now() + absl::Milliseconds(100))))
+      << "a refused stream delivered a block";
+
+  RingMailbox own(1);
+  GrpcRingLink link(0, 2, address, &own, absl::Seconds(1), *ClientSecurity::Create(config, 0));
+  ASSERT_TRUE(link.Send(0, block).ok());
+  ASSERT_TRUE(link.Flush(absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE(receiver.mailbox
+                  .Take(0, absl::MakeSpan(out), RingLink::Combine::kCopy,
+                        absl::Now() + absl::Seconds(10))
+                  .ok());
+  EXPECT_EQ(out, block);
 }
 
 }  // namespace
