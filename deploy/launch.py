@@ -48,10 +48,10 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms",
                  "max_message_mb")
 # Flags given to servers only.
-SERVER_FLAGS = ("update_threads",)
+SERVER_FLAGS = ("update_threads", "memory_budget_mb")
 # Flags given to workers only.
 WORKER_FLAGS = ("layers", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
-                "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms",
+                "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
                 "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",

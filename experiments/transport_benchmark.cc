@@ -9,8 +9,16 @@
 // the figure is transport plus the server's SGD pass; per worker it reports
 // (bytes pushed + bytes pulled) / time. The TCP line is one socket pair over loopback, one thread
 // writing 1 MiB blocks and one reading: the ceiling for a single connection on this machine.
+//
+// Last, the cost of security (issue 9): 1 and 16 MB, 1 shard, 1 and 3 workers, plaintext without
+// tokens next to mutual TLS with per-worker tokens, in the same run. The TLS material is a
+// throwaway CA and certificates made with the openssl command in a temporary directory.
+
+#include <stdlib.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <optional>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,7 +31,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_options.h"
+#include "common/limits.h"
 #include "common/malloc_tuning.h"
+#include "common/security.h"
 #include "common/tensor_bytes.h"
 #include "experiments/loopback_tcp.h"
 #include "grpcpp/server.h"
@@ -47,7 +57,14 @@ struct Server {
 };
 
 // Returns bytes/s per worker (mean over workers), or a negative number on error.
-double Measure(int64_t model_bytes, int shards, int workers, double seconds) {
+// Credentials for both ends; the defaults are plaintext without tokens.
+struct Security {
+  ServerSecurity server;
+  SecurityConfig client_config;  // ClientSecurity::Create(client_config, worker id).
+};
+
+double Measure(int64_t model_bytes, int shards, int workers, double seconds,
+               const Security& security = Security()) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(ASYNC);
@@ -67,11 +84,12 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds) {
       return -1;
     }
     servers[s].shard = std::move(*shard);
-    servers[s].service = std::make_unique<ParameterService>(servers[s].shard.get());
+    servers[s].service =
+        std::make_unique<ParameterService>(servers[s].shard.get(), security.server);
     grpc::ServerBuilder builder;
-    ConfigureServerBuilder(&builder);
+    ConfigureServerBuilder(&builder, kMaxMessageBytesLimit);
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:0", security.server.credentials(), &port);
     builder.RegisterService(servers[s].service.get());
     servers[s].server = builder.BuildAndStart();
     servers[s].address = absl::StrCat("127.0.0.1:", port);
@@ -94,6 +112,13 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds) {
     threads.emplace_back([&, w] {
       PsClientOptions options = base;
       options.worker_id = w;
+      options.max_message_bytes = kMaxMessageBytesLimit;
+      auto client_security = ClientSecurity::Create(security.client_config, w);
+      if (!client_security.ok()) {
+        errors[w] = client_security.status().ToString();
+        return;
+      }
+      options.security = *client_security;
       auto client = CreateGrpcPsClient(options);
       if (!client.ok()) {
         errors[w] = client.status().ToString();
@@ -171,6 +196,18 @@ double MeasureInProcess(int64_t model_bytes, double seconds) {
   int64_t bytes = 0;
   const absl::Time start = absl::Now();
   for (int64_t step = 0; absl::Now() - start < absl::Seconds(seconds); ++step) {
+    // As a worker does: pull the weights of this step, then push its gradient.
+    PullRequest pull;
+    pull.set_worker_id(0);
+    pull.set_step(step);
+    bool ok = false;
+    (*shard)->Pull(pull, absl::InfiniteFuture(), [&](absl::Status s, PullResponse r) {
+      ok = s.ok();
+      for (int i = 0; ok && i < r.tensors_size(); ++i) {
+        BytesToFloats(r.tensors(i).data(), absl::MakeSpan(values[i]));
+      }
+    });
+    if (!ok) return -1;
     PushRequest push;
     push.set_worker_id(0);
     push.set_step(step);
@@ -180,20 +217,45 @@ double MeasureInProcess(int64_t model_bytes, double seconds) {
       FloatsToBytes(values[i], g->mutable_data());
     }
     if (!(*shard)->Push(push).ok()) return -1;
-    PullRequest pull;
-    pull.set_worker_id(0);
-    pull.set_step(step + 1);
-    bool ok = false;
-    (*shard)->Pull(pull, absl::InfiniteFuture(), [&](absl::Status s, PullResponse r) {
-      ok = s.ok();
-      for (int i = 0; ok && i < r.tensors_size(); ++i) {
-        BytesToFloats(r.tensors(i).data(), absl::MakeSpan(values[i]));
-      }
-    });
-    if (!ok) return -1;
     bytes += 2 * model_bytes;
   }
   return bytes / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// Mutual TLS and a job secret, made in a fresh temporary directory; nullopt (and a message) if the
+// openssl command is missing or fails.
+std::optional<Security> MakeTlsAndTokens() {
+  char dir_template[] = "/tmp/rubato-bench-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) return std::nullopt;
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir,
+      "; openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 "
+      "-subj /CN=bench-ca -keyout ca.key -out ca.pem 2>/dev/null; "
+      "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext; "
+      "for n in server client; do openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+      "-nodes -subj /CN=$n -keyout $n.key -out $n.csr 2>/dev/null; openssl x509 -req -in "
+      "$n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile san.ext -out $n.pem "
+      "2>/dev/null; done; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > job.secret; "
+      "chmod 600 job.secret");
+  if (std::system(script.c_str()) != 0) {
+    std::fprintf(stderr, "could not make TLS material with openssl in %s\n", dir);
+    return std::nullopt;
+  }
+  const std::string d(dir);
+  SecurityConfig server;
+  server.auth_secret_file = d + "/job.secret";
+  server.tls = {d + "/server.pem", d + "/server.key", d + "/ca.pem"};
+  Security security;
+  auto s = ServerSecurity::Create(server);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.status().ToString().c_str());
+    return std::nullopt;
+  }
+  security.server = *std::move(s);
+  security.client_config = server;
+  security.client_config.tls = {d + "/client.pem", d + "/client.key", d + "/ca.pem"};
+  return security;
 }
 
 }  // namespace
@@ -228,6 +290,20 @@ int main(int argc, char** argv) {
                     workers, rate / 1e9, rate / tcp);
         std::fflush(stdout);
       }
+    }
+  }
+  std::optional<rubato::Security> secure = rubato::MakeTlsAndTokens();
+  if (!secure.has_value()) return 1;
+  std::printf("\nsecurity cost, 1 shard: plaintext without tokens vs mutual TLS + per-worker "
+              "tokens\n%-8s %-8s %14s %14s %8s\n",
+              "model", "workers", "plain GB/s", "TLS+token GB/s", "ratio");
+  for (int64_t mb : {1, 16}) {
+    for (int workers : {1, 3}) {
+      const double plain = rubato::Measure(mb << 20, 1, workers, seconds);
+      const double tls = rubato::Measure(mb << 20, 1, workers, seconds, *secure);
+      std::printf("%-8s %-8d %14.3f %14.3f %8.2f\n", absl::StrCat(mb, " MB").c_str(), workers,
+                  plain / 1e9, tls / 1e9, tls / plain);
+      std::fflush(stdout);
     }
   }
   return 0;
