@@ -187,8 +187,8 @@ class GrpcPsClient final : public PsClient {
     // The calls wait for a server that is not up yet (gRPC's wait_for_ready); running out of time
     // means the server could not be reached.
     kWaitForReady,
-    // A call that fails with UNAVAILABLE is started again after a backoff, waiting for the
-    // connection, for up to options_.retry_timeout from its first failure.
+    // A call that fails with UNAVAILABLE is started again after a backoff (0.1 s doubling to 2 s)
+    // until it gets through, for up to options_.retry_timeout from its first failure.
     kWhileUnavailable,
   };
 
@@ -205,8 +205,7 @@ class GrpcPsClient final : public PsClient {
     std::vector<absl::Time> first_failure(n, absl::InfiniteFuture());
     absl::Duration backoff = absl::Milliseconds(100);
     while (true) {
-      std::vector<grpc::Status> results = RunCalls(call_shards, calls, deadline, retry, first_failure,
-                                                   start);
+      std::vector<grpc::Status> results = RunCalls(call_shards, calls, deadline, retry, start);
       absl::Status error;
       std::vector<size_t> again;
       const absl::Time now = absl::Now();
@@ -256,27 +255,22 @@ class GrpcPsClient final : public PsClient {
            status.error_message().find("shutting down") == std::string::npos;
   }
 
-  // One round of FanOut: the calls `calls` (indices into call_shards), concurrently. A retried
-  // call (first_failure set) waits for its connection up to its retry window's end.
+  // One round of FanOut: the calls `calls` (indices into call_shards), concurrently, each with the
+  // whole operation's deadline. A retry fails fast while the connection is down (it is not
+  // wait_for_ready), so FanOut's backoff loop, not the call, decides how long to keep trying, and a
+  // call that gets through still has its full deadline (a BSP pull may wait at the barrier).
   template <typename StartCall>
   std::vector<grpc::Status> RunCalls(const std::vector<int>& call_shards,
                                      const std::vector<size_t>& calls, absl::Time deadline,
-                                     Retry retry, const std::vector<absl::Time>& first_failure,
-                                     StartCall& start) {
+                                     Retry retry, StartCall& start) {
     const size_t n = calls.size();
     std::vector<grpc::ClientContext> contexts(n);
     std::vector<grpc::Status> results(n);
     absl::BlockingCounter pending(static_cast<int>(n));
     for (size_t k = 0; k < n; ++k) {
       const size_t c = calls[k];
-      absl::Time call_deadline = deadline;
-      bool wait_for_ready = retry == Retry::kWaitForReady;
-      if (first_failure[c] != absl::InfiniteFuture()) {
-        wait_for_ready = true;
-        call_deadline = std::min(deadline, first_failure[c] + options_.retry_timeout);
-      }
-      contexts[k].set_deadline(absl::ToChronoTime(call_deadline));
-      contexts[k].set_wait_for_ready(wait_for_ready);
+      contexts[k].set_deadline(absl::ToChronoTime(deadline));
+      contexts[k].set_wait_for_ready(retry == Retry::kWaitForReady);
       options_.security.Attach(&contexts[k]);
       start(stubs_[call_shards[c]]->async(), static_cast<int>(c), &contexts[k],
             [&results, &pending, k](grpc::Status status) {

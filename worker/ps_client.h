@@ -7,8 +7,8 @@
 // error, prefixed with the shard and its address, is returned.
 //
 // Network faults: a pull or push whose call fails with UNAVAILABLE (connection refused, reset or
-// cut) is retried with backoff (100 ms doubling to 2 s), the retries waiting for the connection to
-// come back, for up to `retry_timeout` from its first failure; then it fails naming the shard.
+// cut) is retried with backoff (100 ms doubling to 2 s) for up to `retry_timeout` from its first
+// failure; then it fails naming the shard.
 // Retrying is safe: a push is idempotent per (worker, step, tensor), and a pull supersedes the
 // same worker's parked one on the shard. Heartbeats go to every shard at once and are not retried
 // (the next one follows within a quarter lease).
