@@ -307,8 +307,11 @@ class OptimizerImpl final : public Optimizer {
                  TensorOptimizerState* state, ThreadPool* pool) const;
   void UpdateAdam(float lr, float wd, const float* g, float* w, int64_t n,
                   TensorOptimizerState* state, ThreadPool* pool) const;
+  // Takes scratch_mu_ only when TryLock succeeds and releases it on the same condition, which
+  // the thread-safety analysis cannot follow; scratch_ is touched only while it is held.
   void UpdateLamb(float lr, float wd, bool adapt, const float* g, float* w, int64_t n,
-                  TensorOptimizerState* state, ThreadPool* pool) const;
+                  TensorOptimizerState* state, ThreadPool* pool) const
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void UpdateLars(float lr, float wd, bool adapt, const float* g, float* w, int64_t n,
                   TensorOptimizerState* state, ThreadPool* pool) const;
   AdamScalars AdamScalarsAt(int64_t t) const;

@@ -40,7 +40,7 @@ class Mailbox {
     Block block;
     {
       absl::MutexLock lock(&mu_);
-      auto has = [&] { return blocks_.count(tag) > 0; };
+      auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return blocks_.count(tag) > 0; };
       if (!mu_.AwaitWithDeadline(absl::Condition(&has), deadline)) {
         return absl::DeadlineExceededError(absl::StrCat("no block ", tag, " from rank ", from));
       }
@@ -79,7 +79,9 @@ class InProcessLink : public RingLink {
   }
   absl::Status Flush(absl::Time deadline) override {
     absl::MutexLock lock(&ledger_.mu);
-    auto released = [&] { return ledger_.outstanding.empty(); };
+    auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_.mu) {
+      return ledger_.outstanding.empty();
+    };
     if (!ledger_.mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
       return absl::DeadlineExceededError("blocks not released");
     }

@@ -303,7 +303,8 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
   PushResponse response;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status status = [&]() -> absl::Status {
+    // Runs at once, under the lock (which the annotation tells the thread-safety analysis).
+    absl::Status status = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       const int id = request.worker_id();
       RETURN_IF_ERROR(CheckMember(id));
       if (!schedule_.has_value()) {
