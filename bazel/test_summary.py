@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""Counts test cases from a `bazel test --test_summary=short` log and the test.xml files.
+"""Counts test cases from `bazel test --test_summary=short` logs and their test.xml files.
 
     bazel test //... --test_summary=short 2>&1 | tee log; python3 bazel/test_summary.py log
+    python3 bazel/test_summary.py log fuzz_log --testlogs DIR --expect //fuzz:a_test ...
+
+Several logs may be given (./rubato test passes the `bazel test //...` log and the fuzz tests'
+log, which come from another output base). Options apply to the log named just before them:
+`--testlogs DIR` is where that log's test.xml files are (default: bazel-testlogs), `--expect
+TARGET` a test that must have a result in it (one without counts as a failure: NO RESULT, e.g.
+when the build could not even start), and `--skipped TARGET` a test that was deliberately not run
+(counted as skipped).
 
 Prints one line per test target and ends with `N passed, N failed, N skipped` (gtest cases: a
 GTEST_SKIP counts as skipped). A target that failed without a failing case in its XML (a crash,
@@ -35,37 +43,76 @@ def count_cases(xml_path):
     return passed, failed, skipped
 
 
-def main(log_path, testlogs="bazel-testlogs"):
-    with open(log_path, errors="replace") as f:
-        results = {}
-        for line in f:
-            m = LINE.match(line.strip())
-            if m:
-                results[m.group(1)] = m.group(2)
-    passed = failed = skipped = 0
-    for target, status in sorted(results.items()):
-        pkg, name = target[2:].split(":", 1)
-        counts = count_cases(os.path.join(testlogs, pkg, name, "test.xml"))
-        p, f_, s = counts if counts else (0, 0, 0)
-        if status in ("PASSED", "FLAKY"):
-            if counts is None:
-                p = 1
-        elif status == "SKIPPED":
-            p, f_, s = 0, 0, max(s, 1)
+def read_results(log_path):
+    """{target: status} from one bazel test log; {} if it cannot be read."""
+    results = {}
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = LINE.match(line.strip())
+                if m:
+                    results[m.group(1)] = m.group(2)
+    except OSError:
+        pass
+    return results
+
+
+def parse_args(argv):
+    """[(log, testlogs, expected targets, skipped targets)] from the command line, or None."""
+    runs = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--testlogs", "--expect", "--skipped"):
+            if not runs or i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            if arg == "--testlogs":
+                runs[-1]["testlogs"] = value
+            else:
+                runs[-1][arg[2:]].append(value)
+            i += 2
+        elif arg.startswith("--"):
+            return None
         else:
-            f_ = max(f_, 1)
-            if status == "FAILED TO BUILD":
-                p, s = 0, 0
-        passed, failed, skipped = passed + p, failed + f_, skipped + s
-        print("%-50s %-16s %4d passed %3d failed %3d skipped" % (target, status, p, f_, s))
-    if not results:
-        print("no test results found in %s" % log_path)
-        failed = max(failed, 1)
+            runs.append({"log": arg, "testlogs": "bazel-testlogs", "expect": [], "skipped": []})
+            i += 1
+    return runs or None
+
+
+def main(argv):
+    runs = parse_args(argv)
+    if runs is None:
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        return 2
+    passed = failed = skipped = 0
+    for run in runs:
+        results = read_results(run["log"])
+        for target in run["expect"]:
+            results.setdefault(target, "NO RESULT")
+        for target in run["skipped"]:
+            results[target] = "SKIPPED"
+        if not results:
+            print("no test results found in %s" % run["log"])
+            failed += 1
+        for target, status in sorted(results.items()):
+            pkg, name = target[2:].split(":", 1)
+            counts = count_cases(os.path.join(run["testlogs"], pkg, name, "test.xml"))
+            p, f_, s = counts if counts else (0, 0, 0)
+            if status in ("PASSED", "FLAKY"):
+                if counts is None:
+                    p = 1
+            elif status == "SKIPPED":
+                p, f_, s = 0, 0, max(s, 1)
+            else:
+                f_ = max(f_, 1)
+                if status in ("FAILED TO BUILD", "NO RESULT"):
+                    p, s = 0, 0
+            passed, failed, skipped = passed + p, failed + f_, skipped + s
+            print("%-50s %-16s %4d passed %3d failed %3d skipped" % (target, status, p, f_, s))
     print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return 0 if failed == 0 and passed > 0 else 1
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: test_summary.py BAZEL_TEST_LOG")
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

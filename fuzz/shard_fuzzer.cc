@@ -1,0 +1,399 @@
+// shard_fuzzer: a libFuzzer harness over ParameterShard (server/parameter_shard.h), the state
+// machine behind every parameter-server RPC.
+//
+// Each input is a serialized rubato.fuzz.ShardFuzzCase (fuzz/fuzz_case.proto); one that does not
+// parse is skipped. The harness builds a shard for the case's job (1..4 workers, pulls that wait at
+// most 1 ms, a 1 s lease or a very short one), optionally registers every worker with a small valid
+// model first, then replays the actions through Register, Push, Pull, Heartbeat and Stats, exactly
+// as ParameterService would hand them over from the network. After each action it checks what the
+// contract promises and is cheap to check:
+//   - Stats(): tensor versions never decrease; applied_updates is the sum of the versions; bytes
+//   and
+//     min_version agree with the tensors; pushes + rejected_pushes counts every Push call; the
+//     staleness histogram, duplicate and dropped counters add up to what the Push responses said;
+//   - Push: accepted + duplicates + dropped is the number of gradients sent;
+//   - Pull: done is called exactly once (checked after the shard is destroyed), never with the
+//     shard's lock held (it calls Stats() from inside), and an OK response has the tensors asked
+//     for, each with 4 bytes per element and, under bsp and backup, a version >= the step;
+//   - Register: an OK response describes the shard's job.
+// A broken invariant aborts with a message (a crash for libFuzzer).
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/cluster_spec.h"
+#include "fuzz/fuzz_case.pb.h"
+#include "fuzz/fuzz_check.h"
+#include "proto/cluster.pb.h"
+#include "proto/parameter_server.pb.h"
+#include "server/parameter_shard.h"
+
+namespace rubato {
+namespace fuzz {
+namespace {
+
+constexpr int64_t kMaxFilledElements = 1 << 16;  // fill_initial_values: larger models are left.
+constexpr int64_t kMaxGradientElements = 1 << 16;
+constexpr uint32_t kMaxSleepUs = 2000;
+constexpr uint32_t kMaxTotalSleepUs = 5000;
+
+// The small model of start_ready and use_ready_model: a 3x2 layer, its bias and a scalar.
+struct ReadyTensor {
+  const char* name;
+  std::vector<int64_t> shape;
+};
+const std::vector<ReadyTensor>& ReadyModel() {
+  static const auto* model =
+      new std::vector<ReadyTensor>{{"dense.weight", {3, 2}}, {"dense.bias", {2}}, {"scale", {}}};
+  return *model;
+}
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string Floats(int64_t n, const google::protobuf::RepeatedField<float>& values, float base) {
+  std::string bytes(static_cast<size_t>(n) * sizeof(float), '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = values.empty() ? base + 0.01f * static_cast<float>(i)
+                                   : values[static_cast<int>(i % values.size())];
+    std::memcpy(&bytes[static_cast<size_t>(i) * sizeof(float)], &v, sizeof(float));
+  }
+  return bytes;
+}
+
+void UseReadyModel(RegisterRequest* request) {
+  request->clear_model();
+  request->clear_initial_values();
+  const google::protobuf::RepeatedField<float> none;
+  for (const ReadyTensor& t : ReadyModel()) {
+    TensorSpec* spec = request->add_model();
+    spec->set_name(t.name);
+    for (int64_t d : t.shape) spec->add_shape(d);
+    TensorValue* value = request->add_initial_values();
+    value->set_name(t.name);
+    *value->mutable_data() = Floats(Elements(t.shape), none, 0.5f);
+  }
+}
+
+// Right-sized initial values for `request`'s model, if it is small and well-formed.
+void FillInitialValues(RegisterRequest* request) {
+  int64_t total = 0;
+  for (const TensorSpec& spec : request->model()) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape()) {
+      if (d < 1 || d > kMaxFilledElements || n * d > kMaxFilledElements) return;
+      n *= d;
+    }
+    total += n;
+    if (total > kMaxFilledElements) return;
+  }
+  request->clear_initial_values();
+  const google::protobuf::RepeatedField<float> none;
+  for (const TensorSpec& spec : request->model()) {
+    TensorValue* value = request->add_initial_values();
+    value->set_name(spec.name());
+    *value->mutable_data() =
+        Floats(Elements(std::vector<int64_t>(spec.shape().begin(), spec.shape().end())), none, 1);
+  }
+}
+
+// What the harness knows of the shard between actions: from Stats() and the calls' answers.
+struct Expected {
+  std::map<std::string, int64_t> versions;  // Highest version seen per tensor.
+  int64_t push_calls = 0;
+  int64_t accepted = 0;
+  int64_t duplicates = 0;
+  int64_t dropped = 0;
+};
+
+// Records every Pull's completions; shared with the done callbacks, which may outlive the replay
+// loop (they run until the shard is destroyed).
+struct PullLog {
+  absl::Mutex mu;
+  std::vector<int> calls ABSL_GUARDED_BY(mu);  // Per pull: times done was called.
+};
+
+void CheckStats(const GetStatsResponse& s, const ClusterSpec& cluster, int shard_id,
+                Expected* expected) {
+  FUZZ_CHECK(s.shard_id() == shard_id, absl::StrCat(s.shard_id()));
+  FUZZ_CHECK(s.num_workers() == cluster.num_workers(), absl::StrCat(s.num_workers()));
+  int64_t sum_versions = 0, bytes = 0;
+  int64_t min_version = s.tensors().empty() ? 0 : s.tensors(0).version();
+  for (const TensorStats& t : s.tensors()) {
+    FUZZ_CHECK(t.elements() >= 1, t.name());
+    FUZZ_CHECK(t.version() >= 0, t.name());
+    auto [it, inserted] = expected->versions.emplace(t.name(), t.version());
+    FUZZ_CHECK(inserted || t.version() >= it->second,
+               absl::StrCat("tensor '", t.name(), "' went from version ", it->second, " to ",
+                            t.version()));
+    it->second = t.version();
+    sum_versions += t.version();
+    bytes += 4 * t.elements();
+    min_version = std::min(min_version, t.version());
+  }
+  FUZZ_CHECK(expected->versions.size() == static_cast<size_t>(s.tensors_size()),
+             "the set of tensors changed");
+  FUZZ_CHECK(s.applied_updates() == sum_versions,
+             absl::StrCat(s.applied_updates(), " updates applied, versions sum to ", sum_versions));
+  FUZZ_CHECK(s.bytes() == bytes, absl::StrCat(s.bytes(), " vs ", bytes));
+  FUZZ_CHECK(s.min_version() == min_version, absl::StrCat(s.min_version(), " vs ", min_version));
+  FUZZ_CHECK(s.pushes() + s.rejected_pushes() == expected->push_calls,
+             absl::StrCat(s.pushes(), " + ", s.rejected_pushes(), " vs ", expected->push_calls));
+  FUZZ_CHECK(s.duplicate_gradients() == expected->duplicates,
+             absl::StrCat(s.duplicate_gradients(), " vs ", expected->duplicates));
+  FUZZ_CHECK(s.dropped_gradients() == expected->dropped,
+             absl::StrCat(s.dropped_gradients(), " vs ", expected->dropped));
+  FUZZ_CHECK(s.staleness_histogram_size() == 8, absl::StrCat(s.staleness_histogram_size()));
+  int64_t recorded = 0;
+  for (int64_t n : s.staleness_histogram()) {
+    FUZZ_CHECK(n >= 0, absl::StrCat(n));
+    recorded += n;
+  }
+  // Every accepted gradient records its staleness once.
+  FUZZ_CHECK(recorded == expected->accepted,
+             absl::StrCat(recorded, " staleness records vs ", expected->accepted, " accepted"));
+  FUZZ_CHECK(s.pending_pulls() >= 0, absl::StrCat(s.pending_pulls()));
+  for (const WorkerStats& w : s.workers()) {
+    FUZZ_CHECK(w.worker_id() >= 0 && w.worker_id() < cluster.num_workers(),
+               absl::StrCat(w.worker_id()));
+  }
+}
+
+void Trace(const char* what, int worker, const absl::Status& status,
+           const std::string& detail = "") {
+  if (!Verbose()) return;
+  std::fprintf(stderr, "shard_fuzzer: %s by worker %d: %s %s\n", what, worker,
+               status.ToString().c_str(), detail.c_str());
+}
+
+// The shard's tensor names and element counts, in GetStats order.
+std::vector<std::pair<std::string, int64_t>> TensorList(const GetStatsResponse& s) {
+  std::vector<std::pair<std::string, int64_t>> list;
+  for (const TensorStats& t : s.tensors()) list.emplace_back(t.name(), t.elements());
+  return list;
+}
+
+ClusterSpec JobOf(const ShardFuzzCase& c) {
+  ClusterSpec cluster = c.cluster();
+  cluster.clear_servers();
+  cluster.clear_workers();
+  cluster.set_num_workers(std::clamp(cluster.num_workers(), 1, 4));
+  FillClusterSpecDefaults(&cluster);
+  cluster.set_wait_timeout_ms(1);
+  cluster.set_lease_ms(c.short_lease_ms() >= 1 && c.short_lease_ms() <= 5 ? c.short_lease_ms()
+                                                                          : 1000);
+  return cluster;
+}
+
+void RunCase(const ShardFuzzCase& c) {
+  ShardOptions options;
+  options.cluster = JobOf(c);
+  options.num_shards = std::clamp(c.num_shards(), 1, 4);
+  options.shard_id = static_cast<int>(static_cast<uint32_t>(c.shard_id()) %
+                                      static_cast<uint32_t>(options.num_shards));
+  options.update_threads = std::clamp(c.update_threads(), 1, 2);
+  absl::StatusOr<std::unique_ptr<ParameterShard>> created = ParameterShard::Create(options);
+  if (!created.ok()) {
+    if (Verbose()) std::fprintf(stderr, "shard_fuzzer: %s\n", created.status().ToString().c_str());
+    return;
+  }
+  std::unique_ptr<ParameterShard> shard = std::move(*created);
+  const ClusterSpec& cluster = options.cluster;
+  const ConsistencyMode mode = cluster.consistency().mode();
+  const bool barrier = mode == BSP || mode == BACKUP;
+
+  Expected expected;
+  auto pulls = std::make_shared<PullLog>();
+  uint32_t slept_us = 0;
+
+  auto check_register = [&](const absl::StatusOr<RegisterResponse>& r) {
+    if (!r.ok()) return;
+    FUZZ_CHECK(r->num_workers() == cluster.num_workers(), absl::StrCat(r->num_workers()));
+    FUZZ_CHECK(r->shard_id() == options.shard_id, absl::StrCat(r->shard_id()));
+    FUZZ_CHECK(r->num_shards() == options.num_shards, absl::StrCat(r->num_shards()));
+    FUZZ_CHECK(r->lease_ms() == cluster.lease_ms(), absl::StrCat(r->lease_ms()));
+    FUZZ_CHECK(r->min_version() >= 0, absl::StrCat(r->min_version()));
+  };
+  auto job_request = [&](RegisterRequest* request) {
+    request->set_num_workers(cluster.num_workers());
+    *request->mutable_consistency() = cluster.consistency();
+  };
+
+  if (c.start_ready()) {
+    for (int w = 0; w < cluster.num_workers(); ++w) {
+      RegisterRequest request;
+      request.set_worker_id(w);
+      job_request(&request);
+      request.set_batch_size(8);
+      request.set_steps_per_epoch(10);
+      request.set_total_steps(1000);
+      UseReadyModel(&request);
+      const absl::StatusOr<RegisterResponse> r = shard->Register(request);
+      Trace("start_ready: register", w, r.status());
+      check_register(r);
+    }
+  }
+
+  for (const ShardAction& action : c.actions()) {
+    switch (action.action_case()) {
+      case ShardAction::kRegisterWorker: {
+        const RegisterAction& a = action.register_worker();
+        RegisterRequest request = a.request();
+        if (a.use_shard_job()) job_request(&request);
+        if (a.use_ready_model()) {
+          UseReadyModel(&request);
+        } else if (a.fill_initial_values()) {
+          FillInitialValues(&request);
+        }
+        const absl::StatusOr<RegisterResponse> r = shard->Register(request);
+        Trace("register", request.worker_id(), r.status());
+        check_register(r);
+        break;
+      }
+      case ShardAction::kPush:
+      case ShardAction::kGradientPush: {
+        PushRequest request;
+        if (action.has_push()) {
+          request = action.push();
+        } else {
+          const GradientPush& g = action.gradient_push();
+          request.set_worker_id(g.worker_id());
+          request.set_step(g.step());
+          const auto tensors = TensorList(shard->Stats());
+          for (uint32_t i : g.tensors()) {
+            if (tensors.empty()) break;
+            const auto& [name, elements] = tensors[i % tensors.size()];
+            if (elements > kMaxGradientElements) continue;
+            TensorValue* gradient = request.add_gradients();
+            gradient->set_name(name);
+            *gradient->mutable_data() = Floats(elements, g.values(), 0);
+          }
+        }
+        ++expected.push_calls;
+        absl::StatusOr<PushResponse> r = shard->Push(request);
+        Trace("push", request.worker_id(), r.status(),
+              r.ok() ? r->ShortDebugString() : std::string());
+        if (r.ok()) {
+          FUZZ_CHECK(r->accepted() >= 0 && r->duplicates() >= 0 && r->dropped() >= 0,
+                     r->DebugString());
+          FUZZ_CHECK(
+              r->accepted() + r->duplicates() + r->dropped() == request.gradients_size(),
+              absl::StrCat(r->DebugString(), " for ", request.gradients_size(), " gradients"));
+          FUZZ_CHECK(r->max_staleness() >= 0, r->DebugString());
+          expected.accepted += r->accepted();
+          expected.duplicates += r->duplicates();
+          expected.dropped += r->dropped();
+        }
+        break;
+      }
+      case ShardAction::kPull: {
+        const PullAction& a = action.pull();
+        PullRequest request = a.request();
+        const auto tensors = TensorList(shard->Stats());
+        for (uint32_t i : a.tensors()) {
+          if (!tensors.empty()) request.add_names(tensors[i % tensors.size()].first);
+        }
+        std::map<std::string, int64_t> elements(tensors.begin(), tensors.end());
+        size_t index;
+        {
+          absl::MutexLock lock(&pulls->mu);
+          index = pulls->calls.size();
+          pulls->calls.push_back(0);
+        }
+        ParameterShard* raw = shard.get();
+        shard->Pull(request, absl::Now(),
+                    [pulls, index, request, elements = std::move(elements), barrier, raw](
+                        absl::Status status, PullResponse response) {
+                      {
+                        absl::MutexLock lock(&pulls->mu);
+                        ++pulls->calls[index];
+                      }
+                      Trace("pull done", request.worker_id(), status,
+                            absl::StrCat("step ", request.step(), ", ", response.tensors_size(),
+                                         " tensors"));
+                      // Deadlocks (a hang, reported as a timeout) if the shard's lock is held.
+                      raw->Stats();
+                      if (!status.ok()) return;
+                      if (request.names().empty()) {
+                        FUZZ_CHECK(response.tensors_size() == static_cast<int>(elements.size()),
+                                   absl::StrCat(response.tensors_size(), " tensors"));
+                      } else {
+                        FUZZ_CHECK(response.tensors_size() == request.names_size(),
+                                   absl::StrCat(response.tensors_size(), " tensors for ",
+                                                request.names_size(), " names"));
+                      }
+                      for (int i = 0; i < response.tensors_size(); ++i) {
+                        const TensorValue& t = response.tensors(i);
+                        if (!request.names().empty()) {
+                          FUZZ_CHECK(t.name() == request.names(i), t.name());
+                        }
+                        auto it = elements.find(t.name());
+                        FUZZ_CHECK(it != elements.end(), t.name());
+                        FUZZ_CHECK(static_cast<int64_t>(t.data().size()) == 4 * it->second,
+                                   absl::StrCat(t.name(), ": ", t.data().size(), " bytes"));
+                        if (barrier) {
+                          FUZZ_CHECK(t.version() >= request.step(),
+                                     absl::StrCat(t.name(), " at version ", t.version(),
+                                                  " answered a pull for step ", request.step()));
+                        }
+                      }
+                    });
+        break;
+      }
+      case ShardAction::kHeartbeat: {
+        absl::StatusOr<HeartbeatResponse> r = shard->Heartbeat(action.heartbeat());
+        Trace("heartbeat", action.heartbeat().worker_id(), r.status());
+        if (r.ok()) FUZZ_CHECK(r->min_version() >= 0, absl::StrCat(r->min_version()));
+        break;
+      }
+      case ShardAction::kStats:
+        break;  // Checked below, as after every action.
+      case ShardAction::kSleepUs: {
+        const uint32_t us = std::min({action.sleep_us(), kMaxSleepUs, kMaxTotalSleepUs - slept_us});
+        slept_us += us;
+        if (us > 0) absl::SleepFor(absl::Microseconds(us));
+        break;
+      }
+      case ShardAction::ACTION_NOT_SET:
+        break;
+    }
+    CheckStats(shard->Stats(), cluster, options.shard_id, &expected);
+  }
+
+  shard->Shutdown();
+  CheckStats(shard->Stats(), cluster, options.shard_id, &expected);
+  shard.reset();  // Joins the deadline thread: every done has run by now.
+  absl::MutexLock lock(&pulls->mu);
+  for (size_t i = 0; i < pulls->calls.size(); ++i) {
+    FUZZ_CHECK(pulls->calls[i] == 1,
+               absl::StrCat("pull ", i, "'s done was called ", pulls->calls[i], " times"));
+  }
+}
+
+}  // namespace
+}  // namespace fuzz
+}  // namespace rubato
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  rubato::fuzz::ShardFuzzCase c;
+  if (size > static_cast<size_t>(INT32_MAX) || !c.ParseFromArray(data, static_cast<int>(size))) {
+    return 0;
+  }
+  rubato::fuzz::RunCase(c);
+  return 0;
+}
