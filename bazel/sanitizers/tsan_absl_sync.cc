@@ -10,6 +10,12 @@
 // or is about to be released (__tsan_release). Reader locks are treated as exclusive ones, which
 // may hide a race between two readers' writes but reports nothing false.
 //
+// An absl::Condition is evaluated inside the library with the lock held, but out of the wrappers'
+// sight: before the call that takes the lock returns, or by another thread, the one unlocking
+// (after its wrapper has released). So Condition::Eval, which the library calls through its PLT,
+// is defined here too: it acquires the mutex whose call (by this thread) is evaluating it before,
+// and releases it after, so that whoever takes the lock next sees what the condition read.
+//
 // Only built with --config=tsan (tagged manual): it is meaningless, and would slow every lock,
 // elsewhere.
 #include <dlfcn.h>
@@ -19,6 +25,8 @@
 #include <string>
 
 #include "absl/base/options.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -50,8 +58,37 @@ F RealFn(bool is_const, const char* suffix) {
   return reinterpret_cast<F>(Real(is_const, suffix));
 }
 
+// The mutex on which this thread is inside a wrapped call (for Condition::Eval), or null.
+thread_local const void* current_mutex = nullptr;
+
+// Sets current_mutex for the lifetime of the object.
+class InCall {
+ public:
+  explicit InCall(const void* mu) : saved_(current_mutex) { current_mutex = mu; }
+  ~InCall() { current_mutex = saved_; }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+
+ private:
+  const void* const saved_;
+};
+
 void Acquire(const void* p) { __tsan_acquire(const_cast<void*>(p)); }
 void Release(const void* p) { __tsan_release(const_cast<void*>(p)); }
+
+// A wrapped conditional lock (the lock is held on return, whatever it returns) or Await (which
+// releases the lock while it waits): `release` says whether the lock is held on entry.
+template <typename R, typename... Args>
+R Wrapped(R (*real)(absl::Mutex*, Args...), absl::Mutex* mu, bool release, Args... args) {
+  if (release) Release(mu);
+  R result;
+  {
+    InCall in_call(mu);
+    result = real(mu, args...);
+  }
+  Acquire(mu);
+  return result;
+}
 
 }  // namespace
 
@@ -62,7 +99,10 @@ ABSL_NAMESPACE_BEGIN
 #define RUBATO_TSAN_LOCK(method, suffix)                              \
   void Mutex::method() ABSL_NO_THREAD_SAFETY_ANALYSIS {               \
     static const auto real = RealFn<void (*)(Mutex*)>(false, suffix); \
-    real(this);                                                       \
+    {                                                                 \
+      InCall in_call(this);                                           \
+      real(this);                                                     \
+    }                                                                 \
     Acquire(this);                                                    \
   }
 RUBATO_TSAN_LOCK(Lock, "5Mutex4LockEv")
@@ -74,6 +114,7 @@ RUBATO_TSAN_LOCK(ReaderLock, "5Mutex10ReaderLockEv")
   void Mutex::method() ABSL_NO_THREAD_SAFETY_ANALYSIS {               \
     static const auto real = RealFn<void (*)(Mutex*)>(false, suffix); \
     Release(this);                                                    \
+    InCall in_call(this);                                             \
     real(this);                                                       \
   }
 RUBATO_TSAN_UNLOCK(Unlock, "5Mutex6UnlockEv")
@@ -84,7 +125,11 @@ RUBATO_TSAN_UNLOCK(ReaderUnlock, "5Mutex12ReaderUnlockEv")
 #define RUBATO_TSAN_TRYLOCK(method, suffix)                           \
   bool Mutex::method() ABSL_NO_THREAD_SAFETY_ANALYSIS {               \
     static const auto real = RealFn<bool (*)(Mutex*)>(false, suffix); \
-    const bool taken = real(this);                                    \
+    bool taken;                                                       \
+    {                                                                 \
+      InCall in_call(this);                                           \
+      taken = real(this);                                             \
+    }                                                                 \
     if (taken) Acquire(this);                                         \
     return taken;                                                     \
   }
@@ -92,69 +137,68 @@ RUBATO_TSAN_TRYLOCK(TryLock, "5Mutex7TryLockEv")
 RUBATO_TSAN_TRYLOCK(ReaderTryLock, "5Mutex13ReaderTryLockEv")
 #undef RUBATO_TSAN_TRYLOCK
 
-// Conditional locks: the lock is held on return, whatever they return.
+// Conditional locks (the lock is held on return, whatever they return) and Await.
 void Mutex::LockWhen(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real =
       RealFn<void (*)(Mutex*, const Condition&)>(false, "5Mutex8LockWhenERKNS0_9ConditionE");
+  InCall in_call(this);
   real(this, cond);
   Acquire(this);
 }
 void Mutex::ReaderLockWhen(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real =
       RealFn<void (*)(Mutex*, const Condition&)>(false, "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
+  InCall in_call(this);
   real(this, cond);
   Acquire(this);
 }
-#define RUBATO_TSAN_LOCK_WHEN(method, type, suffix)                                           \
-  bool Mutex::method(const Condition& cond, type t) ABSL_NO_THREAD_SAFETY_ANALYSIS {          \
-    static const auto real = RealFn<bool (*)(Mutex*, const Condition&, type)>(false, suffix); \
-    const bool result = real(this, cond, t);                                                  \
-    Acquire(this);                                                                            \
-    return result;                                                                            \
-  }
-RUBATO_TSAN_LOCK_WHEN(LockWhenWithTimeout, Duration,
-                      "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE")
-RUBATO_TSAN_LOCK_WHEN(LockWhenWithDeadline, Time,
-                      "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE")
-RUBATO_TSAN_LOCK_WHEN(ReaderLockWhenWithTimeout, Duration,
-                      "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE")
-RUBATO_TSAN_LOCK_WHEN(ReaderLockWhenWithDeadline, Time,
-                      "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE")
-#undef RUBATO_TSAN_LOCK_WHEN
-
-// Await: releases the lock while waiting and holds it again on return.
 void Mutex::Await(const Condition& cond) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static const auto real =
       RealFn<void (*)(Mutex*, const Condition&)>(false, "5Mutex5AwaitERKNS0_9ConditionE");
   Release(this);
+  InCall in_call(this);
   real(this, cond);
   Acquire(this);
 }
-#define RUBATO_TSAN_AWAIT(method, type, suffix)                                               \
+
+#define RUBATO_TSAN_TIMED(method, type, release, suffix)                                      \
   bool Mutex::method(const Condition& cond, type t) ABSL_NO_THREAD_SAFETY_ANALYSIS {          \
     static const auto real = RealFn<bool (*)(Mutex*, const Condition&, type)>(false, suffix); \
-    Release(this);                                                                            \
-    const bool result = real(this, cond, t);                                                  \
-    Acquire(this);                                                                            \
-    return result;                                                                            \
+    return Wrapped<bool, const Condition&, type>(real, this, release, cond, t);               \
   }
-RUBATO_TSAN_AWAIT(AwaitWithTimeout, Duration,
+RUBATO_TSAN_TIMED(LockWhenWithTimeout, Duration, false,
+                  "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE")
+RUBATO_TSAN_TIMED(LockWhenWithDeadline, Time, false,
+                  "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE")
+RUBATO_TSAN_TIMED(ReaderLockWhenWithTimeout, Duration, false,
+                  "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE")
+RUBATO_TSAN_TIMED(ReaderLockWhenWithDeadline, Time, false,
+                  "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE")
+RUBATO_TSAN_TIMED(AwaitWithTimeout, Duration, true,
                   "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE")
-RUBATO_TSAN_AWAIT(AwaitWithDeadline, Time, "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE")
-#undef RUBATO_TSAN_AWAIT
+RUBATO_TSAN_TIMED(AwaitWithDeadline, Time, true,
+                  "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE")
+#undef RUBATO_TSAN_TIMED
 
 // Condition variables: the same, on the mutex waited with.
 void CondVar::Wait(Mutex* mu) {
   static const auto real = RealFn<void (*)(CondVar*, Mutex*)>(false, "7CondVar4WaitEPNS0_5MutexE");
   Release(mu);
-  real(this, mu);
+  {
+    InCall in_call(mu);
+    real(this, mu);
+  }
   Acquire(mu);
 }
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
   static const auto real = RealFn<bool (*)(CondVar*, Mutex*, Duration)>(
       false, "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
   Release(mu);
-  const bool result = real(this, mu, timeout);
+  bool result;
+  {
+    InCall in_call(mu);
+    result = real(this, mu, timeout);
+  }
   Acquire(mu);
   return result;
 }
@@ -162,8 +206,23 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   static const auto real = RealFn<bool (*)(CondVar*, Mutex*, Time)>(
       false, "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   Release(mu);
-  const bool result = real(this, mu, deadline);
+  bool result;
+  {
+    InCall in_call(mu);
+    result = real(this, mu, deadline);
+  }
   Acquire(mu);
+  return result;
+}
+
+// Conditions: see the top of the file. Evaluated outside any wrapped call (not seen in practice),
+// they are left alone.
+bool Condition::Eval() const {
+  static const auto real = RealFn<bool (*)(const Condition*)>(true, "9Condition4EvalEv");
+  const void* mu = current_mutex;
+  if (mu != nullptr) Acquire(mu);
+  const bool result = real(this);
+  if (mu != nullptr) Release(mu);
   return result;
 }
 
@@ -195,5 +254,34 @@ bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   return notified;
 }
 
+// BlockingCounter and Barrier: an atomic count inside the library (only the last decrement
+// takes the mutex). Each decrement releases, the wait acquires.
+bool BlockingCounter::DecrementCount() {
+  static const auto real =
+      RealFn<bool (*)(BlockingCounter*)>(false, "15BlockingCounter14DecrementCountEv");
+  Release(this);
+  return real(this);
+}
+void BlockingCounter::Wait() {
+  static const auto real = RealFn<void (*)(BlockingCounter*)>(false, "15BlockingCounter4WaitEv");
+  real(this);
+  Acquire(this);
+}
+bool Barrier::Block() {
+  static const auto real = RealFn<bool (*)(Barrier*)>(false, "7Barrier5BlockEv");
+  Release(this);
+  const bool last = real(this);
+  Acquire(this);
+  return last;
+}
+
 ABSL_NAMESPACE_END
 }  // namespace absl
+
+// Races inside gRPC's own inline code (its headers are compiled into Rubato's objects, the rest
+// of it is not instrumented): a call's operation sets and interceptor state are handed between
+// gRPC's threads by synchronization TSan cannot see.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:grpc::internal::CallOpSet\n"
+         "race:grpc::internal::InterceptorBatchMethodsImpl\n";
+}
