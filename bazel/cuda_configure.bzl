@@ -14,9 +14,12 @@ cc_library(
     includes = ["include"],
 )
 
+# The CUDA runtime linked statically: it loads the driver (libcuda.so.1) itself when first used,
+# so a binary that links it starts on a host without CUDA and learns there that no device is
+# usable, instead of failing to start for want of libcudart.so.
 cc_library(
     name = "cudart",
-    linkopts = ["-L{p}/lib64", "-Wl,-rpath,{p}/lib64", "-lcudart"],
+    linkopts = ["-L{p}/lib64", "-l:libcudart_static.a", "-ldl", "-lrt", "-lpthread"],
     deps = [":cuda_headers"],
 )
 

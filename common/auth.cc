@@ -36,10 +36,13 @@ absl::StatusOr<JobAuth> JobAuth::FromFile(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::NotFoundError(absl::StrCat("--auth_secret_file ", path, ": no such file"));
   }
-  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+  // Others get nothing and the group at most reads: 0600, or 0640/0440 as a Kubernetes Secret
+  // volume gives a non-root pod through its fsGroup (the file is root's, the group the pod's).
+  if ((st.st_mode & (S_IRWXO | S_IWGRP | S_IXGRP)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--auth_secret_file ", path, " is accessible by group or others (mode ",
-        absl::StrFormat("%03o", st.st_mode & 0777), "); chmod 600 it"));
+        "--auth_secret_file ", path, " is accessible by others or writable by its group (mode ",
+        absl::StrFormat("%03o", st.st_mode & 0777), "); chmod 600 it (640 or 440 for a group "
+        "that only reads it)"));
   }
   if (st.st_size > static_cast<off_t>(2 * kMaxSecretBytes)) {
     return absl::InvalidArgumentError(

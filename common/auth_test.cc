@@ -76,6 +76,15 @@ TEST(JobAuthTest, SecretFile) {
   absl::Status readable = JobAuth::FromFile(path).status();
   EXPECT_EQ(readable.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(readable.message().find("mode 644"), std::string::npos) << readable;
+  for (mode_t bad : {0604, 0660, 0610, 0601, 0666}) {
+    ASSERT_EQ(::chmod(path.c_str(), bad), 0);
+    EXPECT_EQ(JobAuth::FromFile(path).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  // A group that only reads it: what a Kubernetes Secret volume with fsGroup gives.
+  for (mode_t good : {0400, 0440, 0640}) {
+    ASSERT_EQ(::chmod(path.c_str(), good), 0);
+    EXPECT_TRUE(JobAuth::FromFile(path).ok()) << good;
+  }
 
   EXPECT_EQ(JobAuth::FromFile(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
   std::remove(path.c_str());

@@ -1,8 +1,10 @@
 // make_corpus: writes the seed corpora of the fuzz harnesses, one serialized case per file, into
 // <dir>/shard_fuzzer/seed-<name> and <dir>/ring_mailbox_fuzzer/seed-<name>:
 //
-//   bazel --output_base=$HOME/.cache/bazel-rubato-fuzz run --config=fuzz //fuzz:make_corpus -- \
-//     $PWD/fuzz/corpus
+//   bazel run //fuzz:make_corpus -- $PWD/fuzz/corpus
+//
+// (or in the fuzz output base: bazel --output_base=$HOME/.cache/bazel-rubato-fuzz run
+// --config=fuzz //fuzz:make_corpus -- $PWD/fuzz/corpus)
 //
 // The seeds are written below in protobuf text format (fuzz/fuzz_case.proto): each is a small,
 // mostly valid session, so that the fuzzer starts from inputs that reach deep into the code.
@@ -74,6 +76,9 @@ const std::vector<std::pair<std::string, std::string>> kShardSeeds = {
        }
        actions { heartbeat { worker_id: 1 step: 2 } }
        actions { stats: true }
+       actions { finish { worker_id: 0 step: 2 } }
+       actions { finish { worker_id: 7 step: -1 } }
+       actions { finish { worker_id: 1 step: 2 } }
      )pb"},
     // A worker registers its own model with initial values, then sends malformed requests.
     {"register-and-refusals", R"pb(

@@ -4,9 +4,9 @@
 // Each input is a serialized rubato.fuzz.ShardFuzzCase (fuzz/fuzz_case.proto); one that does not
 // parse is skipped. The harness builds a shard for the case's job (1..4 workers, pulls that wait at
 // most 1 ms, a 1 s lease or a very short one), optionally registers every worker with a small valid
-// model first, then replays the actions through Register, Push, Pull, Heartbeat and Stats, exactly
-// as ParameterService would hand them over from the network. After each action it checks what the
-// contract promises and is cheap to check:
+// model first, then replays the actions through Register, Push, Pull, Heartbeat, Finish and Stats,
+// exactly as ParameterService would hand them over from the network. After each action it checks
+// what the contract promises and is cheap to check:
 //   - Stats(): tensor versions never decrease; applied_updates is the sum of the versions; bytes
 //   and
 //     min_version agree with the tensors; pushes + rejected_pushes counts every Push call; the
@@ -359,6 +359,17 @@ void RunCase(const ShardFuzzCase& c) {
         absl::StatusOr<HeartbeatResponse> r = shard->Heartbeat(action.heartbeat());
         Trace("heartbeat", action.heartbeat().worker_id(), r.status());
         if (r.ok()) FUZZ_CHECK(r->min_version() >= 0, absl::StrCat(r->min_version()));
+        break;
+      }
+      case ShardAction::kFinish: {
+        absl::StatusOr<FinishResponse> r = shard->Finish(action.finish());
+        Trace("finish", action.finish().worker_id(), r.status());
+        if (r.ok()) {
+          FUZZ_CHECK(r->finished_workers() >= 1 && r->finished_workers() <= cluster.num_workers(),
+                     absl::StrCat(r->finished_workers()));
+        }
+        absl::StatusOr<bool> over = shard->JobFinished(absl::Hours(1));
+        FUZZ_CHECK(over.ok(), over.status().ToString());
         break;
       }
       case ShardAction::kStats:

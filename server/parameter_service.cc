@@ -54,6 +54,15 @@ grpc::ServerUnaryReactor* ParameterService::Heartbeat(grpc::CallbackServerContex
   return Answer(context, shard_->Heartbeat(*request), response);
 }
 
+grpc::ServerUnaryReactor* ParameterService::Finish(grpc::CallbackServerContext* context,
+                                                   const FinishRequest* request,
+                                                   FinishResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
+  return Answer(context, shard_->Finish(*request), response);
+}
+
 grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext* context,
                                                      const GetStatsRequest* /*request*/,
                                                      GetStatsResponse* response) {

@@ -5,7 +5,7 @@
 // or the shard's deadline thread).
 //
 // Every call is authenticated first (common/security.h) when the job has a secret: Register, Pull,
-// Push and Heartbeat only with the token of the request's own worker_id, GetStats with any valid
+// Push, Heartbeat and Finish only with the token of the request's own worker_id, GetStats with any valid
 // token. A refused call changes nothing, not even the caller's lease.
 #ifndef RUBATO_SERVER_PARAMETER_SERVICE_H_
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
@@ -34,6 +34,9 @@ class ParameterService final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const HeartbeatRequest* request,
                                       HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                   const FinishRequest* request,
+                                   FinishResponse* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const GetStatsRequest* request,
                                      GetStatsResponse* response) override;

@@ -258,6 +258,23 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
               grpc::StatusCode::PERMISSION_DENIED)
         << "a worker kept another's lease alive";
   }
+  {
+    FinishRequest finish;
+    finish.set_worker_id(1);
+    FinishResponse resp;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kAuthMetadataKey, auth.WorkerToken(0));
+    EXPECT_EQ(stub_->Finish(&ctx, finish, &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << "a worker finished another's training";
+    grpc::ClientContext none;
+    EXPECT_EQ(stub_->Finish(&none, finish, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(shard_->Stats().finished_workers(), 0);
+    grpc::ClientContext own;
+    own.AddMetadata(kAuthMetadataKey, auth.WorkerToken(1));
+    ASSERT_TRUE(stub_->Finish(&own, finish, &resp).ok());
+    EXPECT_EQ(resp.finished_workers(), 1);
+  }
   std::remove(path.c_str());
 }
 

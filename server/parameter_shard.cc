@@ -248,6 +248,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     Worker& w = workers_[id];
     const Worker before = w;
     w.registered = true;
+    w.finished = false;
     w.batch_size = request.batch_size();
     w.steps_per_epoch = request.steps_per_epoch();
     w.total_steps = request.total_steps();
@@ -696,7 +697,7 @@ absl::Time ParameterShard::ExpireLeases(std::vector<Completion>* ready) {
   bool dropped = false;
   for (int id = 0; id < options_.cluster.num_workers(); ++id) {
     Worker& w = workers_[id];
-    if (!w.registered) continue;
+    if (!w.registered || w.finished) continue;  // A finished worker no longer heartbeats.
     if (now - w.last_seen > lease) {
       w.registered = false;
       w.dropped = true;
@@ -729,6 +730,65 @@ absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatReque
   return response;
 }
 
+absl::StatusOr<FinishResponse> ParameterShard::Finish(const FinishRequest& request) {
+  absl::MutexLock lock(&mu_);
+  const int id = request.worker_id();
+  if (id < 0 || id >= options_.cluster.num_workers() ||
+      !(workers_[id].registered || workers_[id].dropped)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
+  }
+  RETURN_IF_ERROR(CheckStep("step", request.step()));
+  Worker& w = workers_[id];
+  if (!w.finished) {
+    RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": worker " << id << " finished after "
+                     << request.step() << " steps";
+  }
+  w.finished = true;
+  w.last_step = std::max(w.last_step, request.step() - 1);
+  w.last_seen = absl::Now();
+  FinishResponse response;
+  for (const Worker& other : workers_) response.set_finished_workers(
+      response.finished_workers() + (other.finished ? 1 : 0));
+  return response;
+}
+
+absl::StatusOr<bool> ParameterShard::JobFinished(absl::Duration idle_timeout) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  const absl::Duration lease = absl::Milliseconds(options_.cluster.lease_ms());
+  int finished = 0;
+  int live = 0;
+  for (const Worker& w : workers_) {
+    if (w.finished) {
+      ++finished;
+    } else if (w.registered && now - w.last_seen <= lease) {
+      ++live;
+    }
+  }
+  if (finished == options_.cluster.num_workers()) return true;
+  if (live > 0) {
+    last_live_ = now;
+    return false;
+  }
+  if (finished > 0) return now - last_live_ >= lease;
+  if (now - last_live_ < idle_timeout) return false;
+  std::vector<int> never, gone;
+  for (int id = 0; id < options_.cluster.num_workers(); ++id) {
+    (workers_[id].registered || workers_[id].dropped ? gone : never).push_back(id);
+  }
+  std::string who;
+  if (!never.empty()) absl::StrAppend(&who, "never registered: ", absl::StrJoin(never, ","));
+  if (!gone.empty()) {
+    absl::StrAppend(&who, who.empty() ? "" : "; ", "registered, then silent: ",
+                    absl::StrJoin(gone, ","));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("shard ", options_.shard_id, ": no worker has been live for ",
+                   absl::FormatDuration(now - last_live_), " and none has finished (", who,
+                   ")"));
+}
+
 GetStatsResponse ParameterShard::Stats() const {
   absl::MutexLock lock(&mu_);
   GetStatsResponse s;
@@ -751,6 +811,7 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_applied_updates(applied_updates_);
   s.set_dropped_workers(dropped_workers_);
   s.set_dropped_gradients(dropped_gradients_);
+  for (const Worker& w : workers_) s.set_finished_workers(s.finished_workers() + (w.finished ? 1 : 0));
   for (int64_t n : staleness_histogram_) s.add_staleness_histogram(n);
   s.set_learning_rate(last_learning_rate_);
   if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());

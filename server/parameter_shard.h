@@ -99,6 +99,19 @@ class ParameterShard {
 
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
 
+  // A worker (registered, or dropped) has finished training: its lease no longer runs. Repeating
+  // it is harmless; registering again makes the worker a live member again.
+  absl::StatusOr<FinishResponse> Finish(const FinishRequest& request);
+
+  // Whether the job is over for this shard, polled by the server's main loop:
+  //   true    every worker has finished; or none is live (registered, not finished, heard from
+  //           within its lease) and at least one finished, and no worker has been live for one
+  //           lease since (the dropped ones had that long to come back);
+  //   false   training goes on, or may still;
+  //   error   DEADLINE_EXCEEDED when no worker has been live for `idle_timeout` and none has
+  //           finished (workers that never came, or all died), naming them.
+  absl::StatusOr<bool> JobFinished(absl::Duration idle_timeout);
+
   GetStatsResponse Stats() const;
 
   // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
@@ -122,6 +135,7 @@ class ParameterShard {
   struct Worker {
     bool registered = false;  // A member: counted in barriers.
     bool dropped = false;     // Was a member, then silent for longer than the lease.
+    bool finished = false;    // Said it has finished (Finish); no longer heartbeats.
     int32_t batch_size = 0;
     int64_t steps_per_epoch = 0;
     int64_t total_steps = 0;
@@ -198,6 +212,8 @@ class ParameterShard {
   int64_t duplicate_gradients_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  // When some worker was last live (JobFinished); the shard's creation at first.
+  absl::Time last_live_ ABSL_GUARDED_BY(mu_) = absl::Now();
   int64_t dropped_gradients_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> staleness_histogram_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(8, 0);
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);

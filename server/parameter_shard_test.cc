@@ -846,5 +846,129 @@ TEST(HostileInputTest, RejoinResumesAtTheWorkersOwnClockInAsyncAndSsp) {
   EXPECT_EQ(r->resume_step(), 1);
 }
 
+// --- Job life cycle: Finish and JobFinished ----------------------------------------------------
+
+FinishRequest FinishOf(int worker, int64_t steps) {
+  FinishRequest f;
+  f.set_worker_id(worker);
+  f.set_step(steps);
+  return f;
+}
+
+TEST(JobLifecycleTest, TheJobEndsWhenEveryWorkerHasFinished) {
+  auto shard = StartedShard(2);
+  EXPECT_FALSE(*shard->JobFinished(absl::Seconds(60)));
+  auto first = shard->Finish(FinishOf(0, 10));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->finished_workers(), 1);
+  EXPECT_FALSE(*shard->JobFinished(absl::Seconds(60))) << "worker 1 is still training";
+  ASSERT_TRUE(shard->Finish(FinishOf(0, 10)).ok()) << "a repeated Finish is harmless";
+  auto second = shard->Finish(FinishOf(1, 10));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->finished_workers(), 2);
+  EXPECT_TRUE(*shard->JobFinished(absl::Seconds(60)));
+  EXPECT_EQ(shard->Stats().finished_workers(), 2);
+}
+
+TEST(JobLifecycleTest, FinishIsValidated) {
+  auto created = ParameterShard::Create(Options(2));
+  ASSERT_TRUE(created.ok());
+  ParameterShard* shard = created->get();
+  ASSERT_TRUE(shard->Register(Registration(0, 2)).ok());
+  for (int bad : {-1, 1, 2, 1 << 30}) {  // Unknown, or never registered.
+    EXPECT_EQ(shard->Finish(FinishOf(bad, 1)).status().code(),
+              absl::StatusCode::kFailedPrecondition)
+        << bad;
+  }
+  for (int64_t steps : {int64_t{-1}, int64_t{1} << 48, std::numeric_limits<int64_t>::max()}) {
+    EXPECT_EQ(shard->Finish(FinishOf(0, steps)).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << steps;
+  }
+  EXPECT_EQ(shard->Stats().finished_workers(), 0);
+}
+
+TEST(JobLifecycleTest, AFinishedWorkerIsNotDroppedForItsSilence) {
+  ShardOptions o = Options(2);
+  o.cluster.set_lease_ms(100);
+  auto created = ParameterShard::Create(o);
+  ASSERT_TRUE(created.ok());
+  ParameterShard* shard = created->get();
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(shard->Register(Registration(w, 2)).ok());
+  ASSERT_TRUE(shard->Finish(FinishOf(0, 0)).ok());
+  // Worker 1 keeps heartbeating for several leases; worker 0 is silent but finished.
+  for (int i = 0; i < 8; ++i) {
+    HeartbeatRequest hb;
+    hb.set_worker_id(1);
+    ASSERT_TRUE(shard->Heartbeat(hb).ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_FALSE(*shard->JobFinished(absl::Seconds(60)));
+  }
+  EXPECT_EQ(shard->Stats().dropped_workers(), 0);
+}
+
+TEST(JobLifecycleTest, DroppedWorkersGetOneLeaseToComeBackAfterTheOthersFinish) {
+  ShardOptions o = Options(3);
+  o.cluster.set_lease_ms(200);
+  auto created = ParameterShard::Create(o);
+  ASSERT_TRUE(created.ok());
+  ParameterShard* shard = created->get();
+  for (int w = 0; w < 3; ++w) ASSERT_TRUE(shard->Register(Registration(w, 3)).ok());
+  // Worker 2 dies; 0 and 1 finish while it is silent.
+  ASSERT_TRUE(shard->Finish(FinishOf(0, 5)).ok());
+  ASSERT_TRUE(shard->Finish(FinishOf(1, 5)).ok());
+  const absl::Time start = absl::Now();
+  bool finished = false;
+  while (!finished && absl::Now() - start < absl::Seconds(5)) {
+    absl::StatusOr<bool> f = shard->JobFinished(absl::Seconds(60));
+    ASSERT_TRUE(f.ok()) << f.status();
+    finished = *f;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(finished);
+  // Its lease ran out (200 ms), then one more lease for it to come back.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
+
+  // One that does come back in time keeps the job going until it finishes too.
+  auto again = ParameterShard::Create(o);
+  ASSERT_TRUE(again.ok());
+  for (int w = 0; w < 3; ++w) ASSERT_TRUE((*again)->Register(Registration(w, 3)).ok());
+  ASSERT_TRUE((*again)->Finish(FinishOf(0, 5)).ok());
+  ASSERT_TRUE((*again)->Finish(FinishOf(1, 5)).ok());
+  absl::SleepFor(absl::Milliseconds(300));  // Worker 2 silent past its lease...
+  ASSERT_TRUE((*again)->Register(Registration(2, 3)).ok());  // ...and back.
+  for (int i = 0; i < 10; ++i) {
+    HeartbeatRequest hb;
+    hb.set_worker_id(2);
+    ASSERT_TRUE((*again)->Heartbeat(hb).ok());
+    EXPECT_FALSE(*(*again)->JobFinished(absl::Seconds(60)));
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE((*again)->Finish(FinishOf(2, 5)).ok());
+  EXPECT_TRUE(*(*again)->JobFinished(absl::Seconds(60)));
+}
+
+TEST(JobLifecycleTest, NoLiveWorkerForTheIdleTimeoutIsAnErrorNamingThem) {
+  ShardOptions o = Options(3);
+  o.cluster.set_lease_ms(100);
+  auto created = ParameterShard::Create(o);
+  ASSERT_TRUE(created.ok());
+  ParameterShard* shard = created->get();
+  ASSERT_TRUE(shard->Register(Registration(1, 3)).ok());  // 0 and 2 never come; 1 goes silent.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<bool> f = false;
+  while (f.ok() && !*f && absl::Now() - start < absl::Seconds(5)) {
+    f = shard->JobFinished(absl::Milliseconds(300));
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(f.status().message().find("never registered: 0,2"), std::string::npos) << f.status();
+  EXPECT_NE(f.status().message().find("registered, then silent: 1"), std::string::npos)
+      << f.status();
+  // Silent for its lease (100 ms), then idle for 300 ms.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
+}
+
 }  // namespace
 }  // namespace rubato

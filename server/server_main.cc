@@ -4,10 +4,19 @@
 //                 --num_workers=2 --mode=bsp --learning_rate=0.1
 //
 // With --listen port 0 the kernel picks a free port; the chosen host:port is written to --port_file
-// (atomically, by rename) once the server accepts connections. SIGINT or SIGTERM shut it down.
+// (atomically, by rename) once the server accepts connections.
+//
+// Life cycle: the server ends by itself once the job is over (ParameterShard::JobFinished): every
+// worker has finished, or the rest were dropped and did not come back within one lease. It then
+// prints its final statistics as one JSON line on stdout ({"event":"stats",...}, also written to
+// --stats_file if given) and exits 0. No worker live for --idle_timeout_ms and none finished:
+// exit 1 naming the workers. SIGINT or SIGTERM: the same final statistics, exit 0. Every port
+// serves the gRPC health service (SERVING until shutdown), and --health_listen adds a plaintext
+// port that serves only that, for probes.
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <string>
 
@@ -20,6 +29,7 @@
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_options.h"
+#include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/optimizer.h"
@@ -39,6 +49,12 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(std::string, port_file, "", "Write the bound host:port here once serving.");
 ABSL_FLAG(std::string, stats_file, "",
           "At shutdown, write the shard's final GetStats as JSON here (for ./rubato launch).");
+ABSL_FLAG(std::string, health_listen, "",
+          "Also serve the gRPC health service, and nothing else, in plaintext on this host:port "
+          "(for Kubernetes probes when the main port uses TLS).");
+ABSL_FLAG(int64_t, idle_timeout_ms, 600000,
+          "Exit with an error when no worker has been live (registered and heard from within its "
+          "lease) for this long and none has finished: workers that never came, or all died.");
 ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
 ABSL_FLAG(int64_t, memory_budget_mb, 0,
           "Cap on the memory gRPC may use for connections and calls in flight, in MiB (a "
@@ -49,9 +65,20 @@ namespace {
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void OnSignal(int sig) { g_signal = sig; }
 
-int Fail(const std::string& message) {
+int Fail(const std::string& message, int code = 2) {
   std::fprintf(stderr, "rubato_server: error: %s\n", message.c_str());
-  return 2;
+  return code;
+}
+
+// The shard's statistics as one line of JSON with "event":"stats" first.
+std::string StatsJson(const rubato::GetStatsResponse& stats) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(stats, &json, print).ok() || json.size() < 2) {
+    return "{\"event\":\"stats\"}";
+  }
+  return absl::StrCat("{\"event\":\"stats\",", json.substr(1));
 }
 
 }  // namespace
@@ -81,6 +108,14 @@ int main(int argc, char** argv) {
   if (auto s = security->CheckListenAddress(listen); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  const absl::Duration idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_idle_timeout_ms));
+  if (idle_timeout <= absl::ZeroDuration()) return Fail("--idle_timeout_ms must be > 0");
+  const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (!health_listen.empty()) {
+    if (auto s = rubato::ValidateHostPort(health_listen, "--health_listen"); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
   int64_t memory_budget = absl::GetFlag(FLAGS_memory_budget_mb) << 20;
   if (memory_budget < 0) return Fail("--memory_budget_mb must be >= 0");
   if (memory_budget == 0) memory_budget = 4 * rubato::MaxMessageBytes(*spec) + (int64_t{256} << 20);
@@ -94,18 +129,30 @@ int main(int argc, char** argv) {
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
 
   rubato::ParameterService service(shard->get(), *security);
+  rubato::HealthService health_service({"rubato.ParameterServer"});
   grpc::ServerBuilder builder;
   rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(*spec));
   rubato::SetServerMemoryBudget(&builder, memory_budget);
   int port = 0;
   builder.AddListeningPort(listen, security->credentials(), &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&health_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return Fail(absl::StrCat("cannot listen on ", listen,
                              ": the address is in use or not an address of this host"));
   }
   const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  std::unique_ptr<grpc::Server> health;
+  if (!health_listen.empty()) {
+    auto started = rubato::StartHealthServer(health_listen, &health_service);
+    if (!started.ok()) {
+      server->Shutdown();
+      return Fail(std::string(started.status().message()));
+    }
+    health = std::move(*started);
+    RUBATO_LOG(INFO) << "health service (plaintext, health only) on " << health_listen;
+  }
   RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound << ": "
                    << spec->num_workers() << " workers, mode "
                    << rubato::FormatConsistency(spec->consistency()) << ", wait timeout "
@@ -132,29 +179,42 @@ int main(int argc, char** argv) {
   // Freed memory is kept for reuse (KeepFreedMemory); give it back now and then, so that a burst
   // of large messages does not leave the server's resident size at its peak.
   absl::Time next_trim = absl::Now();
+  absl::Status ended;  // Why the job ended without finishing (idle timeout).
   while (g_signal == 0) {
     absl::SleepFor(absl::Milliseconds(50));
+    absl::StatusOr<bool> finished = (*shard)->JobFinished(idle_timeout);
+    if (!finished.ok()) {
+      ended = finished.status();
+      break;
+    }
+    if (*finished) break;
     if (absl::Now() >= next_trim) {
       rubato::ReturnFreedMemory();
       next_trim = absl::Now() + absl::Seconds(5);
     }
   }
 
-  RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
+  if (g_signal != 0) {
+    RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
+  } else if (ended.ok()) {
+    RUBATO_LOG(INFO) << "job over: every worker has finished or was dropped; shutting down";
+  }
+  health_service.SetServing(false);
   const rubato::GetStatsResponse stats = (*shard)->Stats();
   (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (health != nullptr) health->Shutdown(std::chrono::system_clock::now());
+  const std::string json = StatsJson(stats);
+  std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_stats_file); !path.empty()) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions print;
-    print.always_print_primitive_fields = true;
-    if (!google::protobuf::util::MessageToJsonString(stats, &json, print).ok() ||
-        !(std::ofstream(path) << json << "\n")) {
+    if (!(std::ofstream(path) << json << "\n")) {
       RUBATO_LOG(ERROR) << "cannot write --stats_file " << path;
     }
   }
   RUBATO_LOG(INFO) << "done: " << stats.applied_updates() << " tensor updates, " << stats.pushes()
                    << " pushes, " << stats.rejected_pushes() << " rejected, min version "
-                   << stats.min_version();
+                   << stats.min_version() << ", " << stats.finished_workers() << " of "
+                   << stats.num_workers() << " workers finished";
+  if (!ended.ok()) return Fail(std::string(ended.message()), 1);
   return 0;
 }

@@ -175,6 +175,25 @@ absl::StatusOr<std::map<int, int>> TestCluster::WaitForWorkers(absl::Duration ti
   return exit_statuses;
 }
 
+absl::Status TestCluster::WaitForServers(absl::Duration timeout) {
+  std::vector<std::string> problems;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (auto& server : servers_) {
+    absl::StatusOr<int> status = server->Wait(Remaining(deadline));
+    if (!status.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          server->name(), " still running ", absl::FormatDuration(timeout),
+          " after the wait began; ", Describe(*server)));
+    }
+    if (*status != 0) {
+      problems.push_back(absl::StrCat(server->name(), " exited with status ", *status, "; ",
+                                      Describe(*server)));
+    }
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrJoin(problems, "\n"));
+}
+
 absl::Status TestCluster::StopServers(absl::Duration timeout) {
   std::vector<std::string> problems;
   for (auto& server : servers_) {

@@ -12,7 +12,7 @@
 //   (*cluster)->StartWorker(0, {"--steps=10"});
 //   (*cluster)->StartWorker(1, {"--steps=10"});
 //   auto exit_statuses = (*cluster)->WaitForWorkers(absl::Seconds(60));  // {0: 0, 1: 0}
-//   (*cluster)->StopServers(absl::Seconds(10));                         // OK: the server exited 0
+//   (*cluster)->WaitForServers(absl::Seconds(10));  // OK: the server exited 0 by itself
 //
 // Destroying the cluster kills whatever is still running.
 #ifndef RUBATO_TESTS_TEST_CLUSTER_H_
@@ -85,6 +85,11 @@ class TestCluster {
   // Waits, with one deadline for all, for every started worker to exit; returns the exit statuses
   // indexed by worker id. DeadlineExceeded naming the first worker still running.
   absl::StatusOr<std::map<int, int>> WaitForWorkers(absl::Duration timeout);
+
+  // Waits, with one deadline for all, for every server to exit by itself (as it does once every
+  // worker has finished). OK only if each exits 0; otherwise the error names the server, its exit
+  // status and stderr, or the first one still running (which is left running).
+  absl::Status WaitForServers(absl::Duration timeout);
 
   // Sends SIGTERM to every server and waits for each to exit. OK only if every one exits with 0;
   // otherwise the error names the server, its exit status and stderr.

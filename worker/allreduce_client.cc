@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_options.h"
+#include "common/health.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
 #include "common/ring_allreduce.h"
@@ -42,13 +43,15 @@ class AllReduceClient final : public PsClient {
   }
 
   absl::Status Start() {
-    const std::string& address = options_.cluster.workers(options_.rank);
+    const std::string& address =
+        options_.listen.empty() ? options_.cluster.workers(options_.rank) : options_.listen;
     RETURN_IF_ERROR(options_.server_security.CheckListenAddress(address));
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder, MaxMessageBytes(options_.cluster));
     int port = 0;
     builder.AddListeningPort(address, options_.server_security.credentials(), &port);
     builder.RegisterService(&service_);
+    builder.RegisterService(&health_);  // Probes of the rank's port (unauthenticated, status only).
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(
@@ -102,6 +105,8 @@ class AllReduceClient final : public PsClient {
   }
 
   absl::Status Heartbeat(int64_t /*step*/) override { return absl::OkStatus(); }
+  // No servers to tell: each rank ends by itself after its last all-reduce.
+  absl::Status Finish(int64_t /*steps*/) override { return absl::OkStatus(); }
   const std::vector<int>& shard_of() const override { return no_shards_; }
   const std::vector<int64_t>& shard_bytes() const override { return no_bytes_; }
 
@@ -112,6 +117,7 @@ class AllReduceClient final : public PsClient {
   RingMailbox mailbox_;
   RingPeerService service_;
   GrpcRingLink link_;
+  HealthService health_{{"rubato.RingPeer"}};
   std::unique_ptr<grpc::Server> server_;
   std::vector<int64_t> elements_;
   std::vector<TensorRole> roles_;

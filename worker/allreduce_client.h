@@ -20,6 +20,10 @@ namespace rubato {
 struct AllReduceOptions {
   int rank = 0;
   ClusterSpec cluster;  // workers (addresses), num_workers, optimizer, lr_schedule.
+  // Where this rank's server binds; empty: its advertised address, cluster.workers(rank). Apart
+  // from it when the others reach this rank through a name or address that is not its own (a
+  // Kubernetes Service, NAT): e.g. "0.0.0.0:6000".
+  std::string listen;
   std::vector<TensorSpec> model;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
@@ -32,7 +36,7 @@ struct AllReduceOptions {
   ClientSecurity client_security;
 };
 
-// Starts this rank's RingPeer server on cluster.workers(rank).
+// Starts this rank's RingPeer server on `listen`, else cluster.workers(rank).
 absl::StatusOr<std::unique_ptr<PsClient>> CreateAllReduceClient(const AllReduceOptions& options);
 
 }  // namespace rubato

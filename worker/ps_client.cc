@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
+#include "common/net_diagnose.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
 #include "common/tensor_bytes.h"
@@ -176,6 +177,20 @@ class GrpcPsClient final : public PsClient {
             Done done) { async->Heartbeat(context, &request, &responses[call], done); });
   }
 
+  absl::Status Finish(int64_t steps) override {
+    const int shards = static_cast<int>(stubs_.size());
+    std::vector<int> call_shards(shards);
+    FinishRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_step(steps);
+    std::vector<FinishResponse> responses(shards);
+    for (int s = 0; s < shards; ++s) call_shards[s] = s;
+    return FanOut(
+        call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
+            Done done) { async->Finish(context, &request, &responses[call], done); });
+  }
+
   const std::vector<int>& shard_of() const override { return placement_.shard_of; }
   const std::vector<int64_t>& shard_bytes() const override { return placement_.shard_bytes; }
 
@@ -217,9 +232,10 @@ class GrpcPsClient final : public PsClient {
         if (retry == Retry::kWaitForReady &&
             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
           if (error.ok()) {
-            error = absl::UnavailableError(absl::StrCat(
-                "cannot reach parameter server shard ", shard, " at ", options_.servers[shard],
-                " within ", absl::FormatDuration(timeout), ": ", status.error_message()));
+            error = absl::UnavailableError(
+                absl::StrCat("cannot reach parameter server shard ", shard, " at ",
+                             options_.servers[shard], " within ", absl::FormatDuration(timeout),
+                             ": ", Diagnose(shard), " (gRPC: ", status.error_message(), ")"));
           }
           continue;
         }
@@ -234,7 +250,7 @@ class GrpcPsClient final : public PsClient {
                 "parameter server shard ", shard, " at ", options_.servers[shard],
                 " unreachable for ", absl::FormatDuration(now - first_failure[c]),
                 " (retried with backoff for up to ", absl::FormatDuration(options_.retry_timeout),
-                "): ", status.error_message()));
+                "): ", Diagnose(shard), " (gRPC: ", status.error_message(), ")"));
           }
           continue;
         }
@@ -280,6 +296,12 @@ class GrpcPsClient final : public PsClient {
     }
     pending.Wait();
     return results;
+  }
+
+  // What a plain TCP connect says about the shard's address: the name does not resolve, refused,
+  // timed out, no route, or connects (the failure is above TCP).
+  std::string Diagnose(int shard) const {
+    return DiagnoseEndpoint(options_.servers[shard], absl::Seconds(2)).detail;
   }
 
   absl::Status Annotate(int shard, const grpc::Status& status) const {

@@ -57,6 +57,11 @@ class PsClient {
 
   virtual absl::Status Heartbeat(int64_t step) = 0;
 
+  // Tells every shard that this worker has finished after `steps` steps (after its last pull), so
+  // that the servers stop expecting its heartbeats and end once every worker has finished.
+  // Retried while a shard is unreachable, like a push.
+  virtual absl::Status Finish(int64_t steps) = 0;
+
   // Placement: the shard of each tensor, and bytes per shard.
   virtual const std::vector<int>& shard_of() const = 0;
   virtual const std::vector<int64_t>& shard_bytes() const = 0;

@@ -11,6 +11,7 @@
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/net_diagnose.h"
 #include "common/status_macros.h"
 #include "common/tensor_bytes.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -442,8 +443,12 @@ class GrpcRingLink::Stream final
         return FinalErrorLocked();
       }
       const bool connected = channel_->GetState(false) == GRPC_CHANNEL_READY;
-      std::string why = "could not connect";
-      if (connected && written_ < queued_) {
+      std::string why;
+      if (!connected) {
+        // Why not, told apart: the name does not resolve, refused, no answer, no route.
+        why = absl::StrCat("could not connect: ",
+                           DiagnoseEndpoint(next_address_, absl::Seconds(2)).detail);
+      } else if (connected && written_ < queued_) {
         why = absl::StrCat(queued_ - written_, " blocks not taken (is the rank stuck?)");
       } else if (connected) {
         why = absl::StrCat(queued_ - acked_, " blocks not acknowledged (is the rank stuck?)");

@@ -9,6 +9,8 @@
 // --crash_at_step. (Abseil's flag parser itself exits 1 for an unknown flag.)
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <memory>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -19,14 +21,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
 #include "common/dataset.h"
+#include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/security.h"
@@ -52,8 +57,14 @@ ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training examples (0: a
 ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples (0: all).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the weight initialisation and the data order.");
 ABSL_FLAG(std::string, backend, "cpu",
-          "Compute backend: cpu (Eigen). The CUDA backend is not written yet; the worker logs "
-          "whether a CUDA device is usable.");
+          "Compute backend: cpu (Eigen), or cuda (refused with the reason where no CUDA device "
+          "is usable; the CUDA MLP backend itself is not written yet).");
+ABSL_FLAG(std::string, listen, "",
+          "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
+          "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
+ABSL_FLAG(std::string, health_listen, "",
+          "Serve the gRPC health service, and nothing else, in plaintext on this host:port (for "
+          "Kubernetes probes). SERVING from start-up until the worker exits.");
 ABSL_FLAG(int64_t, connect_timeout_ms, 30000, "How long to wait for unreachable servers at start.");
 ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
           "How long a pull or push retries a shard that became unreachable (a network cut, a "
@@ -61,6 +72,9 @@ ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
 
 // Straggler injection (common/straggler_model.h). The defaults inject nothing.
 ABSL_FLAG(double, slowdown, 1, "Multiply this worker's compute time by this factor (>= 1).");
+ABSL_FLAG(std::string, slow_workers, "",
+          "ID:FACTOR,...: the worker whose id is listed takes FACTOR as its --slowdown (one "
+          "command line for every worker, as in a Kubernetes Indexed Job).");
 ABSL_FLAG(double, min_step_ms, 0,
           "Pad each step's compute time up to this many ms (before --slowdown applies).");
 ABSL_FLAG(double, delay_probability, 0, "Chance in [0, 1] that a step gets a random delay.");
@@ -99,6 +113,36 @@ double MaxOverMean(const std::vector<int64_t>& bytes) {
   return placement.imbalance();
 }
 
+// The factor that --slow_workers ("1:4,3:2") gives worker `id`, if any.
+absl::StatusOr<std::optional<double>> SlowdownFor(const std::string& spec, int id,
+                                                  int num_workers) {
+  std::optional<double> mine;
+  std::vector<int> seen;
+  if (spec.empty()) return mine;
+  for (absl::string_view item : absl::StrSplit(spec, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
+    int worker = -1;
+    double factor = 0;
+    if (!absl::SimpleAtoi(kv.first, &worker) || !absl::SimpleAtod(kv.second, &factor)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--slow_workers: expected ID:FACTOR,... such as 1:4,3:2, got '", item, "'"));
+    }
+    if (worker < 0 || worker >= num_workers ||
+        std::find(seen.begin(), seen.end(), worker) != seen.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("--slow_workers: worker id ", kv.first,
+                                                     " repeated or not in [0, ", num_workers,
+                                                     ")"));
+    }
+    if (!(factor >= 1) || std::isinf(factor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--slow_workers: worker ", worker, ": factor must be >= 1, got ", kv.second));
+    }
+    seen.push_back(worker);
+    if (worker == id) mine = factor;
+  }
+  return mine;
+}
+
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "rubato_worker: error: %s\n", message.c_str());
   return code;
@@ -134,15 +178,42 @@ int main(int argc, char** argv) {
                 "--steps, --eval_every, --train_limit, --test_limit and --retry_timeout_ms must be "
                 ">= 0, --log_every and --connect_timeout_ms >= 1");
   }
-  if (absl::GetFlag(FLAGS_backend) != "cpu") {
-    return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '",
-                                         absl::GetFlag(FLAGS_backend), "' (available: cpu)"));
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name == "cuda") {
+    // Told apart: no usable device (no driver, no GPU, a CPU-only build) or no backend yet.
+    absl::StatusOr<rubato::CudaDevices> gpus = rubato::ProbeCudaDevices();
+    if (!gpus.ok()) {
+      return Fail(kExitUsage, absl::StrCat("--backend=cuda: ", gpus.status().message(), " (",
+                                           rubato::CudaBuildDescription(),
+                                           "); use --backend=cpu on this host"));
+    }
+    return Fail(kExitUsage, absl::StrCat("--backend=cuda: ", gpus->count,
+                                         " CUDA device(s) found, but the CUDA MLP backend is not "
+                                         "written yet; use --backend=cpu"));
+  }
+  if (backend_name != "cpu") {
+    return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '", backend_name,
+                                         "' (available: cpu, cuda)"));
+  }
+  // Probes see this worker from the start: SERVING while it runs.
+  rubato::HealthService health_service;
+  std::unique_ptr<grpc::Server> health;
+  if (const std::string address = absl::GetFlag(FLAGS_health_listen); !address.empty()) {
+    if (auto s = rubato::ValidateHostPort(address, "--health_listen"); !s.ok()) {
+      return Fail(kExitUsage, std::string(s.message()));
+    }
+    auto started = rubato::StartHealthServer(address, &health_service);
+    if (!started.ok()) return Fail(kExitUsage, std::string(started.status().message()));
+    health = std::move(*started);
   }
   const rubato::SecurityConfig security = rubato::SecurityConfigFromFlags();
   auto client_security = rubato::ClientSecurity::Create(security, worker_id);
   if (!client_security.ok()) return Fail(kExitUsage, std::string(client_security.status().message()));
   rubato::StragglerOptions straggler_options;
   straggler_options.slowdown = absl::GetFlag(FLAGS_slowdown);
+  auto slow = SlowdownFor(absl::GetFlag(FLAGS_slow_workers), worker_id, cluster->num_workers());
+  if (!slow.ok()) return Fail(kExitUsage, std::string(slow.status().message()));
+  if (slow->has_value()) straggler_options.slowdown = **slow;
   straggler_options.min_step_ms = absl::GetFlag(FLAGS_min_step_ms);
   straggler_options.delay_probability = absl::GetFlag(FLAGS_delay_probability);
   auto distribution = rubato::ParseDelayDistribution(absl::GetFlag(FLAGS_delay_distribution));
@@ -235,6 +306,12 @@ int main(int argc, char** argv) {
     rubato::AllReduceOptions ring;
     ring.rank = worker_id;
     ring.cluster = *cluster;
+    ring.listen = absl::GetFlag(FLAGS_listen);
+    if (!ring.listen.empty()) {
+      if (auto s = rubato::ValidateHostPort(ring.listen, "--listen"); !s.ok()) {
+        return Fail(kExitUsage, std::string(s.message()));
+      }
+    }
     ring.model = client_options.model;
     ring.steps_per_epoch = steps_per_epoch;
     ring.total_steps = steps;
@@ -245,8 +322,9 @@ int main(int argc, char** argv) {
     }
     ring.server_security = *server_security;
     ring.client_security = *client_security;
-    RUBATO_LOG(INFO) << "ring peer on " << cluster->workers(worker_id) << ": "
-                     << server_security->Describe();
+    RUBATO_LOG(INFO) << "ring peer " << cluster->workers(worker_id)
+                     << (ring.listen.empty() ? "" : absl::StrCat(" (listening on ", ring.listen, ")"))
+                     << ": " << server_security->Describe();
     client = rubato::CreateAllReduceClient(ring);
     if (!client.ok()) return Fail(kExitRuntime, client.status().ToString());
   } else {
@@ -302,6 +380,11 @@ int main(int argc, char** argv) {
   stop_heartbeats.Notify();
   heartbeats.join();
   if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
+  // The servers stop expecting this worker and end once every worker has finished. Training is
+  // done either way: a shard that does not hear it drops this worker after its lease instead.
+  if (absl::Status s = (*client)->Finish(result->steps); !s.ok()) {
+    RUBATO_LOG(WARNING) << "could not tell every shard that this worker finished: " << s;
+  }
   std::cout << absl::StrFormat(
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
                    "\"skipped_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"

@@ -1,0 +1,141 @@
+#include "common/net_diagnose.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace rubato {
+namespace {
+
+// Splits "host:port" or "[v6]:port" after stripping a gRPC URI scheme; false if malformed.
+bool SplitHostPort(absl::string_view address, std::string* host, std::string* port) {
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(address, scheme)) {
+      address.remove_prefix(scheme.size());
+      break;
+    }
+  }
+  size_t colon;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == absl::string_view::npos || close + 1 >= address.size() ||
+        address[close + 1] != ':') {
+      return false;
+    }
+    *host = std::string(address.substr(1, close - 1));
+    colon = close + 1;
+  } else {
+    colon = address.rfind(':');
+    if (colon == absl::string_view::npos) return false;
+    *host = std::string(address.substr(0, colon));
+  }
+  *port = std::string(address.substr(colon + 1));
+  int n = 0;
+  return !host->empty() && absl::SimpleAtoi(*port, &n) && n > 0 && n < 65536;
+}
+
+// errno of a non-blocking connect to `ai` finished within `timeout`; 0 on success, ETIMEDOUT when
+// the handshake did not complete in time.
+int TryConnect(const addrinfo* ai, absl::Duration timeout) {
+  const int fd =
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  if (fd < 0) return errno;
+  int err = 0;
+  if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
+      int ready;
+      do {
+        ready = ::poll(&p, 1, ms);
+      } while (ready < 0 && errno == EINTR);
+      if (ready == 0) {
+        err = ETIMEDOUT;
+      } else {
+        socklen_t len = sizeof(err);
+        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      }
+    }
+  }
+  ::close(fd);
+  return err;
+}
+
+}  // namespace
+
+EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration timeout) {
+  std::string host, port;
+  if (!SplitHostPort(address, &host, &port)) {
+    return {Reachability::kBadAddress, absl::StrCat("'", address, "' is not host:port")};
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &list); rc != 0) {
+    if (rc == EAI_NONAME || rc == EAI_NODATA || rc == EAI_FAIL || rc == EAI_AGAIN) {
+      return {Reachability::kNoSuchHost,
+              absl::StrCat("the host name '", host, "' does not resolve (", gai_strerror(rc), ")")};
+    }
+    return {Reachability::kOtherError,
+            absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc))};
+  }
+  // Every address of the name; the outcome is the best one seen (connects > refused > ...).
+  int refused = 0, timed_out = 0, unreachable = 0, other = 0, tried = 0;
+  std::string other_error;
+  for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+    ++tried;
+    const int err = TryConnect(ai, deadline - absl::Now());
+    if (err == 0) {
+      ::freeaddrinfo(list);
+      return {Reachability::kConnects,
+              absl::StrCat("a TCP connection to ", address,
+                           " succeeds, so the failure is above TCP (a TLS or credentials "
+                           "mismatch, or not a Rubato endpoint?)")};
+    }
+    if (err == ECONNREFUSED) {
+      ++refused;
+    } else if (err == ETIMEDOUT) {
+      ++timed_out;
+    } else if (err == EHOSTUNREACH || err == ENETUNREACH) {
+      ++unreachable;
+    } else {
+      ++other;
+      other_error = std::strerror(err);
+    }
+  }
+  ::freeaddrinfo(list);
+  if (refused > 0) {
+    return {Reachability::kRefused,
+            absl::StrCat("connection refused by ", address,
+                         " (the host is up, but nothing listens on port ", port, ")")};
+  }
+  if (timed_out > 0) {
+    return {Reachability::kTimedOut,
+            absl::StrCat("no answer from ", address, " within ", absl::FormatDuration(timeout),
+                         " (the host is down, or the network between drops the packets)")};
+  }
+  if (unreachable > 0) {
+    return {Reachability::kUnreachable,
+            absl::StrCat(address, " is unreachable: no route to the host")};
+  }
+  return {Reachability::kOtherError, absl::StrCat("cannot connect to ", address, ": ",
+                                                  tried == 0 ? "no address" : other_error)};
+}
+
+}  // namespace rubato

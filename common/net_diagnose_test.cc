@@ -1,0 +1,98 @@
+#include "common/net_diagnose.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace rubato {
+namespace {
+
+// A loopback TCP socket bound to a kernel-chosen port; listening or not.
+class LoopbackSocket {
+ public:
+  explicit LoopbackSocket(bool listen, int backlog = 16) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port_ = ntohs(a.sin_port);
+    if (listen) {
+      EXPECT_EQ(::listen(fd_, backlog), 0);
+    }
+  }
+  ~LoopbackSocket() { ::close(fd_); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST(DiagnoseEndpointTest, MalformedAddresses) {
+  for (const char* bad :
+       {"", "nohost", "host:", ":5000", "host:0", "host:70000", "[::1]5000", "host:12ab"}) {
+    EXPECT_EQ(DiagnoseEndpoint(bad, absl::Seconds(1)).kind, Reachability::kBadAddress) << bad;
+  }
+}
+
+TEST(DiagnoseEndpointTest, ListeningPortConnects) {
+  LoopbackSocket server(/*listen=*/true);
+  for (const std::string& address : {server.address(), absl::StrCat("ipv4:", server.address()),
+                                     absl::StrCat("dns:///", server.address())}) {
+    const EndpointDiagnosis d = DiagnoseEndpoint(address, absl::Seconds(2));
+    EXPECT_EQ(d.kind, Reachability::kConnects) << address << ": " << d.detail;
+  }
+}
+
+TEST(DiagnoseEndpointTest, PortWithoutListenerIsRefused) {
+  std::string address;
+  {
+    LoopbackSocket bound(/*listen=*/false);  // Bound, never listening: the kernel refuses.
+    address = bound.address();
+    const EndpointDiagnosis d = DiagnoseEndpoint(address, absl::Seconds(2));
+    EXPECT_EQ(d.kind, Reachability::kRefused) << d.detail;
+    EXPECT_NE(d.detail.find("connection refused by " + address), std::string::npos) << d.detail;
+    EXPECT_NE(d.detail.find("nothing listens"), std::string::npos) << d.detail;
+  }
+}
+
+TEST(DiagnoseEndpointTest, FullAcceptQueueTimesOut) {
+  // With a backlog of 0 and nobody accepting, Linux completes one or two handshakes and then drops
+  // further SYNs: a connect gets no answer, as from a host that is down.
+  LoopbackSocket server(/*listen=*/true, /*backlog=*/0);
+  std::vector<int> fill;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(std::stoi(server.address().substr(10))));
+    ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    fill.push_back(fd);
+  }
+  ::usleep(100000);
+  const EndpointDiagnosis d = DiagnoseEndpoint(server.address(), absl::Milliseconds(300));
+  for (int fd : fill) ::close(fd);
+  EXPECT_EQ(d.kind, Reachability::kTimedOut) << d.detail;
+  EXPECT_NE(d.detail.find("no answer from"), std::string::npos) << d.detail;
+}
+
+TEST(DiagnoseEndpointTest, LocalhostResolvesFromTheHostsFile) {
+  LoopbackSocket server(/*listen=*/true);
+  const std::string address = "localhost:" + server.address().substr(10);
+  const EndpointDiagnosis d = DiagnoseEndpoint(address, absl::Seconds(2));
+  // localhost may also resolve to ::1, where nothing listens: the IPv4 connect still wins.
+  EXPECT_EQ(d.kind, Reachability::kConnects) << d.detail;
+}
+
+}  // namespace
+}  // namespace rubato
