@@ -613,6 +613,7 @@ GrpcRingLink::GrpcRingLink(int rank, int size, const std::string& next_address,
                            RingMailbox* mailbox, absl::Duration close_timeout,
                            const ClientSecurity& security, int64_t max_message_bytes)
     : rank_(rank),
+      size_(size),
       next_address_(next_address),
       mailbox_(mailbox),
       close_timeout_(close_timeout),
@@ -656,6 +657,15 @@ absl::Status GrpcRingLink::Receive(int64_t tag, absl::Span<float> out, Combine c
                                    absl::Time deadline) {
   absl::Status status = mailbox_->Take(tag, out, combine, deadline);
   if (!status.ok()) receive_failed_ = true;
+  // Nothing came from the previous rank, and this rank never reached the next one either: a ring
+  // that never formed. Say why the next one is unreachable, which is often why the other is
+  // silent (a mistyped or unresolvable --peers entry, a rank not started).
+  if (absl::IsDeadlineExceeded(status) && channel_->GetState(false) != GRPC_CHANNEL_READY) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(status.message(), "; this rank could not connect to the next, rank ",
+                     (rank_ + 1) % size_, " at ", next_address_,
+                     " either: ", DiagnoseEndpoint(next_address_, absl::Seconds(2)).detail));
+  }
   return status;
 }
 

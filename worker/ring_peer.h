@@ -135,6 +135,7 @@ class GrpcRingLink final : public RingLink {
 
  private:
   const int rank_;
+  const int size_;
   const std::string next_address_;
   RingMailbox* const mailbox_;
   const absl::Duration close_timeout_;
