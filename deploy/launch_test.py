@@ -4,54 +4,91 @@
     python3 deploy/launch_test.py        (or: bazel test //deploy:launch_test)
 
 The fake rubato_server and rubato_worker below speak just enough of the real ones' contract (port
-file, stats file at SIGTERM, JSON-lines progress, one-line errors, exit statuses) to exercise how
-the launcher reacts to each way a process can end, in a second or two and without a build.
+file, stats file and stdout line, ending by themselves once the workers are done, JSON-lines
+progress, one-line errors, exit statuses) to exercise how the launcher reacts to each way a process
+can end, in a second or two and without a build. RemoteJobTest runs the same jobs, and more, across
+fake hosts (directories) through fake remote shells, one that passes its arguments on as argv (as
+`ip netns exec` does) and one that joins them into a command line (as ssh does); the real binaries
+across real hosts (network namespaces) are tests/multihost_test.py's.
 """
 
 import json
 import math
 import os
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
-import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import launch  # noqa: E402
+from bazel import pyunit  # noqa: E402
 
 LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 
 # One program for both fakes; it tells them apart by its own name. FAKE_WORKERS says what each
-# worker does ("1:sigkill,2:error"; the others finish), FAKE_SERVER what server-0 does.
+# worker does ("1:sigkill,2:error"; the others finish), FAKE_SERVER what server-0 does: by default
+# it ends by itself, printing its statistics, once every worker has left its mark in FAKE_DIR (as
+# a real server does once every worker has finished or been dropped). FAKE_HOST is set by the fake
+# remote shells below; a fake records its pid, and what it read as its secret, in FAKE_DIR.
 FAKE = textwrap.dedent('''\
     import json, os, signal, sys, time
     flags = dict(a[2:].partition("=")[::2] for a in sys.argv[1:] if a.startswith("--"))
     sys.stderr.write("argv: %s\\n" % json.dumps(sys.argv[1:]))
     sys.stderr.flush()
+    fake_dir = os.environ["FAKE_DIR"]
+    server = os.path.basename(sys.argv[0]) == "rubato_server"
+    name = "server-%s" % flags.get("shard_id", "0") if server else "worker-%s" % flags["worker_id"]
+    with open(os.path.join(fake_dir, ".pid-" + name), "w") as f:
+        f.write("%d %s" % (os.getpid(), os.environ.get("FAKE_HOST", "-")))
+    os.replace(os.path.join(fake_dir, ".pid-" + name), os.path.join(fake_dir, "pid-" + name))
+    if "auth_secret_file" in flags:
+        path = flags["auth_secret_file"]
+        with open(path, "rb") as f:
+            secret = f.read()
+        with open(os.path.join(fake_dir, ".secret-" + name), "w") as f:
+            json.dump({"path": path, "hex": secret.hex(), "mode": os.stat(path).st_mode & 0o777}, f)
+        os.replace(os.path.join(fake_dir, ".secret-" + name),
+                   os.path.join(fake_dir, "secret-" + name))
 
-    if os.path.basename(sys.argv[0]) == "rubato_server":
-        def stop(*_):
-            with open(flags["stats_file"], "w") as f:
-                json.dump({"appliedUpdates": 7, "droppedWorkers": 1}, f)
+    if server:
+        def stats():
+            record = {"appliedUpdates": 7, "droppedWorkers": 1}
+            if "stats_file" in flags:
+                with open(flags["stats_file"], "w") as f:
+                    json.dump(record, f)
+            print(json.dumps(dict(record, event="stats")), flush=True)
             sys.exit(0)
-        signal.signal(signal.SIGTERM, stop)
-        with open(flags["port_file"], "w") as f:
-            f.write("127.0.0.1:1\\n")
-        if os.environ.get("FAKE_SERVER") == "error":
+        signal.signal(signal.SIGTERM, lambda *_: stats())
+        if "port_file" in flags:
+            with open(flags["port_file"], "w") as f:
+                f.write("127.0.0.1:1\\n")
+        what = os.environ.get("FAKE_SERVER", "")
+        if what == "error":
             time.sleep(0.3)
             sys.stderr.write("rubato_server: error: disk on fire\\n")
             sys.exit(2)
+        if what == "early":  # Ends by itself, status 0, while workers still run.
+            time.sleep(0.3)
+            sys.exit(0)
         while True:
             time.sleep(0.05)
+            marks = [m for m in os.listdir(fake_dir) if m.startswith("left-")]
+            if what != "linger" and len(marks) >= int(flags["num_workers"]):
+                stats()
 
     me = int(flags["worker_id"])
     what = dict(item.split(":") for item in os.environ.get("FAKE_WORKERS", "").split(",") if item)
     what = what.get(str(me), "finish")
     def out(**record):
         print(json.dumps(record), flush=True)
+    def leave():  # What the servers would notice: this worker finished, or its lease ran out.
+        open(os.path.join(fake_dir, "left-%d" % me), "w").close()
     out(event="start", steps=10, batch_size=8, argv=sys.argv[1:])
     sys.stderr.write("I worker-%d: connected\\n" % me)
     sys.stderr.flush()
@@ -61,24 +98,57 @@ FAKE = textwrap.dedent('''\
         # A line that mentions an error, quoting another process: not this worker's own error.
         sys.stderr.write("W worker-%d: pull retried: rubato_server: error: busy\\n" % me)
         sys.stderr.flush()
+        leave()
         os.kill(os.getpid(), signal.SIGKILL)
     if what == "crash":
         sys.stderr.write("rubato_worker: injected crash at step 5\\n")
+        leave()
         sys.exit(3)
     if what == "error":
         sys.stderr.write("rubato_worker: error: my own problem\\n")
         sys.stderr.write("W worker-%d: after that, server said rubato_server: error: x\\n" % me)
+        leave()
         sys.exit(1)
     if what == "hang":
+        time.sleep(60)
+    if what == "stubborn":  # Ignores SIGTERM: only SIGKILL ends it.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(60)
     if what == "ring":  # Allreduce: this rank notices its dead peer a while later.
         time.sleep(0.8)
         sys.stderr.write("rubato_worker: error: peer 1 (127.0.0.1:2) is gone\\n")
+        leave()
         sys.exit(1)
     time.sleep(0.8)  # Finishes well after any other worker has died.
     out(event="eval", step=10, test_accuracy=0.9)
     out(event="done", steps=10, test_accuracy=0.9)
+    leave()
 ''')
+
+# Fake remote shells: `RSH HOST ARGS...` runs ARGS in $FAKE_ROOT/HOST (a "host" is a directory:
+# relative paths such as --remote_bin_dir bin resolve there, so a host can lack a file), with
+# FAKE_HOST=HOST. A host that has no directory is unknown; one named down* does not answer. The
+# exec one passes ARGS on as argv (as `ip netns exec` does); the ssh one joins them with spaces
+# into one command line for sh (as ssh does). Each logs its argv to $FAKE_ROOT/rsh.log. On the fake
+# hosts, `getent hosts NAME` knows the host directories, except those that hold a file `noname`.
+FAKE_RSH = textwrap.dedent('''\
+    #!/bin/sh
+    host=$1; shift
+    for a in "$@"; do printf '%%s\\0' "$a"; done >>"$FAKE_ROOT/rsh.log"; printf '\\n' >>"$FAKE_ROOT/rsh.log"
+    case "$host" in
+      down*) echo "fake_rsh: connect to host $host port 22: No route to host" >&2; exit 255;;
+    esac
+    [ -d "$FAKE_ROOT/$host" ] || { echo "fake_rsh: Could not resolve hostname $host" >&2; exit 255; }
+    cd "$FAKE_ROOT/$host" || exit 255
+    export FAKE_HOST="$host" PATH="$FAKE_ROOT/.bin:$PATH"
+    %s
+''')
+FAKE_RSH_EXEC = FAKE_RSH % 'exec "$@"'
+FAKE_GETENT = textwrap.dedent('''\
+    #!/bin/sh
+    [ "$1" = hosts ] && [ -d "$FAKE_ROOT/$2" ] && [ ! -e "$FAKE_ROOT/$2/noname" ] && echo "10.0.0.1 $2"
+    ''')
+FAKE_RSH_SSH = FAKE_RSH % 'exec sh -c "$*"'
 
 
 class HelpersTest(unittest.TestCase):
@@ -178,13 +248,17 @@ class JobTest(unittest.TestCase):
         self.run_dir = os.path.join(self.tmp.name, "run")
 
     def launch(self, flags, workers="", server="", timeout=30):
-        env = dict(os.environ, FAKE_WORKERS=workers, FAKE_SERVER=server)
+        self.fake_dir = tempfile.mkdtemp(dir=self.tmp.name)
+        env = dict(os.environ, FAKE_WORKERS=workers, FAKE_SERVER=server, FAKE_DIR=self.fake_dir)
         done = subprocess.run(
             [sys.executable, LAUNCH, "--bin_dir", self.bin_dir, "--run_dir", self.run_dir,
              "--refresh", "0.05"] + flags,
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-        with open(os.path.join(self.run_dir, "summary.json")) as f:
-            summary = json.load(f)
+        try:
+            with open(os.path.join(self.run_dir, "summary.json")) as f:
+                summary = json.load(f)
+        except FileNotFoundError:  # Bad arguments, a failed preflight: nothing was started.
+            summary = None
         return done.returncode, done.stdout.decode(), done.stderr.decode(), summary
 
     def states(self, summary, key="worker_outcomes"):
@@ -199,10 +273,35 @@ class JobTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertTrue(summary["ok"])
         self.assertEqual(self.states(summary), ["done", "done"])
-        self.assertEqual(self.states(summary, "server_outcomes"), ["stopped"])
+        # The server ended by itself once the workers were done: done, not failed.
+        self.assertEqual(self.states(summary, "server_outcomes"), ["done"])
+        self.assertEqual(summary["server_outcomes"][0]["exit_status"], 0)
         self.assertEqual(summary["failed_workers"], 0)
-        self.assertEqual(summary["applied_updates"], 7)  # The server's stats, written at SIGTERM.
+        self.assertEqual(summary["applied_updates"], 7)  # The server's stats file.
         self.assertIn("rubato: done in", out)
+        self.assertEqual([o["host"] for o in summary["worker_outcomes"]], ["127.0.0.1"] * 2)
+
+    def test_server_that_does_not_end_is_stopped_after_the_grace(self):
+        # An older server that runs until stopped: the lease and 5 s later it is stopped, which is
+        # no failure, and its stats (written at SIGTERM) still count.
+        start = time.monotonic()
+        rc, out, err, summary = self.launch(["--workers", "1", "--lease_ms", "100"],
+                                            server="linger")
+        self.assertEqual(rc, 0, err)
+        self.assertGreaterEqual(time.monotonic() - start, 5.0)
+        self.assertEqual(self.states(summary, "server_outcomes"), ["stopped"])
+        self.assertEqual(summary["applied_updates"], 7)
+
+    def test_server_ending_before_the_workers_fails(self):
+        # A server that ends by itself while workers still run: once the workers have not ended
+        # within the grace (lease + 5 s), the server has failed and the job ends.
+        rc, out, err, summary = self.launch(["--workers", "2", "--lease_ms", "100"],
+                                            workers="0:hang,1:hang", server="early")
+        self.assertEqual(rc, 1)
+        self.assertEqual(self.states(summary, "server_outcomes"), ["failed"])
+        self.assertEqual(summary["server_outcomes"][0]["reason"],
+                         "exited with status 0 before the job ended")
+        self.assertEqual(self.states(summary), ["stopped", "stopped"])
 
     def test_killed_worker_does_not_end_the_job(self):
         rc, out, err, summary = self.launch(["--workers", "3", "--lease_ms", "2000"],
@@ -213,7 +312,7 @@ class JobTest(unittest.TestCase):
         killed = summary["worker_outcomes"][1]
         self.assertEqual(killed["reason"], "killed by SIGKILL (signal 9)")  # Not the W line.
         self.assertEqual((killed["exit_status"], killed["signal"]), (-9, "SIGKILL"))
-        self.assertEqual(self.states(summary, "server_outcomes"), ["stopped"])
+        self.assertEqual(self.states(summary, "server_outcomes"), ["done"])
         self.assertIn("worker-1 FAILED: killed by SIGKILL (signal 9)", out)
         self.assertIn("lease (2000 ms)", out)
         self.assertIn("rubato: ended in", out)  # The survivors' results are still reported.
@@ -319,40 +418,494 @@ class JobTest(unittest.TestCase):
         self.assertFalse([a for a in argv if a.startswith("--auth_secret_file")])
 
 
-class RecordingResult(unittest.TextTestResult):
-    """Also keeps the tests that passed, which unittest only counts."""
+class HostfileTest(unittest.TestCase):
+    """The host file, and where processes go."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.passed = []
+    def test_parse(self):
+        text = textwrap.dedent("""\
+            # the cluster
+            a slots=2
+              b          # one slot
 
-    def addSuccess(self, test):
-        super().addSuccess(test)
-        self.passed.append(test)
+            c slots=4 # four
+            10.0.0.7
+            """)
+        self.assertEqual(launch.parse_hostfile(text, "hosts"),
+                         [("a", 2), ("b", 1), ("c", 4), ("10.0.0.7", 1)])
+
+    def test_bad_lines_name_the_line(self):
+        cases = [
+            ("a\nb slots=0\n", "hosts:2: slots must be a whole number >= 1, got '0'"),
+            ("a\n\n# x\nb slots=x\n", "hosts:4: slots must be a whole number >= 1, got 'x'"),
+            ("a cores=2\n", "hosts:1: expected slots=N after the host name, got 'cores=2'"),
+            ("a slots\n", "hosts:1: expected slots=N after the host name, got 'slots'"),
+            ("a slots=1 slots=2\n", "hosts:1: slots given twice"),
+            ("slots=2\n", "hosts:1: expected a host name first, got 'slots=2'"),
+            ("a\nb\na slots=2\n", "hosts:3: host a is already on line 1"),
+            ("fe80::1\n", "hosts:1: bad host name 'fe80::1'"),
+            ("a:22\n", "hosts:1: bad host name 'a:22'"),
+            ("# nothing\n\n", "hosts: no hosts in the file"),
+        ]
+        for text, message in cases:
+            with self.assertRaises(launch.HostfileError, msg=text) as e:
+                launch.parse_hostfile(text, "hosts")
+            self.assertTrue(str(e.exception).startswith(message), (text, str(e.exception)))
+
+    def test_select_hosts(self):
+        hosts = [("a", 2), ("b", 1), ("c", 3)]
+        self.assertEqual(launch.select_hosts(hosts, None, "--worker_hosts"), hosts)
+        self.assertEqual(launch.select_hosts(hosts, "c,a", "--worker_hosts"), [("c", 3), ("a", 2)])
+        with self.assertRaisesRegex(ValueError, r"--server_hosts: unknown hosts x, y \(the host "
+                                                r"file lists a, b, c\)"):
+            launch.select_hosts(hosts, "a,x,y", "--server_hosts")
+        with self.assertRaisesRegex(ValueError, "--worker_hosts: a given twice"):
+            launch.select_hosts(hosts, "a,b,a", "--worker_hosts")
+
+    def test_place_servers_round_robin(self):
+        self.assertEqual(launch.place_servers([("a", 1), ("b", 9)], 5), ["a", "b", "a", "b", "a"])
+
+    def test_place_workers(self):
+        hosts = [("a", 2), ("b", 1), ("c", 3)]
+        place = launch.place_workers
+        self.assertEqual(place(hosts, 6, "slot"), ["a", "a", "b", "c", "c", "c"])
+        self.assertEqual(place(hosts, 4, "slot"), ["a", "a", "b", "c"])
+        self.assertEqual(place(hosts, 6, "host"), ["a", "b", "c", "a", "c", "c"])
+        self.assertEqual(place(hosts, 2, "host"), ["a", "b"])
+        # Oversubscribed: the slots first, then round-robin over every host.
+        self.assertEqual(place(hosts, 8, "slot", True), ["a", "a", "b", "c", "c", "c", "a", "b"])
+        self.assertEqual(place(hosts, 8, "host", True), ["a", "b", "c", "a", "c", "c", "a", "b"])
+        with self.assertRaises(ValueError) as e:
+            place(hosts, 7, "slot")
+        self.assertEqual(str(e.exception),
+                         "7 worker(s) do not fit in the 6 slot(s) of their hosts (a:2, b:1, c:3): "
+                         "give hosts more slots (slots=N in the host file), more --worker_hosts, "
+                         "fewer --workers, or --oversubscribe")
+
+    def _args(self, text, *flags):
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts") as f:
+            f.write(text)
+            f.flush()
+            return launch.parse_args(["--hostfile", f.name] + list(flags))
+
+    def _rejected(self, text, *flags):
+        """parse_args's error message for these flags (it exits 2)."""
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts") as f:
+            f.write(text)
+            f.flush()
+            done = subprocess.run([sys.executable, LAUNCH, "--hostfile", f.name] + list(flags),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(done.returncode, 2, done.stderr)
+            return done.stderr.replace(f.name, "HOSTS")
+
+    def test_plan(self):
+        args = self._args("a slots=2\nb slots=2\nc\n", "--servers", "2", "--workers", "3",
+                          "--server_hosts", "c,b", "--worker_hosts", "a,b", "--map_by", "host")
+        plan = args.plan
+        self.assertEqual(plan.servers(), "c:29500,b:29501")
+        self.assertEqual(plan.worker_hosts, ["a", "b", "a"])
+        self.assertEqual(args.rsh, "ssh -o BatchMode=yes")
+        args = self._args("a slots=2\nb\n", "--workers", "3", "--mode", "allreduce",
+                          "--base_port", "4000")
+        self.assertEqual(args.plan.peers(), "a:4000,a:4001,b:4002")
+        self.assertEqual(args.plan.servers(), "")
+        # Local mode has no plan, and the host flags need a host file.
+        self.assertIsNone(launch.parse_args([]).plan)
+
+    def test_parse_args_errors(self):
+        self.assertIn("--hostfile: HOSTS:2: slots must be a whole number >= 1, got '-1'",
+                      self._rejected("a\nb slots=-1\n"))
+        self.assertIn("3 worker(s) do not fit in the 2 slot(s) of their hosts (a:1, b:1)",
+                      self._rejected("a\nb\n", "--workers", "3"))
+        self.assertIn("--worker_hosts: unknown host zz (the host file lists a, b)",
+                      self._rejected("a\nb\n", "--worker_hosts", "a,zz"))
+        self.assertIn("--hostfile: [Errno 2] No such file or directory",
+                      self._rejected("a\n", "--hostfile", "/nonexistent/hosts"))
+        done = subprocess.run([sys.executable, LAUNCH, "--rsh", "ssh"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("--rsh: only with --hostfile", done.stderr)
+        # With --oversubscribe the same job fits.
+        self.assertEqual(self._args("a\nb\n", "--workers", "3", "--oversubscribe")
+                         .plan.worker_hosts, ["a", "b", "a"])
 
 
-def write_junit_xml(path, result):
-    """One <testcase> per test in `path`: Bazel's $XML_OUTPUT_FILE, from which ./rubato test counts
-    cases (without it, Bazel reports the whole target as one)."""
-    suite = ET.Element("testsuite", name="deploy/launch_test", tests=str(result.testsRun),
-                       failures=str(len(result.failures)), errors=str(len(result.errors)))
-    cases = [(t, None, None) for t in result.passed]
-    cases += [(t, "failure", text) for t, text in result.failures]
-    cases += [(t, "error", text) for t, text in result.errors]
-    cases += [(t, "skipped", text) for t, text in result.skipped]
-    for test, kind, text in cases:
-        case = ET.SubElement(suite, "testcase", name=test.id(), status="run")
-        if kind:
-            message = text.strip().splitlines()[-1] if text else ""
-            ET.SubElement(case, kind, message=message).text = text
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+class RemoteScriptTest(unittest.TestCase):
+    """The wrapper that runs a program on a host, run here by sh directly."""
+
+    def run_script(self, argv, secret=None, close_after=None):
+        """Starts `sh -c remote_script(argv)`; sends the secret; closes its stdin after
+        `close_after` seconds (None: at once, after the secret). Returns (status, stdout, stderr)."""
+        p = subprocess.Popen(["sh", "-c", launch.remote_script(argv, secret is not None)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if secret is not None:
+            p.stdin.write(launch.encode_secret(secret) + b"\n")
+            p.stdin.flush()
+        if close_after is not None:
+            try:
+                p.wait(timeout=close_after)  # (communicate would close stdin at once.)
+            except subprocess.TimeoutExpired:
+                pass
+        p.stdin.close()
+        out, err = p.stdout.read(), p.stderr.read()  # Small: no pipe fills up.
+        p.wait(timeout=15)
+        return p.returncode, out.decode(), err.decode()
+
+    def test_status_and_output_pass_through(self):
+        rc, out, err = self.run_script(["sh", "-c", "echo out; echo err >&2; exit 7"],
+                                       close_after=5)
+        self.assertEqual((rc, out, err), (7, "out\n", "err\n"))
+
+    def test_arguments_are_quoted(self):
+        odd = ["a b", "it's", '"q"', "$HOME", "`x`", "*", "back\\slash", ""]
+        rc, out, _ = self.run_script([sys.executable, "-c",
+                                      "import json, sys; print(json.dumps(sys.argv[1:]))"] + odd,
+                                     close_after=5)
+        self.assertEqual((rc, json.loads(out)), (0, odd))
+
+    def test_secret_file(self):
+        # Any bytes: a newline, a NUL, a backslash, a quote.
+        secret = bytes(range(256)) + b"\n\\0101'"
+        probe = ("import json, os, sys; p = sys.argv[-1].partition('=')[2]; "
+                 "print(json.dumps([p, open(p, 'rb').read().hex(), os.stat(p).st_mode & 0o777]))")
+        rc, out, err = self.run_script([sys.executable, "-c", probe], secret=secret,
+                                       close_after=5)
+        self.assertEqual(rc, 0, err)
+        path, content, mode = json.loads(out)
+        self.assertEqual((bytes.fromhex(content), mode), (secret, 0o600))
+        self.assertFalse(os.path.exists(os.path.dirname(path)))  # Removed at exit.
+
+    def test_no_secret_on_stdin(self):
+        p = subprocess.Popen(["sh", "-c", launch.remote_script(["true"], True)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(b"", timeout=10)
+        self.assertEqual(p.returncode, 125)
+        self.assertEqual(err.decode(), "rubato remote: error: no job secret on stdin\n")
+
+    def test_end_of_stdin_stops_the_program(self):
+        start = time.monotonic()
+        rc, _, _ = self.run_script(["sleep", "60"], close_after=0.5)
+        self.assertEqual(rc, 128 + 15)  # SIGTERM
+        self.assertLess(time.monotonic() - start, 5)
+
+    def test_end_of_stdin_then_sigkill(self):
+        start = time.monotonic()
+        rc, _, _ = self.run_script(
+            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+             "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"], close_after=1)
+        self.assertEqual(rc, 128 + 9)  # SIGKILL, 5 s after the SIGTERM it ignored.
+        self.assertGreater(time.monotonic() - start, 5)
+        self.assertLess(time.monotonic() - start, 12)
+
+    def test_rsh_argv(self):
+        self.assertEqual(launch.rsh_argv(["ip", "netns", "exec"], "h", "echo 'a b'", False),
+                         ["ip", "netns", "exec", "h", "sh", "-c", "echo 'a b'"])
+        self.assertEqual(launch.rsh_argv(["ssh"], "h", "echo 'a b'", True),
+                         ["ssh", "h", "sh -c 'echo '\"'\"'a b'\"'\"''"])
+
+
+def _alive(pid):
+    """Whether process `pid` still runs (a zombie does not count)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+class RemoteJobTest(JobTest):
+    """Whole jobs across fake hosts: directories under FAKE_ROOT, reached through a fake rsh."""
+
+    HOSTS = ("hosta", "hostb", "hostc")
+
+    def setUp(self):
+        super().setUp()
+        self.root = os.path.join(self.tmp.name, "hosts")
+        for host in self.HOSTS:
+            self.make_host(host)
+        os.makedirs(os.path.join(self.root, ".bin"))
+        for name, text in (("rsh_exec", FAKE_RSH_EXEC), ("rsh_ssh", FAKE_RSH_SSH),
+                           ("hosts/.bin/getent", FAKE_GETENT)):
+            path = os.path.join(self.tmp.name, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
+        self.rsh_exec = os.path.join(self.tmp.name, "rsh_exec")
+        self.rsh_ssh = os.path.join(self.tmp.name, "rsh_ssh")
+        self.hostfile = os.path.join(self.tmp.name, "hosts.txt")
+        self.write_hostfile("hosta slots=2\nhostb\nhostc  # three hosts\n")
+
+    def make_host(self, host, lacks=()):
+        d = os.path.join(self.root, host)
+        for role in ("server", "worker"):
+            os.makedirs(os.path.join(d, "bin", role))
+            if "rubato_" + role not in lacks:
+                os.symlink(os.path.join(self.bin_dir, role, "rubato_" + role),
+                           os.path.join(d, "bin", role, "rubato_" + role))
+        os.makedirs(os.path.join(d, "data"))
+        for name in launch.DATA_FILES:
+            if name not in lacks:
+                open(os.path.join(d, "data", name), "w").close()
+
+    def write_hostfile(self, text):
+        with open(self.hostfile, "w") as f:
+            f.write(text)
+
+    def remote_flags(self, rsh=None):
+        return ["--hostfile", self.hostfile, "--rsh", rsh or self.rsh_exec,
+                "--remote_bin_dir", "bin", "--data_dir", "data", "--preflight_timeout", "10"]
+
+    def launch(self, flags, workers="", server="", timeout=40, rsh=None):
+        os.environ["FAKE_ROOT"] = self.root
+        return super().launch(self.remote_flags(rsh) + flags, workers, server, timeout)
+
+    def pids(self):
+        """name -> (pid, host) of every fake process that started."""
+        out = {}
+        for name in os.listdir(self.fake_dir):
+            if name.startswith("pid-"):
+                with open(os.path.join(self.fake_dir, name)) as f:
+                    pid, host = f.read().split()
+                out[name[len("pid-"):]] = (int(pid), host)
+        return out
+
+    def argv(self, name):
+        with open(os.path.join(self.run_dir, name + ".log")) as f:
+            for line in f:
+                if line.startswith("argv: "):
+                    return json.loads(line[len("argv: "):])
+        self.fail("no argv line in %s.log" % name)
+
+    def assert_all_gone(self, within=8.0):
+        deadline = time.monotonic() + within
+        while True:
+            alive = {n: p for n, (p, _) in self.pids().items() if _alive(p)}
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        self.assertEqual(alive, {}, "fake remote processes still running")
+
+    # The local-mode cases, run again across hosts (JobTest's tests, with these flags).
+
+    def test_all_finish(self):
+        rc, out, err, summary = self.launch(["--servers", "2", "--workers", "3"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.states(summary), ["done"] * 3)
+        self.assertEqual(self.states(summary, "server_outcomes"), ["done", "done"])
+        self.assertEqual([o["host"] for o in summary["worker_outcomes"]],
+                         ["hosta", "hosta", "hostb"])
+        self.assertEqual([o["host"] for o in summary["server_outcomes"]], ["hosta", "hostb"])
+        self.assertEqual(summary["applied_updates"], 14)  # From each server's stdout line.
+        self.assertEqual(summary["hosts"], [{"host": "hosta", "slots": 2},
+                                            {"host": "hostb", "slots": 1},
+                                            {"host": "hostc", "slots": 1}])
+        pids = self.pids()
+        self.assertEqual({n: h for n, (_, h) in pids.items()},
+                         {"server-0": "hosta", "server-1": "hostb", "worker-0": "hosta",
+                          "worker-1": "hosta", "worker-2": "hostb"})
+        self.assertEqual(self.argv("server-1")[:3],
+                         ["--shard_id=1", "--num_shards=2", "--listen=0.0.0.0:29501"])
+        for w in range(3):
+            argv = self.argv("worker-%d" % w)
+            self.assertIn("--servers=hosta:29500,hostb:29501", argv)
+            self.assertIn("--data_dir=data", argv)
+            self.assertFalse([a for a in argv if a.startswith("--listen")])
+        # The table has a host column.
+        final_table = out[out.rindex("worker   host"):]
+        self.assertRegex(final_table, r"\n0 +hosta +done .*\n1 +hosta +done .*\n2 +hostb +done ")
+        self.assert_all_gone(within=0)
+
+    def test_secret_and_message_limit_reach_every_process(self):
+        rc, out, err, summary = self.launch(["--workers", "2", "--layers", "784-4096-4096-10",
+                                             "--map_by", "host"])
+        self.assertEqual(rc, 0, err)
+        with open(os.path.join(self.run_dir, "job.secret")) as f:
+            secret = f.read()
+        for name in ("server-0", "worker-0", "worker-1"):
+            argv = self.argv(name)
+            self.assertIn("--max_message_mb=97", argv, name)
+            self.assertNotIn("--insecure", argv, name)
+            with open(os.path.join(self.fake_dir, "secret-" + name)) as f:
+                got = json.load(f)
+            # Each process read the job's secret from a file of its own, mode 0600, named on its
+            # command line, and that file's directory is gone now.
+            self.assertEqual(bytes.fromhex(got["hex"]).decode(), secret, name)
+            self.assertEqual(got["mode"], 0o600, name)
+            self.assertIn("--auth_secret_file=" + got["path"], argv)
+            self.assertNotEqual(os.path.dirname(got["path"]), os.path.abspath(self.run_dir))
+            self.assertFalse(os.path.exists(os.path.dirname(got["path"])), name)
+        # The secret appears on no command line that the rsh was given (nor encoded).
+        with open(os.path.join(self.root, "rsh.log"), "rb") as f:
+            rsh_log = f.read()
+        self.assertNotIn(secret.encode(), rsh_log)
+        self.assertNotIn(launch.encode_secret(secret.encode()), rsh_log)
+
+    def test_given_secret_and_message_limit(self):
+        given = os.path.join(self.tmp.name, "my.secret")
+        with open(given, "wb") as f:
+            f.write(b"\x00\n" * 16)  # Any bytes.
+        rc, out, err, summary = self.launch(["--workers", "1", "--auth_secret_file", given,
+                                             "--max_message_mb", "64"])
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "job.secret")))
+        for name in ("server-0", "worker-0"):
+            self.assertIn("--max_message_mb=64", self.argv(name))
+            with open(os.path.join(self.fake_dir, "secret-" + name)) as f:
+                self.assertEqual(bytes.fromhex(json.load(f)["hex"]), b"\x00\n" * 16)
+
+    def test_insecure(self):
+        rc, out, err, summary = self.launch(["--workers", "3", "--mode", "allreduce",
+                                             "--insecure", "--base_port", "7000"])
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "job.secret")))
+        for w, host in enumerate(["hosta", "hosta", "hostb"]):
+            argv = self.argv("worker-%d" % w)
+            self.assertIn("--insecure", argv)
+            self.assertIn("--peers=hosta:7000,hosta:7001,hostb:7002", argv)
+            self.assertIn("--listen=0.0.0.0:%d" % (7000 + w), argv)
+            self.assertFalse([a for a in argv if a.startswith("--auth_secret_file")])
+        self.assertEqual(summary["server_outcomes"], [])
+
+    def test_ssh_style_rsh(self):
+        # A remote shell that joins its arguments into one command line: the wrapper is quoted
+        # once more, and odd flag values still arrive intact.
+        odd = "it's \"odd\" $HOME `x` *"
+        rc, out, err, summary = self.launch(["--workers", "2", "--delay_distribution", odd],
+                                            rsh=self.rsh_ssh)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.states(summary), ["done", "done"])
+        for w in range(2):
+            self.assertIn("--delay_distribution=" + odd, self.argv("worker-%d" % w))
+        with open(os.path.join(self.root, "rsh.log"), "rb") as f:
+            calls = [c.split(b"\0")[:-1] for c in f.read().split(b"\n") if c]
+        # The probe, the checks and the processes: each a single command string after the host.
+        self.assertEqual(calls[0], [b"echo", b"'rubato-probe'"])
+        self.assertTrue(all(len(c) == 1 or c[0] == b"echo" for c in calls), calls)
+
+    def test_exec_style_rsh_passes_argv(self):
+        rc, out, err, summary = self.launch(["--workers", "1"])
+        self.assertEqual(rc, 0, err)
+        with open(os.path.join(self.root, "rsh.log"), "rb") as f:
+            calls = [c.split(b"\0")[:-1] for c in f.read().split(b"\n") if c]
+        self.assertTrue(all(c[:2] == [b"sh", b"-c"] and len(c) == 3 for c in calls[1:]), calls)
+
+    def test_stderr_is_prefixed(self):
+        rc, out, err, summary = self.launch(["--workers", "3"])
+        self.assertEqual(rc, 0, err)
+        with open(os.path.join(self.run_dir, "job.log")) as f:
+            job_log = f.read()
+        for w, host in enumerate(["hosta", "hosta", "hostb"]):
+            line = "[worker-%d@%s] I worker-%d: connected\n" % (w, host, w)
+            self.assertIn(line, job_log)
+            self.assertIn(line, out)  # Echoed above the table.
+        self.assertIn("[server-0@hosta] argv: ", job_log)
+        # Each process's own log has its lines as they were.
+        with open(os.path.join(self.run_dir, "worker-2.log")) as f:
+            self.assertIn("I worker-2: connected\n", f.read().splitlines(True))
+
+    def test_killed_worker_does_not_end_the_job(self):
+        rc, out, err, summary = self.launch(["--workers", "3", "--lease_ms", "2000"],
+                                            workers="1:sigkill")
+        self.assertEqual(rc, 1)
+        self.assertEqual(self.states(summary), ["done", "failed", "done"])
+        killed = summary["worker_outcomes"][1]
+        # The wrapper's status 137 reads as the signal.
+        self.assertEqual(killed["reason"], "killed by SIGKILL (signal 9)")
+        self.assertEqual((killed["exit_status"], killed["signal"]), (-9, "SIGKILL"))
+        self.assertIn("1 of 3 worker(s) failed: worker-1@hosta killed by SIGKILL (signal 9)", err)
+
+    def test_allreduce_ranks_end_by_themselves(self):
+        rc, out, err, summary = self.launch(["--workers", "3", "--mode", "allreduce"],
+                                            workers="0:ring,1:sigkill,2:ring")
+        self.assertEqual(rc, 1)
+        self.assertEqual(self.states(summary), ["failed", "failed", "failed"])
+        self.assertIn("3 of 3 worker(s) failed, first worker-1@hosta killed by SIGKILL", err)
+
+    def test_server_failure_ends_the_job(self):
+        rc, out, err, summary = self.launch(["--workers", "2"], workers="0:hang,1:hang",
+                                            server="error")
+        self.assertEqual(rc, 1)
+        self.assertEqual(self.states(summary), ["stopped", "stopped"])
+        self.assertIn("error: server-0@hosta exited with status 2: rubato_server: error: disk on "
+                      "fire", err)
+        self.assert_all_gone(within=0)
+
+    def test_preflight_reports_every_host(self):
+        self.make_host("hostd", lacks=("rubato_worker", "t10k-labels-idx1-ubyte.gz"))
+        self.make_host("hoste", lacks=("rubato_server",))
+        self.make_host("hostg")
+        open(os.path.join(self.root, "hostg", "noname"), "w").close()  # Its name resolves nowhere.
+        self.write_hostfile("hosta\nhostd\nhoste\nnosuchhost\ndownf\nhostg\n")
+        rc, out, err, summary = self.launch(["--servers", "2", "--workers", "6",
+                                             "--server_hosts", "hoste,hostg"])
+        self.assertEqual(rc, 2, err)
+        self.assertIsNone(summary)
+        self.assertIn("preflight failed on 6 of 6 host(s); nothing was started:", err)
+        self.assertIn("  hosta: cannot resolve: hostg\n", err)
+        self.assertIn("  hostd: not executable: bin/worker/rubato_worker\n", err)
+        self.assertIn("  hostd: missing: data/t10k-labels-idx1-ubyte.gz\n", err)
+        self.assertIn("  hoste: not executable: bin/server/rubato_server\n", err)
+        self.assertIn("  nosuchhost: unreachable through --rsh '%s' (exited with status 255): "
+                      "fake_rsh: Could not resolve hostname nosuchhost\n" % self.rsh_exec, err)
+        self.assertIn("  downf: unreachable through --rsh", err)
+        self.assertNotIn("hosta: not executable", err)
+        self.assertEqual(self.pids(), {})
+        self.assertFalse(os.path.exists(self.run_dir))
+
+    def test_preflight_checks_only_what_a_host_needs(self):
+        # A host that only runs a server needs no worker binary and no data.
+        self.make_host("hostd", lacks=("rubato_worker",) + launch.DATA_FILES)
+        self.write_hostfile("hosta\nhostd\n")
+        rc, out, err, summary = self.launch(["--workers", "1", "--server_hosts", "hostd",
+                                             "--worker_hosts", "hosta"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.pids()["server-0"][1], "hostd")
+
+    def test_teardown_at_timeout(self):
+        rc, out, err, summary = self.launch(["--workers", "3", "--timeout", "2"],
+                                            workers="0:hang,1:hang,2:stubborn")
+        self.assertEqual(rc, 1)
+        self.assertEqual(self.states(summary), ["stopped"] * 3)
+        self.assertEqual(self.states(summary, "server_outcomes"), ["stopped"])
+        self.assertEqual(len(self.pids()), 4)
+        self.assert_all_gone(within=0)  # Even the one that ignores SIGTERM.
+
+    def start_and_wait(self, workers, n):
+        """Starts a job whose n fake processes hang; returns the launcher's Popen once all run."""
+        self.fake_dir = tempfile.mkdtemp(dir=self.tmp.name)
+        env = dict(os.environ, FAKE_WORKERS=workers, FAKE_DIR=self.fake_dir, FAKE_ROOT=self.root)
+        p = subprocess.Popen([sys.executable, LAUNCH, "--bin_dir", self.bin_dir, "--run_dir",
+                              self.run_dir, "--refresh", "0.05"] + self.remote_flags()
+                             + ["--workers", str(n - 1)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: p.poll() is None and p.kill())
+        deadline = time.monotonic() + 20
+        while len(self.pids()) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(self.pids()), n)
+        return p
+
+    def test_teardown_on_sigint(self):
+        p = self.start_and_wait("0:hang,1:hang,2:stubborn", 4)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=20)
+        self.assertEqual(p.returncode, 130, err)
+        self.assertIn(b"error: interrupted", err)
+        self.assert_all_gone(within=0)
+
+    def test_teardown_when_the_launcher_is_killed(self):
+        p = self.start_and_wait("0:hang,1:hang,2:stubborn", 4)
+        secret_dirs = []
+        for name in ("server-0", "worker-0"):
+            with open(os.path.join(self.fake_dir, "secret-" + name)) as f:
+                secret_dirs.append(os.path.dirname(json.load(f)["path"]))
+        p.kill()  # SIGKILL: no clean-up of its own. Its stdin pipes close with it.
+        p.wait()
+        self.assert_all_gone(within=8)  # SIGTERM at once; the stubborn one SIGKILL after 5 s.
+        deadline = time.monotonic() + 3
+        while any(os.path.exists(d) for d in secret_dirs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertEqual([d for d in secret_dirs if os.path.exists(d)], [])
 
 
 if __name__ == "__main__":
-    program = unittest.main(exit=False, testRunner=unittest.TextTestRunner(
-        resultclass=RecordingResult))
-    if os.environ.get("XML_OUTPUT_FILE"):
-        write_junit_xml(os.environ["XML_OUTPUT_FILE"], program.result)
-    sys.exit(0 if program.result.wasSuccessful() else 1)
+    sys.exit(pyunit.main("deploy/launch_test"))
