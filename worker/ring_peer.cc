@@ -274,8 +274,10 @@ absl::Status ParseRingBlock(const grpc::ByteBuffer& message, int* from_rank, int
     uint64_t value = 0;
     const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
     if (field == 3 && wire == 2) {
-      uint32_t length = 0;
-      if (!in.ReadVarint32(&length) ||
+      // 64 bits: ReadVarint32 would truncate a longer varint (2^48 read as 0, an "empty" block
+      // that protobuf itself refuses; found by fuzz/ring_mailbox_fuzzer).
+      uint64_t length = 0;
+      if (!in.ReadVarint64(&length) || length > total ||
           static_cast<size_t>(in.CurrentPosition()) + length != total) {
         return absl::InvalidArgumentError(absl::StrCat(
             "ring block: data must be the last field and fill the message (", total, " bytes)"));

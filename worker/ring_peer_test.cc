@@ -342,10 +342,13 @@ TEST(GrpcRingTest, PayloadsSplitAcrossSlicesAtAnyByte) {
       EXPECT_EQ(out[i], 1.0f + values[i]) << "pieces of " << piece << ", element " << i;
     }
   }
-  // Not a RingBlock: data before the end, an unknown field.
+  // Not a RingBlock: data before the end, an unknown field, a data length of 2^48 in a 7-byte
+  // varint (once read as 32 bits, i.e. 0: an empty block protobuf refuses; found by the fuzzer).
   RingBlock wrong = block;
   const std::string trailing = wrong.SerializeAsString() + std::string("\x08\x01", 2);
-  for (const std::string& text : {trailing, std::string("\x22\x01x", 3)}) {
+  const std::string huge_length("\x08\x02\x10\x03\x1a\x80\x80\x80\x80\x80\x80\x40", 12);
+  ASSERT_FALSE(RingBlock().ParseFromString(huge_length));
+  for (const std::string& text : {trailing, std::string("\x22\x01x", 3), huge_length}) {
     grpc::Slice slice(text);
     grpc::ByteBuffer message(&slice, 1);
     int from;
