@@ -64,8 +64,11 @@ RegisterRequest Registration(int worker, int num_workers) {
   return r;
 }
 
-std::unique_ptr<ParameterShard> StartedShard(int workers) {
-  auto shard = ParameterShard::Create(Options(workers));
+// A shard every one of whose `workers` has registered.
+std::unique_ptr<ParameterShard> StartedShard(int workers, int64_t lease_ms = 10000) {
+  ShardOptions options = Options(workers);
+  options.cluster.set_lease_ms(lease_ms);
+  auto shard = ParameterShard::Create(options);
   EXPECT_TRUE(shard.ok()) << shard.status();
   for (int w = 0; w < workers; ++w) {
     auto r = (*shard)->Register(Registration(w, workers));
@@ -889,12 +892,8 @@ TEST(JobLifecycleTest, FinishIsValidated) {
 }
 
 TEST(JobLifecycleTest, AFinishedWorkerIsNotDroppedForItsSilence) {
-  ShardOptions o = Options(2);
-  o.cluster.set_lease_ms(100);
-  auto created = ParameterShard::Create(o);
-  ASSERT_TRUE(created.ok());
-  ParameterShard* shard = created->get();
-  for (int w = 0; w < 2; ++w) ASSERT_TRUE(shard->Register(Registration(w, 2)).ok());
+  auto started = StartedShard(2, /*lease_ms=*/100);
+  ParameterShard* shard = started.get();
   ASSERT_TRUE(shard->Finish(FinishOf(0, 0)).ok());
   // Worker 1 keeps heartbeating for several leases; worker 0 is silent but finished.
   for (int i = 0; i < 8; ++i) {
@@ -908,12 +907,8 @@ TEST(JobLifecycleTest, AFinishedWorkerIsNotDroppedForItsSilence) {
 }
 
 TEST(JobLifecycleTest, DroppedWorkersGetOneLeaseToComeBackAfterTheOthersFinish) {
-  ShardOptions o = Options(3);
-  o.cluster.set_lease_ms(200);
-  auto created = ParameterShard::Create(o);
-  ASSERT_TRUE(created.ok());
-  ParameterShard* shard = created->get();
-  for (int w = 0; w < 3; ++w) ASSERT_TRUE(shard->Register(Registration(w, 3)).ok());
+  auto started = StartedShard(3, /*lease_ms=*/200);
+  ParameterShard* shard = started.get();
   // Worker 2 dies; 0 and 1 finish while it is silent.
   ASSERT_TRUE(shard->Finish(FinishOf(0, 5)).ok());
   ASSERT_TRUE(shard->Finish(FinishOf(1, 5)).ok());
@@ -930,22 +925,20 @@ TEST(JobLifecycleTest, DroppedWorkersGetOneLeaseToComeBackAfterTheOthersFinish) 
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
 
   // One that does come back in time keeps the job going until it finishes too.
-  auto again = ParameterShard::Create(o);
-  ASSERT_TRUE(again.ok());
-  for (int w = 0; w < 3; ++w) ASSERT_TRUE((*again)->Register(Registration(w, 3)).ok());
-  ASSERT_TRUE((*again)->Finish(FinishOf(0, 5)).ok());
-  ASSERT_TRUE((*again)->Finish(FinishOf(1, 5)).ok());
+  auto again = StartedShard(3, /*lease_ms=*/200);
+  ASSERT_TRUE(again->Finish(FinishOf(0, 5)).ok());
+  ASSERT_TRUE(again->Finish(FinishOf(1, 5)).ok());
   absl::SleepFor(absl::Milliseconds(300));  // Worker 2 silent past its lease...
-  ASSERT_TRUE((*again)->Register(Registration(2, 3)).ok());  // ...and back.
+  ASSERT_TRUE(again->Register(Registration(2, 3)).ok());  // ...and back.
   for (int i = 0; i < 10; ++i) {
     HeartbeatRequest hb;
     hb.set_worker_id(2);
-    ASSERT_TRUE((*again)->Heartbeat(hb).ok());
-    EXPECT_FALSE(*(*again)->JobFinished(absl::Seconds(60)));
+    ASSERT_TRUE(again->Heartbeat(hb).ok());
+    EXPECT_FALSE(*again->JobFinished(absl::Seconds(60)));
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_TRUE((*again)->Finish(FinishOf(2, 5)).ok());
-  EXPECT_TRUE(*(*again)->JobFinished(absl::Seconds(60)));
+  ASSERT_TRUE(again->Finish(FinishOf(2, 5)).ok());
+  EXPECT_TRUE(*again->JobFinished(absl::Seconds(60)));
 }
 
 TEST(JobLifecycleTest, NoLiveWorkerForTheIdleTimeoutIsAnErrorNamingThem) {

@@ -164,31 +164,25 @@ class GrpcPsClient final : public PsClient {
 
   // Every shard at once, so that a slow or unreachable shard delays no other's heartbeat.
   absl::Status Heartbeat(int64_t step) override {
-    const int shards = static_cast<int>(stubs_.size());
-    std::vector<int> call_shards(shards);
     HeartbeatRequest request;
     request.set_worker_id(options_.worker_id);
     request.set_step(step);
-    std::vector<HeartbeatResponse> responses(shards);
-    for (int s = 0; s < shards; ++s) call_shards[s] = s;
-    return FanOut(
-        call_shards, options_.heartbeat_timeout, Retry::kNever,
-        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
-            Done done) { async->Heartbeat(context, &request, &responses[call], done); });
+    return ToEveryShard<HeartbeatResponse>(
+        options_.heartbeat_timeout, Retry::kNever,
+        [&](ParameterServer::Stub::async_interface* async, grpc::ClientContext* context,
+            HeartbeatResponse* response,
+            Done done) { async->Heartbeat(context, &request, response, std::move(done)); });
   }
 
   absl::Status Finish(int64_t steps) override {
-    const int shards = static_cast<int>(stubs_.size());
-    std::vector<int> call_shards(shards);
     FinishRequest request;
     request.set_worker_id(options_.worker_id);
     request.set_step(steps);
-    std::vector<FinishResponse> responses(shards);
-    for (int s = 0; s < shards; ++s) call_shards[s] = s;
-    return FanOut(
-        call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
-        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
-            Done done) { async->Finish(context, &request, &responses[call], done); });
+    return ToEveryShard<FinishResponse>(
+        options_.rpc_timeout, Retry::kWhileUnavailable,
+        [&](ParameterServer::Stub::async_interface* async, grpc::ClientContext* context,
+            FinishResponse* response,
+            Done done) { async->Finish(context, &request, response, std::move(done)); });
   }
 
   const std::vector<int>& shard_of() const override { return placement_.shard_of; }
@@ -262,6 +256,20 @@ class GrpcPsClient final : public PsClient {
       backoff = std::min(2 * backoff, absl::Seconds(2));
       calls = std::move(again);
     }
+  }
+
+  // One call to every shard at once: start(async stub, context, response, done) sends the same
+  // small request to each.
+  template <typename Response, typename StartCall>
+  absl::Status ToEveryShard(absl::Duration timeout, Retry retry, StartCall start) {
+    const int shards = static_cast<int>(stubs_.size());
+    std::vector<int> call_shards(shards);
+    for (int s = 0; s < shards; ++s) call_shards[s] = s;
+    std::vector<Response> responses(shards);
+    return FanOut(
+        call_shards, timeout, retry,
+        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
+            Done done) { start(async, context, &responses[call], std::move(done)); });
   }
 
   // UNAVAILABLE from the transport (refused, reset, cut), not from a server that answered: a
