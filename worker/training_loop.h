@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/dataset.h"
-#include "common/straggler_model.h"
+#include "worker/dataset.h"
+#include "worker/straggler_model.h"
 #include "worker/mlp.h"
 #include "worker/mlp_backend.h"
 #include "worker/ps_client.h"

@@ -30,14 +30,14 @@
 #include "absl/time/time.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
-#include "common/dataset.h"
+#include "worker/dataset.h"
 #include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/security.h"
 #include "common/security_flags.h"
 #include "common/placement.h"
-#include "common/straggler_model.h"
+#include "worker/straggler_model.h"
 #include "worker/allreduce_client.h"
 #include "worker/cpu_mlp_backend.h"
 #include "worker/cuda/cuda_device.h"
@@ -70,7 +70,7 @@ ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
           "How long a pull or push retries a shard that became unreachable (a network cut, a "
           "reset connection) before the worker fails naming it.");
 
-// Straggler injection (common/straggler_model.h). The defaults inject nothing.
+// Straggler injection (worker/straggler_model.h). The defaults inject nothing.
 ABSL_FLAG(double, slowdown, 1, "Multiply this worker's compute time by this factor (>= 1).");
 ABSL_FLAG(std::string, slow_workers, "",
           "ID:FACTOR,...: the worker whose id is listed takes FACTOR as its --slowdown (one "

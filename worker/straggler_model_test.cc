@@ -1,4 +1,4 @@
-#include "common/straggler_model.h"
+#include "worker/straggler_model.h"
 
 #include <algorithm>
 #include <cmath>

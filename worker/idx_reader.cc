@@ -1,5 +1,5 @@
 // IDX reading through zlib's gz* API, which reads gzip and raw files alike.
-#include "common/idx_reader.h"
+#include "worker/idx_reader.h"
 
 #include <zlib.h>
 

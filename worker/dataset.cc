@@ -1,5 +1,5 @@
 // Fashion-MNIST loading and per-rank shuffled minibatching.
-#include "common/dataset.h"
+#include "worker/dataset.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/idx_reader.h"
+#include "worker/idx_reader.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 

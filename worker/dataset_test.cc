@@ -1,5 +1,5 @@
 // Tests for LoadFashionMnist and ShardedBatcher.
-#include "common/dataset.h"
+#include "worker/dataset.h"
 
 #include <sys/stat.h>
 #include <zlib.h>

@@ -4,8 +4,8 @@
 // An IDX file is a 4-byte magic (0x00 0x00 <type> <ndims>), ndims big-endian uint32 dimensions,
 // then the elements in row-major order. Only unsigned-byte files (type 0x08) of rank 3 (images) and
 // rank 1 (labels) are read here.
-#ifndef RUBATO_COMMON_IDX_READER_H_
-#define RUBATO_COMMON_IDX_READER_H_
+#ifndef RUBATO_WORKER_IDX_READER_H_
+#define RUBATO_WORKER_IDX_READER_H_
 
 #include <cstdint>
 #include <string>
@@ -45,4 +45,4 @@ absl::StatusOr<std::vector<uint8_t>> ReadIdxLabels(const std::string& path);
 
 }  // namespace rubato
 
-#endif  // RUBATO_COMMON_IDX_READER_H_
+#endif  // RUBATO_WORKER_IDX_READER_H_

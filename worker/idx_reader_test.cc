@@ -1,5 +1,5 @@
 // Tests for ReadIdxImages / ReadIdxLabels on small IDX files written to a temp directory.
-#include "common/idx_reader.h"
+#include "worker/idx_reader.h"
 
 #include <zlib.h>
 

@@ -1,7 +1,7 @@
 // Dataset: an in-memory classification set (Fashion-MNIST), and ShardedBatcher, which deals each
 // worker a disjoint shard of it in reshuffled minibatches.
-#ifndef RUBATO_COMMON_DATASET_H_
-#define RUBATO_COMMON_DATASET_H_
+#ifndef RUBATO_WORKER_DATASET_H_
+#define RUBATO_WORKER_DATASET_H_
 
 #include <cstdint>
 #include <string>
@@ -90,4 +90,4 @@ class ShardedBatcher {
 
 }  // namespace rubato
 
-#endif  // RUBATO_COMMON_DATASET_H_
+#endif  // RUBATO_WORKER_DATASET_H_

@@ -13,8 +13,8 @@
 // whether or not the delay is taken: step s uses outputs 3s, 3s + 1 and 3s + 2. So a step's delay
 // is a function of (seed, worker id, s) alone, whatever the timing, and a step repeated or skipped
 // around a rejoin draws what it would have drawn in order.
-#ifndef RUBATO_COMMON_STRAGGLER_MODEL_H_
-#define RUBATO_COMMON_STRAGGLER_MODEL_H_
+#ifndef RUBATO_WORKER_STRAGGLER_MODEL_H_
+#define RUBATO_WORKER_STRAGGLER_MODEL_H_
 
 #include <cstdint>
 #include <optional>
@@ -105,4 +105,4 @@ class StragglerModel {
 
 }  // namespace rubato
 
-#endif  // RUBATO_COMMON_STRAGGLER_MODEL_H_
+#endif  // RUBATO_WORKER_STRAGGLER_MODEL_H_
