@@ -30,31 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bazel import pyunit  # noqa: E402
 from tests import delay_proxy, netns  # noqa: E402
+from tests.binaries import BIN_DIR, LAUNCH, read_jsonl  # noqa: E402
 
-LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
-# Under Bazel the binaries are in the runfiles beside this file's package; run by hand from the
-# source tree, in bazel-bin.
-BIN_DIR = ROOT if os.path.exists(os.path.join(ROOT, "server", "rubato_server")) else \
-    os.path.join(ROOT, "bazel-bin")
 PROXY = os.path.join(ROOT, "tests", "delay_proxy.py")
 ACCURACY = 0.70
 JOB = ["--train_limit", "6000", "--test_limit", "2000", "--epochs", "4", "--log_every", "1"]
 # The launcher's own time limit for one job; the test's is a little longer.
 JOB_TIMEOUT = 240
-
-
-def read_jsonl(path):
-    records = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    pass
-    except FileNotFoundError:
-        pass
-    return records
 
 
 class MultihostTest(unittest.TestCase):

@@ -12,21 +12,11 @@ import subprocess
 import sys
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import netns  # noqa: E402
 from bazel import pyunit  # noqa: E402
+from tests import netns  # noqa: E402
+from tests.binaries import WORKER  # noqa: E402
 
-
-def runfile(path):
-    root = os.environ.get("TEST_SRCDIR")
-    if root:
-        return os.path.join(root, os.environ.get("TEST_WORKSPACE", "rubato"), path)
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bazel-bin",
-                        path)
-
-
-WORKER = runfile("worker/rubato_worker")
 DATA = "/usr/share/datasets/fashion-mnist"
 JOB = ["--num_workers=1", "--steps=5", "--train_limit=500", "--test_limit=100", "--insecure"]
 

@@ -53,10 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bazel import pyunit  # noqa: E402
 from tests import netns  # noqa: E402
-
-LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
-BIN_DIR = ROOT if os.path.exists(os.path.join(ROOT, "server", "rubato_server")) else \
-    os.path.join(ROOT, "bazel-bin")
+from tests.binaries import BIN_DIR, LAUNCH, read_jsonl  # noqa: E402
 SSHD = "/usr/sbin/sshd"
 ACCURACY = 0.60
 JOB = ["--train_limit", "6000", "--test_limit", "2000", "--epochs", "2", "--log_every", "1"]
@@ -69,20 +66,6 @@ JOB_TIMEOUT = 180
 TEARDOWN_S = 7
 PROGRAMS = ("rubato_server", "rubato_worker")
 HOSTS = ("h1", "h2", "h3")
-
-
-def read_jsonl(path):
-    records = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    pass
-    except FileNotFoundError:
-        pass
-    return records
 
 
 def namespace_pids(ns):
