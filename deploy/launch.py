@@ -84,7 +84,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
 # Flags given to servers only.
 SERVER_FLAGS = ("update_threads", "memory_budget_mb")
 # Flags given to workers only.
-WORKER_FLAGS = ("layers", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
+WORKER_FLAGS = ("model", "layers", "compute_threads", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
@@ -426,12 +426,31 @@ def model_bytes(layers):
     return 4 * sum(n_in * n_out + n_out for n_in, n_out in zip(sizes, sizes[1:]))
 
 
+# Parameters of --model=cnn (worker/model_spec.h, CnnModelSpec).
+CNN_PARAMETERS = 454922
+
+
+def model_flag_bytes(model, layers):
+    """Bytes of the float32 model that --model (mlp:SIZES or cnn) or its old spelling --layers
+    names; ValueError for anything else."""
+    if model is not None and layers is not None:
+        raise ValueError("give --model or its old spelling --layers, not both")
+    if model is None:
+        return model_bytes(layers or DEFAULT_LAYERS)
+    if model == "cnn":
+        return 4 * CNN_PARAMETERS
+    if model.startswith("mlp:"):
+        return model_bytes(model[len("mlp:"):])
+    raise ValueError("unknown model %r (expected mlp:IN-HIDDEN...-CLASSES or cnn)" % model)
+
+
 def max_message_mb(layers):
     """The largest gRPC message, in MiB, that a job training this model must accept: the model's
     bytes (a whole-model pull or push, or the ring's largest chunk, is at most that) plus a quarter
     for message framing, rounded up, plus one; at least gRPC's default of 4."""
     mib = 1 << 20
-    return max(4, -(-model_bytes(layers) * 5 // (4 * mib)) + 1)  # ceil(bytes * 1.25 / MiB) + 1
+    nbytes = layers if isinstance(layers, int) else model_bytes(layers)
+    return max(4, -(-nbytes * 5 // (4 * mib)) + 1)  # ceil(bytes * 1.25 / MiB) + 1
 
 
 def write_job_secret(run_dir):
@@ -834,9 +853,10 @@ def preflight_needs(args, plan, remote_bin_dir):
 # Launcher flags that are also cluster flags but have a default of the launcher's own.
 OWN_HELP = {
     "max_message_mb": "Largest gRPC message, in MiB, that every server and worker accepts "
-                      "(passed as --max_message_mb). Default: from the model that --layers "
-                      "describes, max(4, ceil(1.25 * model bytes / MiB) + 1), model bytes being "
-                      "4 * sum(in * out + out) over consecutive layer sizes.",
+                      "(passed as --max_message_mb). Default: from the model that --model (or "
+                      "--layers) describes, max(4, ceil(1.25 * model bytes / MiB) + 1), model "
+                      "bytes being 4 * sum(in * out + out) over consecutive layer sizes for "
+                      "mlp:SIZES and 4 * 454922 for cnn.",
 }
 
 
@@ -955,9 +975,9 @@ def parse_args(argv):
         p.error("--auth_secret_file: no such file: %s" % args.auth_secret_file)
     if args.max_message_mb is None:
         try:
-            args.max_message_mb = str(max_message_mb(args.layers or DEFAULT_LAYERS))
+            args.max_message_mb = str(max_message_mb(model_flag_bytes(args.model, args.layers)))
         except ValueError as e:
-            p.error("--layers: %s" % e)
+            p.error("%s: %s" % ("--layers" if args.model is None else "--model", e))
     elif not args.max_message_mb.isdigit() or int(args.max_message_mb) < 1:
         p.error("--max_message_mb: expected a whole number of MiB >= 1, got %r"
                 % args.max_message_mb)

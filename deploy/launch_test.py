@@ -217,10 +217,14 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(launch.parse_args(["--layers", "784-4096-4096-10"]).max_message_mb, "97")
         self.assertEqual(launch.parse_args(["--layers", "784-4096-4096-10",
                                             "--max_message_mb", "16"]).max_message_mb, "16")
+        self.assertEqual(launch.parse_args(["--model", "mlp:784-4096-4096-10"]).max_message_mb,
+                         "97")
+        self.assertEqual(launch.parse_args(["--model", "cnn"]).max_message_mb, "4")
 
     def test_parse_args_rejects(self):
         with tempfile.NamedTemporaryFile() as secret:
-            for argv in (["--layers", "784"],
+            for argv in (["--layers", "784"], ["--model", "mlp:784"], ["--model", "resnet"],
+                         ["--model", "cnn", "--layers", "784-10"],
                          ["--insecure", "--auth_secret_file", secret.name],
                          ["--auth_secret_file", secret.name + ".missing"],
                          ["--max_message_mb", "0"], ["--max_message_mb", "1.5"]):

@@ -2,6 +2,7 @@
 #include "worker/layers.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -173,7 +174,7 @@ class ReLULayer : public Layer<T> {
     *out = in.cwiseMax(T(0));
   }
 
-  // Zero where the output was zero (the input was <= 0), as MlpMath does.
+  // Zero where the output was zero (the input was <= 0).
   void Backward(absl::Span<const absl::Span<const T>>, const ConstMatrixMap<T>& /*in*/,
                 const Matrix<T>& out, const Matrix<T>& dout, absl::Span<const absl::Span<T>>,
                 Matrix<T>* din) override {
@@ -293,7 +294,7 @@ void SoftmaxCrossEntropy<T>::Statistics(const Matrix& z) {
 template <typename T>
 T SoftmaxCrossEntropy<T>::LossAndGradient(const Matrix& z, const int32_t* labels, Matrix* dlogits) {
   // loss_i = log(sum exp(z_i - m_i)) - (z_iy - m_i); d(mean loss)/dz_i = (softmax(z_i) -
-  // onehot(y_i)) / batch. The same expressions as MlpMath, so "mlp:" results are bit-identical.
+  // onehot(y_i)) / batch; "mlp:" models give bit for bit what the fixed MLP always gave.
   Statistics(z);
   const int64_t batch = z.rows();
   Matrix& delta = *dlogits;
@@ -323,6 +324,12 @@ void SoftmaxCrossEntropy<T>::AccumulateLossAndCorrect(const Matrix& z, const int
 
 // ---- SequentialModel ----
 
+namespace {
+double MillisecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
 template <typename T>
 SequentialModel<T>::SequentialModel(const ModelSpec& spec) : input_size_(spec.input.size()) {
   const std::vector<ActivationShape> shapes = ActivationShapes(spec);
@@ -333,6 +340,7 @@ SequentialModel<T>::SequentialModel(const ModelSpec& spec) : input_size_(spec.in
     param += static_cast<size_t>(layers_.back()->num_params());
   }
   acts_.resize(layers_.size());
+  dacts_.resize(layers_.size());
 }
 
 template <typename T>
@@ -345,9 +353,12 @@ typename SequentialModel<T>::ConstMatrixMap SequentialModel<T>::LayerInput(size_
 template <typename T>
 void SequentialModel<T>::Forward(absl::Span<const absl::Span<const T>> params, const T* x,
                                  int64_t batch) {
+  if (timing_) forward_ms_.assign(layers_.size(), 0.0);
   for (size_t l = 0; l < layers_.size(); ++l) {
+    const auto t0 = std::chrono::steady_clock::now();
     layers_[l]->Forward(params.subspan(first_param_[l], layers_[l]->num_params()),
                         LayerInput(l, x, batch), &acts_[l]);
+    if (timing_) forward_ms_[l] = MillisecondsSince(t0);
   }
 }
 
@@ -357,15 +368,21 @@ T SequentialModel<T>::ForwardBackward(absl::Span<const absl::Span<const T>> para
                                       absl::Span<const absl::Span<T>> grads,
                                       const GradientsReady& ready) {
   Forward(params, x, batch);
-  const T loss = loss_.LossAndGradient(logits(), labels, &grad_out_);
+  if (timing_) backward_ms_.assign(layers_.size(), 0.0);
+  auto t0 = std::chrono::steady_clock::now();
+  const T loss = loss_.LossAndGradient(logits(), labels, &dacts_.back());
   for (size_t l = layers_.size(); l-- > 0;) {
     const size_t first = first_param_[l];
     const size_t count = static_cast<size_t>(layers_[l]->num_params());
-    // The first layer's input gradient is never needed.
-    layers_[l]->Backward(params.subspan(first, count), LayerInput(l, x, batch), acts_[l], grad_out_,
-                         grads.subspan(first, count), l > 0 ? &grad_in_ : nullptr);
+    // Each layer's input gradient has a buffer of its own, so none is reallocated between layers
+    // of different sizes; the first layer's is never needed.
+    layers_[l]->Backward(params.subspan(first, count), LayerInput(l, x, batch), acts_[l], dacts_[l],
+                         grads.subspan(first, count), l > 0 ? &dacts_[l - 1] : nullptr);
+    if (timing_) {
+      backward_ms_[l] = MillisecondsSince(t0);
+    }
     if (count > 0 && ready) ready(first, count);
-    std::swap(grad_out_, grad_in_);
+    if (timing_) t0 = std::chrono::steady_clock::now();
   }
   return loss;
 }

@@ -103,6 +103,12 @@ class SequentialModel {
   // (batch, num_classes) from the last Forward.
   const Matrix& logits() const { return acts_.back(); }
 
+  // When on, Forward and ForwardBackward record each layer's wall time (ms) in forward_ms() and
+  // backward_ms(), one entry per layer; the loss is counted in the last layer's.
+  void set_timing(bool on) { timing_ = on; }
+  const std::vector<double>& forward_ms() const { return forward_ms_; }
+  const std::vector<double>& backward_ms() const { return backward_ms_; }
+
   // Forward, then backward through the mean softmax cross-entropy. Overwrites grads with
   // d(mean loss)/d(param), calling `ready` (if set) after each layer's tensors are written, and
   // returns the mean loss, which is NaN or infinite if the logits overflowed.
@@ -129,9 +135,10 @@ class SequentialModel {
 
   // Scratch.
   std::vector<Matrix> acts_;  // acts_[l]: output of layer l, (batch, its shape's size)
-  Matrix grad_out_;           // d(loss)/d(output) of the layer being differentiated
-  Matrix grad_in_;            // d(loss)/d(input) of that layer
+  std::vector<Matrix> dacts_;  // dacts_[l]: d(loss)/d(acts_[l]), each kept at its size
   SoftmaxCrossEntropy<T> loss_;
+  bool timing_ = false;
+  std::vector<double> forward_ms_, backward_ms_;
 };
 
 extern template std::unique_ptr<Layer<float>> MakeLayer<float>(const LayerSpec&,

@@ -1,7 +1,6 @@
 // Tests for the layers in double precision: every layer's parameter and input gradients, the
-// softmax cross-entropy's and a whole small CNN's against central finite differences; the "mlp:"
-// model against MlpMath; the order of the gradient callbacks. Also prints the CNN's time for one
-// batch of 64 in float (no assertion on it).
+// softmax cross-entropy's and a whole small CNN's against central finite differences; the order of
+// the gradient callbacks. (Timing is model_benchmark's.)
 #include "worker/layers.h"
 
 #include <algorithm>
@@ -17,7 +16,6 @@
 
 #include "gtest/gtest.h"
 #include "worker/mlp.h"
-#include "worker/mlp_math.h"
 #include "worker/model_spec.h"
 
 namespace rubato {
@@ -352,84 +350,6 @@ TEST(SequentialModelTest, ScratchReuseAcrossBatchSizes) {
   EXPECT_EQ(run(reused, 5), want5);
   EXPECT_EQ(run(reused, 2), want2);
   EXPECT_EQ(run(reused, 5), want5);
-}
-
-// "mlp:" through the layers is the same arithmetic as MlpMath, so results are bit-identical, in
-// float (what training runs) and in double.
-template <typename T>
-void ExpectMlpMatchesMlpMath() {
-  const MlpSpec mlp = ParseMlpLayers("784-256-10").value();
-  const ModelSpec spec = ParseModelSpec("mlp:784-256-10").value();
-  const std::vector<ParamSpec> specs = MlpParamSpecs(mlp);
-  std::vector<std::vector<T>> params;
-  for (const auto& tensor : InitMlpParams(mlp, 3))
-    params.emplace_back(tensor.begin(), tensor.end());
-  for (auto& bias : {&params[1], &params[3]}) {  // non-zero biases, so their paths are exercised
-    for (size_t k = 0; k < bias->size(); ++k) (*bias)[k] = static_cast<T>(0.01 * (k % 7) - 0.03);
-  }
-  const int64_t batch = 32;
-  std::vector<T> x(batch * 784);
-  std::mt19937_64 rng(4);
-  std::uniform_real_distribution<double> uniform(0, 1);
-  for (T& v : x) v = static_cast<T>(uniform(rng));
-  std::vector<int32_t> labels(batch);
-  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
-
-  MlpMath<T> reference(mlp);
-  std::vector<std::vector<T>> want(specs.size()), got(specs.size());
-  for (size_t t = 0; t < specs.size(); ++t) {
-    want[t].assign(specs[t].elements(), T(0));
-    got[t].assign(specs[t].elements(), T(0));
-  }
-  const T want_loss = reference.ForwardBackward(ConstSpans(params), x.data(), labels.data(), batch,
-                                                MutableSpans(want));
-  SequentialModel<T> model(spec);
-  const T got_loss =
-      model.ForwardBackward(ConstSpans(params), x.data(), labels.data(), batch, MutableSpans(got));
-  EXPECT_EQ(got_loss, want_loss);
-  for (size_t t = 0; t < specs.size(); ++t) EXPECT_TRUE(got[t] == want[t]) << specs[t].name;
-
-  double want_sum = 0, got_sum = 0;
-  int64_t want_correct = 0, got_correct = 0;
-  reference.AccumulateLossAndCorrect(ConstSpans(params), x.data(), labels.data(), batch, &want_sum,
-                                     &want_correct);
-  model.AccumulateLossAndCorrect(ConstSpans(params), x.data(), labels.data(), batch, &got_sum,
-                                 &got_correct);
-  EXPECT_EQ(got_sum, want_sum);
-  EXPECT_EQ(got_correct, want_correct);
-}
-
-TEST(SequentialModelTest, MlpIsBitIdenticalToMlpMathInFloat) { ExpectMlpMatchesMlpMath<float>(); }
-TEST(SequentialModelTest, MlpIsBitIdenticalToMlpMathInDouble) { ExpectMlpMatchesMlpMath<double>(); }
-
-// Not a benchmark: prints the CNN's forward+backward time for one batch of 64 in float, for the
-// record (the median of a few runs after a warm-up).
-TEST(SequentialModelTest, PrintsCnnTimeForBatchOf64) {
-  const ModelSpec spec = CnnModelSpec();
-  const std::vector<ParamSpec> specs = ModelParamSpecs(spec);
-  const std::vector<std::vector<float>> params = InitModelParams(spec, 1);
-  std::vector<std::vector<float>> grads;
-  for (const ParamSpec& p : specs) grads.emplace_back(p.elements(), 0.0f);
-  const int64_t batch = 64;
-  std::vector<float> x(batch * 784);
-  std::mt19937_64 rng(5);
-  std::uniform_real_distribution<float> uniform(0, 1);
-  for (float& v : x) v = uniform(rng);
-  std::vector<int32_t> labels(batch);
-  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % 10);
-  SequentialModel<float> model(spec);
-  std::vector<double> ms;
-  for (int run = 0; run < 6; ++run) {
-    const auto start = std::chrono::steady_clock::now();
-    const float loss = model.ForwardBackward(ConstSpans(params), x.data(), labels.data(), batch,
-                                             MutableSpans(grads));
-    const auto end = std::chrono::steady_clock::now();
-    ASSERT_TRUE(std::isfinite(loss));
-    if (run > 0) ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  std::printf("%sCNN forward+backward, batch 64, float: median %.1f ms (min %.1f, max %.1f)\n",
-              DescribeModel(spec).c_str(), ms[ms.size() / 2], ms.front(), ms.back());
 }
 
 }  // namespace

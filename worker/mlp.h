@@ -1,6 +1,6 @@
 // The multilayer perceptron's shape: MlpSpec (layer sizes), its parameter tensors (names, shapes,
-// order) and their deterministic initialisation. The arithmetic lives in mlp_math.h and the
-// backends; this file is what the server, the worker and every backend agree on.
+// order) and their deterministic initialisation. "mlp:" models (model_spec.h) are built from it;
+// the arithmetic lives in layers.h and the backends.
 #ifndef RUBATO_WORKER_MLP_H_
 #define RUBATO_WORKER_MLP_H_
 

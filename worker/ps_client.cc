@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,16 @@
 #include "proto/parameter_server.grpc.pb.h"
 
 namespace rubato {
+
+absl::StatusOr<int64_t> PsClient::StartPush(int64_t, absl::Span<const int>,
+                                            absl::Span<const std::vector<float>>) {
+  return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
+}
+
+absl::Status PsClient::WaitPush(int64_t, PushResult*, PushTiming*) {
+  return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
+}
+
 namespace {
 
 // Room in a message for framing, names and the other fields, beyond the tensors' bytes.
@@ -162,6 +174,79 @@ class GrpcPsClient final : public PsClient {
     return absl::OkStatus();
   }
 
+  bool supports_partial_push() const override { return true; }
+
+  absl::StatusOr<int64_t> StartPush(int64_t step, absl::Span<const int> tensors,
+                                    absl::Span<const std::vector<float>> grads) override {
+    if (grads.size() != options_.model.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(grads.size(), " gradients for a model of ",
+                                                     options_.model.size(), " tensors"));
+    }
+    if (tensors.empty()) return absl::InvalidArgumentError("a push of no tensors");
+    auto pending = std::make_unique<PendingPush>();
+    pending->timing.started = absl::Now();
+    // One call per shard holding some of the tensors.
+    std::map<int, size_t> call_of_shard;
+    for (int i : tensors) {
+      if (i < 0 || i >= static_cast<int>(options_.model.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("push of tensor index ", i, ", the model has ",
+                                                       options_.model.size(), " tensors"));
+      }
+      if (static_cast<int64_t>(grads[i].size()) != elements_[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient of '", options_.model[i].name(),
+                                                       "' has ", grads[i].size(),
+                                                       " elements, expected ", elements_[i]));
+      }
+      const int shard = placement_.shard_of[i];
+      auto [it, added] = call_of_shard.emplace(shard, pending->requests.size());
+      if (added) {
+        pending->call_shards.push_back(shard);
+        pending->requests.emplace_back();
+        pending->requests.back().set_worker_id(options_.worker_id);
+        pending->requests.back().set_step(step);
+      }
+      TensorValue* v = pending->requests[it->second].add_gradients();
+      v->set_name(options_.model[i].name());
+      FloatsToBytes(grads[i], v->mutable_data());
+    }
+    pending->responses.resize(pending->requests.size());
+    PendingPush* p = pending.get();
+    p->thread = std::thread([this, p] {
+      p->status = FanOut(
+          p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+          [p](ParameterServer::Stub::async_interface* async, int call,
+              grpc::ClientContext* context, Done done) {
+            async->Push(context, &p->requests[call], &p->responses[call], done);
+          });
+      p->timing.acknowledged = absl::Now();
+    });
+    const int64_t ticket = next_ticket_++;
+    pending_.emplace(ticket, std::move(pending));
+    return ticket;
+  }
+
+  absl::Status WaitPush(int64_t ticket, PushResult* result, PushTiming* timing) override {
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no push with ticket ", ticket));
+    }
+    std::unique_ptr<PendingPush> p = std::move(it->second);
+    pending_.erase(it);
+    p->thread.join();
+    if (timing != nullptr) *timing = p->timing;
+    if (result != nullptr) {
+      for (const PushResponse& r : p->responses) {
+        result->dropped += r.dropped();
+        result->max_staleness = std::max(result->max_staleness, r.max_staleness());
+      }
+    }
+    return p->status;
+  }
+
+  ~GrpcPsClient() override {
+    for (auto& [ticket, p] : pending_) p->thread.join();
+  }
+
   // Every shard at once, so that a slow or unreachable shard delays no other's heartbeat.
   absl::Status Heartbeat(int64_t step) override {
     HeartbeatRequest request;
@@ -190,6 +275,16 @@ class GrpcPsClient final : public PsClient {
 
  private:
   using Done = std::function<void(grpc::Status)>;
+
+  // One StartPush: its calls, run by `thread`, and what they returned.
+  struct PendingPush {
+    std::vector<int> call_shards;
+    std::vector<PushRequest> requests;
+    std::vector<PushResponse> responses;
+    std::thread thread;
+    absl::Status status;
+    PushTiming timing;
+  };
 
   enum class Retry {
     kNever,
@@ -340,6 +435,9 @@ class GrpcPsClient final : public PsClient {
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   std::vector<int64_t> elements_;
   std::vector<int> group_shards_;  // Shard of each entry of groups_.
+  // Pushes started and not yet waited for, by ticket. Used by the training thread only.
+  std::map<int64_t, std::unique_ptr<PendingPush>> pending_;
+  int64_t next_ticket_ = 1;
 };
 
 }  // namespace

@@ -55,6 +55,23 @@ class PsClient {
   virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                             PushResult* result = nullptr) = 0;
 
+  // An asynchronous push of some of the tensors computed at `step` (indices into the model, each
+  // at most once per step), for pushing each layer's gradient as soon as the backward pass has
+  // produced it. StartPush copies the values before it returns, so the caller may overwrite
+  // `grads` at once; it returns a ticket, or InvalidArgument for a bad index or size. WaitPush
+  // waits for that ticket's calls (with the retries Push makes) and returns their status, adding
+  // what the shards reported into *result and, if given, setting *timing. Each ticket is waited for
+  // once; all of one step's tickets are waited for before the next step's pull. Only clients whose
+  // supports_partial_push() is true implement them.
+  struct PushTiming {
+    absl::Time started;       // StartPush called
+    absl::Time acknowledged;  // every shard answered
+  };
+  virtual bool supports_partial_push() const { return false; }
+  virtual absl::StatusOr<int64_t> StartPush(int64_t step, absl::Span<const int> tensors,
+                                            absl::Span<const std::vector<float>> grads);
+  virtual absl::Status WaitPush(int64_t ticket, PushResult* result, PushTiming* timing = nullptr);
+
   virtual absl::Status Heartbeat(int64_t step) = 0;
 
   // Tells every shard that this worker has finished after `steps` steps (after its last pull), so

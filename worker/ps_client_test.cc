@@ -1,11 +1,14 @@
-// The gRPC PsClient against fake shards on 127.0.0.1:0: heartbeats reach every shard at once.
+// The gRPC PsClient against fake shards on 127.0.0.1:0: heartbeats reach every shard at once;
+// asynchronous partial pushes carry exactly their tensors, to the right shard.
 #include "worker/ps_client.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -45,6 +48,31 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
     return reactor;
   }
 
+  // Remembers each push's tensor names and first values; acknowledges each as accepted.
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const PushRequest* request,
+                                 PushResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      std::string names;
+      for (const TensorValue& v : request->gradients()) {
+        float first = 0;
+        if (v.data().size() >= 4) std::memcpy(&first, v.data().data(), 4);
+        names += v.name() + "=" + std::to_string(static_cast<int>(first)) + ";";
+      }
+      pushes_.push_back(absl::StrCat("step ", request->step(), ": ", names));
+    }
+    response->set_accepted(request->gradients_size());
+    response->set_max_staleness(request->step() % 3);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  std::vector<std::string> pushes() {
+    absl::MutexLock lock(&mu_);
+    return pushes_;
+  }
+
   std::vector<absl::Time> arrivals() {
     absl::MutexLock lock(&mu_);
     return arrivals_;
@@ -54,6 +82,7 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
   const absl::Duration delay_;
   absl::Mutex mu_;
   std::vector<absl::Time> arrivals_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> answers_;
 };
 
@@ -101,6 +130,59 @@ TEST(GrpcPsClientTest, HeartbeatsReachEveryShardAtOnceDespiteASlowOne) {
   ASSERT_EQ(fast_arrivals.size(), 1u);
   EXPECT_LT(fast_arrivals[0] - start, absl::Milliseconds(500))
       << "the fast shard's heartbeat waited behind the slow one";
+}
+
+// A layer's push carries only its tensors, to their shards; the values are copied at StartPush.
+TEST(GrpcPsClientTest, PartialPushesCarryTheirTensorsOnly) {
+  FakeShard a(absl::ZeroDuration());
+  FakeShard b(absl::ZeroDuration());
+  PsClientOptions options;
+  options.servers = {a.address, b.address};
+  options.num_workers = 1;
+  for (const char* name : {"l1/kernel", "l1/bias", "l2/kernel", "l2/bias"}) {
+    TensorSpec t;
+    t.set_name(name);
+    t.add_shape(4);
+    options.model.push_back(t);
+  }
+  absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->supports_partial_push());
+  std::vector<std::vector<float>> grads = {{1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {4, 0, 0, 0}};
+  const std::vector<int> last = {2, 3}, first = {0, 1};
+  absl::StatusOr<int64_t> t1 = (*client)->StartPush(5, last, grads);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  grads[2][0] = 99;  // copied already: the push carries 3
+  absl::StatusOr<int64_t> t2 = (*client)->StartPush(5, first, grads);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  PsClient::PushResult result;
+  PsClient::PushTiming timing;
+  ASSERT_TRUE((*client)->WaitPush(*t2, &result, &timing).ok());
+  EXPECT_LE(timing.started, timing.acknowledged);
+  ASSERT_TRUE((*client)->WaitPush(*t1, &result, nullptr).ok());
+  EXPECT_EQ(result.max_staleness, 2);  // the fake's step % 3
+  // Each tensor reached exactly one shard, once, in a push of its own layer.
+  std::string all;
+  for (const std::string& p : a.service.pushes()) all += "[a " + p + "]";
+  for (const std::string& p : b.service.pushes()) all += "[b " + p + "]";
+  for (const char* want : {"l1/kernel=1;", "l1/bias=2;", "l2/kernel=3;", "l2/bias=4;"}) {
+    size_t count = 0;
+    for (size_t at = all.find(want); at != std::string::npos; at = all.find(want, at + 1)) ++count;
+    EXPECT_EQ(count, 1u) << want << " in " << all;
+  }
+  EXPECT_EQ(all.find("99"), std::string::npos) << all;
+  EXPECT_EQ(all.find("l1/kernel=1;l2"), std::string::npos) << all;
+  EXPECT_EQ(all.find("l2/bias=4;l1"), std::string::npos) << all;
+  // A ticket is waited for once; bad indices and sizes are refused before anything is sent.
+  EXPECT_EQ((*client)->WaitPush(*t1, &result).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int> bad_index = {4};
+  EXPECT_EQ((*client)->StartPush(6, bad_index, grads).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  grads[1].resize(3);
+  const std::vector<int> short_tensor = {1};
+  absl::Status s = (*client)->StartPush(6, short_tensor, grads).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("l1/bias"), std::string::npos) << s;
 }
 
 }  // namespace

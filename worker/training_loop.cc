@@ -1,5 +1,6 @@
 #include "worker/training_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,85 @@ absl::Status AtStep(int64_t step, const absl::Status& s) {
   std::_Exit(3);
 }
 
+// One push of a step: a layer's tensors [first_tensor, ...) with overlap, every tensor without.
+struct LayerPush {
+  int64_t ticket = 0;
+  size_t first_tensor = 0;
+  PsClient::PushTiming timing;
+};
+
+// The time a step's pushes were in flight (the union of their [started, acknowledged] intervals)
+// and the part of it inside the compute interval [compute_start, compute_end].
+struct PushOverlap {
+  double busy_s = 0;
+  double hidden_s = 0;
+};
+
+PushOverlap MeasureOverlap(std::vector<LayerPush> pushes, absl::Time compute_start,
+                           absl::Time compute_end) {
+  std::sort(pushes.begin(), pushes.end(), [](const LayerPush& a, const LayerPush& b) {
+    return a.timing.started < b.timing.started;
+  });
+  PushOverlap o;
+  absl::Time begin = absl::InfinitePast(), end = absl::InfinitePast();
+  auto close = [&] {
+    if (end <= begin) return;
+    o.busy_s += absl::ToDoubleSeconds(end - begin);
+    const absl::Time b = std::max(begin, compute_start), e = std::min(end, compute_end);
+    if (e > b) o.hidden_s += absl::ToDoubleSeconds(e - b);
+  };
+  for (const LayerPush& p : pushes) {
+    if (p.timing.started > end) {
+      close();
+      begin = p.timing.started;
+      end = p.timing.acknowledged;
+    } else {
+      end = std::max(end, p.timing.acknowledged);
+    }
+  }
+  close();
+  return o;
+}
+
+// The layer of tensor i in logs: its name up to the first '/' or '.' ("conv1/kernel" -> "conv1").
+std::string LayerOfTensor(const std::vector<ParamSpec>& specs, size_t i) {
+  return specs[i].name.substr(0, specs[i].name.find_first_of("/."));
+}
+
+// ,"push_latency_ms":{"dense2":1.234,...}: mean ready-to-acknowledged time per layer, last first.
+std::string LatencyField(const std::vector<ParamSpec>& specs, const std::vector<double>& sum_s,
+                         int64_t steps) {
+  std::string out = ",\"push_latency_ms\":{";
+  bool first = true;
+  for (size_t i = specs.size(); i-- > 0;) {
+    if (sum_s[i] == 0) continue;
+    absl::StrAppendFormat(&out, "%s\"%s\":%.3f", first ? "" : ",", LayerOfTensor(specs, i),
+                          1e3 * sum_s[i] / steps);
+    first = false;
+  }
+  return out + "}";
+}
+
+// One step's timestamps, in ms from the start of its compute: when the backward pass ended
+// (compute_end_ms) and each push's start and acknowledgement, in the order they started.
+std::string OverlapRecord(int worker, int64_t step, const std::vector<ParamSpec>& specs,
+                          const std::vector<LayerPush>& pushes, absl::Time compute_start,
+                          absl::Time compute_end) {
+  auto ms = [&](absl::Time t) { return absl::ToDoubleMilliseconds(t - compute_start); };
+  std::string out =
+      absl::StrFormat("{\"event\":\"overlap\",\"worker\":%d,\"step\":%d,\"compute_end_ms\":%.3f,"
+                      "\"pushes\":[",
+                      worker, step, ms(compute_end));
+  for (size_t k = 0; k < pushes.size(); ++k) {
+    const bool all = pushes.size() == 1 && pushes[0].ticket == 0;
+    absl::StrAppendFormat(&out, "%s{\"layer\":\"%s\",\"start_ms\":%.3f,\"ack_ms\":%.3f}",
+                          k == 0 ? "" : ",",
+                          all ? "all" : LayerOfTensor(specs, pushes[k].first_tensor),
+                          ms(pushes[k].timing.started), ms(pushes[k].timing.acknowledged));
+  }
+  return out + "]}";
+}
+
 template <typename T>
 std::vector<absl::Span<const T>> ConstSpans(const std::vector<std::vector<T>>& v) {
   return std::vector<absl::Span<const T>>(v.begin(), v.end());
@@ -35,14 +115,30 @@ std::vector<absl::Span<const T>> ConstSpans(const std::vector<std::vector<T>>& v
 
 }  // namespace
 
-absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const MlpSpec& spec,
-                                           PsClient* client, MlpBackend* backend,
+bool OverlapEnabled(const TrainingOptions& options, const PsClient& client, std::string* why_not) {
+  std::string reason;
+  if (!options.overlap) {
+    reason = "--overlap=false";
+  } else if (!client.supports_partial_push()) {
+    reason = "allreduce reduces all tensors at once";
+  } else if (options.clip_global_norm > 0) {
+    reason = "clipping by global norm needs every gradient first";
+  } else if (options.straggler != nullptr && options.straggler->enabled()) {
+    reason = "injected straggler delays stand for compute and must precede the pushes";
+  }
+  if (why_not != nullptr) *why_not = reason;
+  return reason.empty();
+}
+
+absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const ModelSpec& spec,
+                                           PsClient* client, ModelBackend* backend,
                                            ShardedBatcher* batcher, const Dataset& test,
                                            std::vector<std::vector<float>>* params,
                                            std::ostream* progress) {
-  const std::vector<ParamSpec> specs = MlpParamSpecs(spec);
+  const std::vector<ParamSpec> specs = ModelParamSpecs(spec);
   const int64_t batch = batcher->batch_size();
-  std::vector<float> x(batch * spec.input_dim);  // (batch, input_dim)
+  const bool overlap = OverlapEnabled(options, *client, nullptr);
+  std::vector<float> x(batch * spec.input.size());  // (batch, input size)
   std::vector<int32_t> y(batch);                 // (batch)
   std::vector<std::vector<float>> grads(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) grads[i].resize(specs[i].elements());
@@ -65,6 +161,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   double loss_sum = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, grad_norm_sum = 0;
   double staleness_sum = 0;
   int64_t interval_steps = 0, dropped = 0, skipped_steps = 0;
+  // Overlap accounting over the interval: time pushes were in flight (the union of their
+  // intervals), the part of it inside the step's compute, and per layer (by its first tensor) the
+  // summed time from gradient ready to push acknowledged.
+  double push_busy_s = 0, push_hidden_s = 0;
+  std::vector<double> ready_to_ack_s(specs.size(), 0);
+  std::vector<LayerPush> pushes;
   TrainingResult result;
   int rejoins = 0;
   // Registers again after a server dropped this worker; returns the step to continue from.
@@ -107,14 +209,37 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     }
     const absl::Time t1 = absl::Now();
     batcher->Next(x.data(), y.data());
-    // Forward and backward on this worker's minibatch.
-    absl::StatusOr<float> loss =
-        backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(), batch, grad_spans);
+    // Forward and backward on this worker's minibatch; with overlap, each layer's push starts from
+    // the backend's callback as soon as its gradients are final.
+    pushes.clear();
+    absl::Status start_error;
+    GradientsReady ready = nullptr;
+    if (overlap) {
+      ready = [&](size_t first, size_t count) {
+        std::vector<int> tensors(count);
+        for (size_t k = 0; k < count; ++k) tensors[k] = static_cast<int>(first + k);
+        absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads);
+        if (!ticket.ok()) {
+          if (start_error.ok()) start_error = ticket.status();
+          return;
+        }
+        pushes.push_back({*ticket, first});
+      };
+    }
+    absl::StatusOr<float> loss = backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(),
+                                                          batch, grad_spans, ready);
+    const absl::Time t2 = absl::Now();
+    PsClient::PushResult pushed;
+    // Wait for every push that started, even after an error, so none outlives its step.
+    absl::Status push_status = start_error;
+    for (LayerPush& p : pushes) {
+      absl::Status s = client->WaitPush(p.ticket, &pushed, &p.timing);
+      if (push_status.ok()) push_status = s;
+    }
     RETURN_IF_ERROR(AtStep(step, loss.status()));
     if (options.clip_global_norm > 0) {
       grad_norm_sum += ClipByGlobalNorm(grad_spans, options.clip_global_norm);
     }
-    const absl::Time t2 = absl::Now();
     // Injected straggling: this worker computes as if slower, or stalls.
     absl::Time t2_delayed = t2;
     if (options.straggler != nullptr) {
@@ -124,14 +249,18 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
         t2_delayed = absl::Now();
       }
     }
-    // Push this step's gradients; the servers average them over the workers.
-    PsClient::PushResult pushed;
-    if (absl::Status s = client->Push(step, grads, &pushed); absl::IsAborted(s)) {
-      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
+    // Push this step's gradients (all at once without overlap); the servers average them over the
+    // workers.
+    if (!overlap) {
+      push_status = client->Push(step, grads, &pushed);
+      pushes.assign(1, LayerPush{0, 0, {t2_delayed, absl::Now()}});
+    }
+    if (absl::IsAborted(push_status)) {
+      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, push_status));
       step = resume - 1;
       continue;
     } else {
-      RETURN_IF_ERROR(AtStep(step, s));
+      RETURN_IF_ERROR(AtStep(step, push_status));
     }
     const absl::Time t3 = absl::Now();
     ++result.computed_steps;
@@ -141,6 +270,15 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     delay_s += absl::ToDoubleSeconds(t2_delayed - t2);
     pull_s += absl::ToDoubleSeconds(t1 - t0);  // Includes waiting at the barrier.
     push_s += absl::ToDoubleSeconds(t3 - t2_delayed);
+    {
+      const PushOverlap o = MeasureOverlap(pushes, t1, t2);
+      push_busy_s += o.busy_s;
+      push_hidden_s += o.hidden_s;
+      for (const LayerPush& p : pushes) {
+        ready_to_ack_s[p.first_tensor] +=
+            absl::ToDoubleSeconds(p.timing.acknowledged - p.timing.started);
+      }
+    }
     staleness_sum += pushed.max_staleness;
     dropped += pushed.dropped;
     ++interval_steps;
@@ -152,19 +290,26 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
                        "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
                        "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
                        "\"pull_ms\":%.3f,\"push_ms\":%.3f,\"delay_ms\":%.3f,"
-                       "\"staleness\":%.3f,\"dropped\":%d,\"skipped\":%d%s}",
+                       "\"staleness\":%.3f,\"dropped\":%d,\"skipped\":%d,"
+                       "\"overlap\":%s,\"push_busy_ms\":%.3f,\"hidden_fraction\":%.4f%s%s}",
                        options.worker_id, done, batcher->epoch(), absl::ToDoubleSeconds(t3 - start),
                        result.final_loss, interval_steps / std::max(elapsed, 1e-9),
                        1e3 * compute_s / interval_steps, 1e3 * (pull_s + push_s) / interval_steps,
                        1e3 * pull_s / interval_steps, 1e3 * push_s / interval_steps,
                        1e3 * delay_s / interval_steps, staleness_sum / interval_steps, dropped,
-                       skipped_steps,
+                       skipped_steps, overlap ? "true" : "false",
+                       1e3 * push_busy_s / interval_steps,
+                       push_busy_s > 0 ? push_hidden_s / push_busy_s : 0.0,
+                       overlap ? LatencyField(specs, ready_to_ack_s, interval_steps) : "",
                        options.clip_global_norm > 0
                            ? absl::StrFormat(",\"grad_norm\":%.5f", grad_norm_sum / interval_steps)
                            : "")
                 << std::endl;
+      *progress << OverlapRecord(options.worker_id, done, specs, pushes, t1, t2) << std::endl;
       interval_start = t3;
       loss_sum = compute_s = delay_s = pull_s = push_s = grad_norm_sum = staleness_sum = 0;
+      push_busy_s = push_hidden_s = 0;
+      std::fill(ready_to_ack_s.begin(), ready_to_ack_s.end(), 0.0);
       interval_steps = dropped = skipped_steps = 0;
     }
     if (test.size > 0 && options.eval_every > 0 && done % options.eval_every == 0 &&

@@ -1,7 +1,17 @@
 // TrainingLoop: the worker's data-parallel SGD loop, pull -> forward/backward -> push.
 //
-// It knows nothing of gRPC or flags: it drives a PsClient, an MlpBackend and a ShardedBatcher, and
+// It knows nothing of gRPC or flags: it drives a PsClient, a ModelBackend and a ShardedBatcher, and
 // reports progress as JSON lines (one object per line) to a stream, for ./rubato launch to read.
+//
+// Overlap (options.overlap, where the client supports partial pushes): the backend calls back as
+// each layer's gradients are final, last layer first, and the loop starts that layer's push at
+// once (PsClient::StartPush), so communication runs while the earlier layers' backward is still
+// computing; the step waits for all its pushes before the next pull. Each "step" record then gives
+// per layer the mean time from its gradient being ready to its push being acknowledged, and the
+// fraction of the time spent pushing that was hidden behind compute; an "overlap" record gives one
+// step's raw timestamps. Overlap is off when gradients are clipped by their global norm (which
+// needs every layer's gradient first) and when a straggler model delays steps (its delay stands
+// for slower compute, so it must come before any push).
 // An optional StragglerModel injects delays (slept after compute, before the push, so the rest of
 // the cluster sees slow compute) and a crash.
 #ifndef RUBATO_WORKER_TRAINING_LOOP_H_
@@ -10,13 +20,14 @@
 #include <atomic>
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/dataset.h"
 #include "worker/straggler_model.h"
-#include "worker/mlp.h"
-#include "worker/mlp_backend.h"
+#include "worker/model_backend.h"
+#include "worker/model_spec.h"
 #include "worker/ps_client.h"
 
 namespace rubato {
@@ -44,6 +55,8 @@ struct TrainingOptions {
   // to stderr, flushes stdout and ends the process with std::_Exit(3): a worker that dies without
   // a word to the servers.
   StragglerModel* straggler = nullptr;
+  // Push each layer's gradients as soon as the backward pass produces them (see above).
+  bool overlap = true;
 };
 
 struct TrainingResult {
@@ -56,11 +69,14 @@ struct TrainingResult {
   double wall_seconds = 0;
 };
 
-// Runs options.steps steps. `params` holds the weights (one vector per MlpParamSpecs entry) and is
+// Whether RunTraining will overlap pushes with the backward pass, and if not, why not (for logs).
+bool OverlapEnabled(const TrainingOptions& options, const PsClient& client, std::string* why_not);
+
+// Runs options.steps steps. `params` holds the weights (one vector per ModelParamSpecs entry) and is
 // overwritten by every pull. `test` may be empty (no evaluation). Stops at the first error, which
 // names the step.
-absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const MlpSpec& spec,
-                                           PsClient* client, MlpBackend* backend,
+absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const ModelSpec& spec,
+                                           PsClient* client, ModelBackend* backend,
                                            ShardedBatcher* batcher, const Dataset& test,
                                            std::vector<std::vector<float>>* params,
                                            std::ostream* progress);

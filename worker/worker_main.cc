@@ -1,7 +1,7 @@
 // rubato_worker: one data-parallel worker. Loads its shard of Fashion-MNIST, registers with every
 // parameter-server shard, and runs pull -> forward/backward -> push for the configured steps.
 //
-//   rubato_worker --worker_id=0 --servers=127.0.0.1:5000 --num_workers=2 --layers=784-256-10
+//   rubato_worker --worker_id=0 --servers=127.0.0.1:5000 --num_workers=2 --model=cnn
 //
 // Progress goes to stdout as JSON lines; logs and the one-line error on failure go to stderr.
 // Exit status: 0 done; 1 runtime failure (unreachable server, timeout, model or job mismatch), with
@@ -39,15 +39,26 @@
 #include "common/placement.h"
 #include "worker/straggler_model.h"
 #include "worker/allreduce_client.h"
-#include "worker/cpu_mlp_backend.h"
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/mlp.h"
+#include "worker/model_backend.h"
+#include "worker/model_spec.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
 
 ABSL_FLAG(int, worker_id, -1, "This worker's rank in [0, num_workers). Required.");
 ABSL_FLAG(std::string, data_dir, rubato::kFashionMnistDefaultDir, "Fashion-MNIST IDX directory.");
-ABSL_FLAG(std::string, layers, "784-256-10", "MLP layer sizes: input-hidden...-classes.");
+ABSL_FLAG(std::string, model, "mlp:784-256-10",
+          "The model: mlp:IN-HIDDEN...-CLASSES (dense layers with ReLU), or cnn (two 5x5 "
+          "convolutions with max-pooling, then two dense layers; 454,922 parameters).");
+ABSL_FLAG(std::string, layers, "",
+          "Old spelling of --model=mlp:LAYERS, e.g. 784-256-10; not together with --model.");
+ABSL_FLAG(int, compute_threads, 1,
+          "cpu backend: threads for the GEMMs (0: one per core). Mind other workers on the host.");
+ABSL_FLAG(bool, overlap, true,
+          "Push each layer's gradients as soon as its backward pass is done, overlapping "
+          "communication with the rest of backprop (false: one push after the whole step).");
 ABSL_FLAG(int, batch_size, 64, "Examples per step on this worker.");
 ABSL_FLAG(int, epochs, 3, "Passes over the training set (all workers together).");
 ABSL_FLAG(int64_t, steps, 0, "Steps to run; overrides --epochs when > 0.");
@@ -56,9 +67,9 @@ ABSL_FLAG(int64_t, log_every, 20, "Emit a progress record every this many steps.
 ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training examples (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples (0: all).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the weight initialisation and the data order.");
-ABSL_FLAG(std::string, backend, "cpu",
-          "Compute backend: cpu (Eigen), or cuda (refused with the reason where no CUDA device "
-          "is usable; the CUDA MLP backend itself is not written yet).");
+ABSL_FLAG(std::string, backend, "auto",
+          "Compute backend: cpu (Eigen), cuda (cuBLAS; refused with the reason where no CUDA "
+          "device or cuBLAS is usable), or auto (cuda when usable, else cpu).");
 ABSL_FLAG(std::string, listen, "",
           "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
           "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
@@ -143,6 +154,25 @@ absl::StatusOr<std::optional<double>> SlowdownFor(const std::string& spec, int i
   return mine;
 }
 
+// The --backend: cpu, cuda (a clear error where no device or cuBLAS is usable), or auto (cuda when
+// a device is usable, else cpu, saying why in the log).
+absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> CreateBackend(const std::string& name,
+                                                                    const rubato::ModelSpec& spec,
+                                                                    int threads) {
+  if (name == "cuda" || name == "auto") {
+    absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> cuda = rubato::CreateCudaBackend(spec);
+    if (cuda.ok()) return cuda;
+    if (name == "cuda") {
+      return absl::Status(cuda.status().code(),
+                          absl::StrCat("--backend=cuda: ", cuda.status().message(), " (",
+                                       rubato::CudaBuildDescription(),
+                                       "); use --backend=cpu on this host"));
+    }
+    RUBATO_LOG(INFO) << "--backend=auto: using the CPU (" << cuda.status().message() << ")";
+  }
+  return rubato::CreateCpuBackend(spec, threads);
+}
+
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "rubato_worker: error: %s\n", message.c_str());
   return code;
@@ -179,21 +209,13 @@ int main(int argc, char** argv) {
                 ">= 0, --log_every and --connect_timeout_ms >= 1");
   }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
-  if (backend_name == "cuda") {
-    // Told apart: no usable device (no driver, no GPU, a CPU-only build) or no backend yet.
-    absl::StatusOr<rubato::CudaDevices> gpus = rubato::ProbeCudaDevices();
-    if (!gpus.ok()) {
-      return Fail(kExitUsage, absl::StrCat("--backend=cuda: ", gpus.status().message(), " (",
-                                           rubato::CudaBuildDescription(),
-                                           "); use --backend=cpu on this host"));
-    }
-    return Fail(kExitUsage, absl::StrCat("--backend=cuda: ", gpus->count,
-                                         " CUDA device(s) found, but the CUDA MLP backend is not "
-                                         "written yet; use --backend=cpu"));
-  }
-  if (backend_name != "cpu") {
+  if (backend_name != "cpu" && backend_name != "cuda" && backend_name != "auto") {
     return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '", backend_name,
-                                         "' (available: cpu, cuda)"));
+                                         "' (available: auto, cpu, cuda)"));
+  }
+  if (absl::GetFlag(FLAGS_compute_threads) < 0) {
+    return Fail(kExitUsage, absl::StrCat("--compute_threads must be >= 0, got ",
+                                         absl::GetFlag(FLAGS_compute_threads)));
   }
   // Probes see this worker from the start: SERVING while it runs.
   rubato::HealthService health_service;
@@ -229,8 +251,20 @@ int main(int argc, char** argv) {
   auto straggler = rubato::StragglerModel::Create(straggler_options, worker_id);
   if (!straggler.ok()) return Fail(kExitUsage, std::string(straggler.status().message()));
 
-  auto spec = rubato::ParseMlpLayers(absl::GetFlag(FLAGS_layers));
-  if (!spec.ok()) return Fail(kExitUsage, absl::StrCat("--layers: ", spec.status().message()));
+  std::string model_flag = "--model " + absl::GetFlag(FLAGS_model);
+  std::string model_text = absl::GetFlag(FLAGS_model);
+  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
+    if (model_text != "mlp:784-256-10") {
+      return Fail(kExitUsage, "give --model or its old spelling --layers, not both");
+    }
+    model_flag = "--layers " + layers;
+    model_text = "mlp:" + layers;
+  }
+  auto spec = rubato::ParseModelSpec(model_text);
+  if (!spec.ok()) {
+    return Fail(kExitUsage, absl::StrCat(model_flag.substr(0, model_flag.find(' ')), ": ",
+                                         spec.status().message()));
+  }
 
   // Data: this worker's shard of the training set, and the test set.
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -240,11 +274,11 @@ int main(int argc, char** argv) {
   auto test =
       rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
   if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
-  if (spec->input_dim != train->dim || spec->num_classes != train->num_classes) {
-    return Fail(kExitUsage,
-                absl::StrCat("--layers ", absl::GetFlag(FLAGS_layers), " needs ", spec->input_dim,
-                             " inputs and ", spec->num_classes, " classes; the data has ",
-                             train->dim, " and ", train->num_classes));
+  if (spec->input.size() != train->dim || rubato::ModelNumClasses(*spec) != train->num_classes) {
+    return Fail(kExitUsage, absl::StrCat(model_flag, " needs ", spec->input.size(), " inputs and ",
+                                         rubato::ModelNumClasses(*spec),
+                                         " classes; the data has ", train->dim, " and ",
+                                         train->num_classes));
   }
   auto batcher = rubato::ShardedBatcher::Create(&*train, worker_id, cluster->num_workers(),
                                                 batch_size, absl::GetFlag(FLAGS_seed));
@@ -269,16 +303,10 @@ int main(int argc, char** argv) {
   int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   if (eval_every == 0) eval_every = std::max<int64_t>(1, steps_per_epoch / 2);
 
-  auto backend = rubato::CreateCpuMlpBackend(*spec);
+  auto backend = CreateBackend(backend_name, *spec, absl::GetFlag(FLAGS_compute_threads));
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
-  if (auto gpus = rubato::ProbeCudaDevices(); gpus.ok()) {
-    RUBATO_LOG(INFO) << rubato::CudaBuildDescription() << ": " << gpus->count
-                     << " device(s), device 0 " << gpus->device0;
-  } else {
-    RUBATO_LOG(INFO) << rubato::CudaBuildDescription() << ": " << gpus.status().message();
-  }
 
-  const std::vector<rubato::ParamSpec> params_spec = rubato::MlpParamSpecs(*spec);
+  const std::vector<rubato::ParamSpec> params_spec = rubato::ModelParamSpecs(*spec);
   rubato::PsClientOptions client_options;
   client_options.servers.assign(cluster->servers().begin(), cluster->servers().end());
   client_options.worker_id = worker_id;
@@ -332,22 +360,30 @@ int main(int argc, char** argv) {
     if (!client.ok()) return Fail(kExitUsage, std::string(client.status().message()));
   }
 
-  std::vector<std::vector<float>> params = rubato::InitMlpParams(*spec, absl::GetFlag(FLAGS_seed));
+  std::vector<std::vector<float>> params =
+      rubato::InitModelParams(*spec, absl::GetFlag(FLAGS_seed));
   absl::StatusOr<int64_t> start_step = (*client)->Register(params, batch_size, /*resume_step=*/0);
   if (!start_step.ok()) return Fail(kExitRuntime, start_step.status().ToString());
   RUBATO_LOG(INFO) << "registered with " << cluster->servers_size() << " shard(s) ["
                    << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes (max/mean "
-                   << MaxOverMean((*client)->shard_bytes()) << "); model "
-                   << rubato::MlpLayersString(*spec) << " (" << rubato::MlpParamCount(*spec)
-                   << " parameters), backend " << (*backend)->name() << ", shard of "
+                   << MaxOverMean((*client)->shard_bytes()) << "); model " << model_text << " ("
+                   << rubato::ModelParamCount(*spec) << " parameters), backend "
+                   << (*backend)->name() << ", shard of "
                    << batcher->shard_size() << " examples, " << steps << " steps";
   if (straggler->enabled()) RUBATO_LOG(INFO) << "straggler injection: " << straggler->Describe();
+  std::string no_overlap_reason;
+  rubato::TrainingOptions overlap_probe;
+  overlap_probe.overlap = absl::GetFlag(FLAGS_overlap);
+  overlap_probe.clip_global_norm = cluster->optimizer().clip_global_norm();
+  if (straggler->enabled()) overlap_probe.straggler = &*straggler;
+  const bool overlap = rubato::OverlapEnabled(overlap_probe, **client, &no_overlap_reason);
+  if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
   std::cout << absl::StrFormat(
                    "{\"event\":\"start\",\"worker\":%d,\"steps\":%d,\"steps_per_epoch\":%d,"
-                   "\"batch_size\":%d,\"global_batch\":%d,\"parameters\":%d,\"backend\":\"%s\","
-                   "\"mode\":\"%s\",\"shard_examples\":%d}",
-                   worker_id, steps, steps_per_epoch, batch_size, global_batch,
-                   rubato::MlpParamCount(*spec), (*backend)->name(),
+                   "\"batch_size\":%d,\"global_batch\":%d,\"model\":\"%s\",\"parameters\":%d,"
+                   "\"backend\":\"%s\",\"overlap\":%s,\"mode\":\"%s\",\"shard_examples\":%d}",
+                   worker_id, steps, steps_per_epoch, batch_size, global_batch, model_text,
+                   rubato::ModelParamCount(*spec), (*backend)->name(), overlap ? "true" : "false",
                    rubato::FormatConsistency(cluster->consistency()), batcher->shard_size())
             << std::endl;
 
@@ -360,6 +396,7 @@ int main(int argc, char** argv) {
   options.start_step = *start_step;
   options.skip_to_current_version = cluster->consistency().mode() == rubato::BACKUP;
   if (straggler->enabled()) options.straggler = &*straggler;
+  options.overlap = absl::GetFlag(FLAGS_overlap);
 
   // Heartbeats keep this worker's lease on every shard while it computes or waits at a barrier.
   std::atomic<int64_t> current_step{*start_step};

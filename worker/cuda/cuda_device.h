@@ -2,8 +2,8 @@
 //
 // Built two ways behind one header: with the CUDA toolkit (cuda_device.cc over the nvcc-compiled
 // cuda_kernels.cu) and without it or with --config=nocuda (cuda_device_stub.cc), so the worker
-// links and runs on machines without a GPU. The CUDA MLP backend is not written yet: today this
-// reports devices and runs a checked kernel, which proves the toolchain, link and driver path.
+// links and runs on machines without a GPU. This reports devices and runs a checked kernel, which
+// proves the toolchain, link and driver path; the CUDA backend itself is cuda_backend.h.
 #ifndef RUBATO_WORKER_CUDA_CUDA_DEVICE_H_
 #define RUBATO_WORKER_CUDA_CUDA_DEVICE_H_
 

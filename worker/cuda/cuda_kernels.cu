@@ -1,5 +1,5 @@
 // nvcc-compiled half of worker/cuda: device queries and an axpy kernel that exercises the whole
-// path (allocation, copies, launch, synchronisation). The MLP's CUDA backend will live beside it.
+// path (allocation, copies, launch, synchronisation). The backend's kernels are layer_kernels.cu.
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -1,5 +1,5 @@
-// Tests for the CPU MlpBackend: agreement with MlpMath<double>, Evaluate, and argument checks.
-#include "worker/cpu_mlp_backend.h"
+// Tests for the CPU ModelBackend: agreement with SequentialModel<double>, Evaluate, argument
+// checks, threads, gradient callbacks and layer times.
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +11,10 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "worker/layers.h"
 #include "worker/mlp.h"
-#include "worker/mlp_math.h"
+#include "worker/model_backend.h"
+#include "worker/model_spec.h"
 
 namespace rubato {
 namespace {
@@ -40,8 +42,9 @@ std::vector<std::vector<double>> ToDouble(const std::vector<std::vector<float>>&
   return out;
 }
 
-std::unique_ptr<MlpBackend> MustCreate(const MlpSpec& spec) {
-  absl::StatusOr<std::unique_ptr<MlpBackend>> backend = CreateCpuMlpBackend(spec);
+std::unique_ptr<ModelBackend> MustCreate(const MlpSpec& spec, int threads = 1) {
+  absl::StatusOr<std::unique_ptr<ModelBackend>> backend =
+      CreateCpuBackend(MlpModelSpec(spec), threads);
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? std::move(*backend) : nullptr;
 }
@@ -64,19 +67,24 @@ Batch RandomBatch(const MlpSpec& spec, int64_t n, uint64_t seed) {
   return b;
 }
 
-TEST(CpuMlpBackendTest, Name) { EXPECT_EQ(MustCreate({4, {3}, 2})->name(), "cpu-eigen"); }
+TEST(CpuBackendTest, Name) { EXPECT_EQ(MustCreate({4, {3}, 2})->name(), "cpu-eigen"); }
 
-TEST(CpuMlpBackendTest, InvalidSpecIsInvalidArgument) {
-  const absl::Status status = CreateCpuMlpBackend({784, {0}, 10}).status();
+TEST(CpuBackendTest, InvalidSpecIsInvalidArgument) {
+  ModelSpec spec;
+  spec.input = {1, 1, 784};
+  spec.layers.push_back(LayerSpec::Dense("w", "b", 100, 10, WeightInit::kHeUniform));
+  const absl::Status status = CreateCpuBackend(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("hidden[0]"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("layer 0 (dense w)"), std::string::npos) << status;
+  EXPECT_EQ(CreateCpuBackend(MlpModelSpec({4, {3}, 2}), -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CpuMlpBackendTest, FloatAgreesWithDoubleMath) {
+TEST(CpuBackendTest, FloatAgreesWithDoubleMath) {
   const MlpSpec spec{64, {48, 32}, 10};
   const std::vector<std::vector<float>> params = InitMlpParams(spec, 3);
   const Batch batch = RandomBatch(spec, 33, 4);
-  std::unique_ptr<MlpBackend> backend = MustCreate(spec);
+  std::unique_ptr<ModelBackend> backend = MustCreate(spec);
   auto grads = ZerosLike<float>(spec);
   absl::StatusOr<float> loss = backend->ForwardBackward(
       ConstSpans(params), batch.x.data(), batch.labels.data(), 33, MutableSpans(grads));
@@ -85,7 +93,7 @@ TEST(CpuMlpBackendTest, FloatAgreesWithDoubleMath) {
   const auto params64 = ToDouble(params);
   const std::vector<double> x64(batch.x.begin(), batch.x.end());
   auto grads64 = ZerosLike<double>(spec);
-  MlpMath<double> reference(spec);
+  SequentialModel<double> reference(MlpModelSpec(spec));
   const double loss64 = reference.ForwardBackward(ConstSpans(params64), x64.data(),
                                                   batch.labels.data(), 33, MutableSpans(grads64));
   EXPECT_NEAR(*loss, loss64, 1e-4 * std::abs(loss64));
@@ -100,7 +108,7 @@ TEST(CpuMlpBackendTest, FloatAgreesWithDoubleMath) {
   }
 }
 
-TEST(CpuMlpBackendTest, ZeroWeightsGiveLogOfClassCount) {
+TEST(CpuBackendTest, ZeroWeightsGiveLogOfClassCount) {
   const MlpSpec spec{784, {256}, 10};
   const auto params = ZerosLike<float>(spec);
   const Batch batch = RandomBatch(spec, 64, 1);
@@ -111,11 +119,11 @@ TEST(CpuMlpBackendTest, ZeroWeightsGiveLogOfClassCount) {
   EXPECT_NEAR(*loss, std::log(10.0), 1e-6);
 }
 
-TEST(CpuMlpBackendTest, GradientsOverwriteNotAccumulate) {
+TEST(CpuBackendTest, GradientsOverwriteNotAccumulate) {
   const MlpSpec spec{8, {5}, 3};
   const auto params = InitMlpParams(spec, 1);
   const Batch batch = RandomBatch(spec, 6, 2);
-  std::unique_ptr<MlpBackend> backend = MustCreate(spec);
+  std::unique_ptr<ModelBackend> backend = MustCreate(spec);
   auto first = ZerosLike<float>(spec);
   ASSERT_TRUE(backend
                   ->ForwardBackward(ConstSpans(params), batch.x.data(), batch.labels.data(), 6,
@@ -130,7 +138,7 @@ TEST(CpuMlpBackendTest, GradientsOverwriteNotAccumulate) {
   EXPECT_EQ(first, second);
 }
 
-TEST(CpuMlpBackendTest, EvaluateHandBuiltCase) {
+TEST(CpuBackendTest, EvaluateHandBuiltCase) {
   // Logistic regression 2 -> 3 with logits (x0, x1, 0.5).
   const MlpSpec spec{2, {}, 3};
   const std::vector<std::vector<float>> params = {{1, 0, 0, 0, 1, 0}, {0, 0, 0.5f}};
@@ -152,7 +160,7 @@ TEST(CpuMlpBackendTest, EvaluateHandBuiltCase) {
   EXPECT_NEAR(result->loss, expected, 1e-6);
 }
 
-TEST(CpuMlpBackendTest, EvaluateInChunksMatchesOnePass) {
+TEST(CpuBackendTest, EvaluateInChunksMatchesOnePass) {
   // 2500 examples: several chunks, the last one partial.
   const MlpSpec spec{20, {16}, 4};
   const auto params = InitMlpParams(spec, 8);
@@ -163,7 +171,7 @@ TEST(CpuMlpBackendTest, EvaluateInChunksMatchesOnePass) {
 
   const auto params64 = ToDouble(params);
   const std::vector<double> x64(data.x.begin(), data.x.end());
-  MlpMath<double> reference(spec);
+  SequentialModel<double> reference(MlpModelSpec(spec));
   double loss_sum = 0;
   int64_t correct = 0;
   reference.AccumulateLossAndCorrect(ConstSpans(params64), x64.data(), data.labels.data(), 2500,
@@ -173,9 +181,9 @@ TEST(CpuMlpBackendTest, EvaluateInChunksMatchesOnePass) {
   EXPECT_NEAR(result->accuracy, correct / 2500.0, 2.0 / 2500);  // float may flip a near-tie
 }
 
-TEST(CpuMlpBackendTest, WrongSpansAreInvalidArgumentNamingTheTensor) {
+TEST(CpuBackendTest, WrongSpansAreInvalidArgumentNamingTheTensor) {
   const MlpSpec spec{4, {3}, 2};
-  std::unique_ptr<MlpBackend> backend = MustCreate(spec);
+  std::unique_ptr<ModelBackend> backend = MustCreate(spec);
   const auto params = InitMlpParams(spec, 1);
   const Batch batch = RandomBatch(spec, 2, 1);
   auto grads = ZerosLike<float>(spec);
@@ -211,9 +219,9 @@ TEST(CpuMlpBackendTest, WrongSpansAreInvalidArgumentNamingTheTensor) {
   EXPECT_NE(status.message().find("fc0.bias"), std::string::npos) << status;
 }
 
-TEST(CpuMlpBackendTest, BadBatchAndLabelsAreInvalidArgument) {
+TEST(CpuBackendTest, BadBatchAndLabelsAreInvalidArgument) {
   const MlpSpec spec{4, {3}, 2};
-  std::unique_ptr<MlpBackend> backend = MustCreate(spec);
+  std::unique_ptr<ModelBackend> backend = MustCreate(spec);
   const auto params = InitMlpParams(spec, 1);
   const Batch batch = RandomBatch(spec, 2, 1);
   auto grads = ZerosLike<float>(spec);
@@ -240,9 +248,9 @@ TEST(CpuMlpBackendTest, BadBatchAndLabelsAreInvalidArgument) {
   }
 }
 
-TEST(CpuMlpBackendTest, NonFiniteLossIsAStatus) {
+TEST(CpuBackendTest, NonFiniteLossIsAStatus) {
   const MlpSpec spec{4, {3}, 2};
-  std::unique_ptr<MlpBackend> backend = MustCreate(spec);
+  std::unique_ptr<ModelBackend> backend = MustCreate(spec);
   auto params = InitMlpParams(spec, 1);
   Batch batch = RandomBatch(spec, 2, 1);
   auto grads = ZerosLike<float>(spec);
@@ -266,6 +274,77 @@ TEST(CpuMlpBackendTest, NonFiniteLossIsAStatus) {
                                  MutableSpans(grads))
                .status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
+// Eigen's OpenMP GEMMs give the same gradients on 2 threads as on 1 (up to summation order).
+TEST(CpuBackendTest, ThreadsGiveTheSameGradients) {
+  const ModelSpec spec = CnnModelSpec();
+  const std::vector<std::vector<float>> params = InitModelParams(spec, 5);
+  std::mt19937_64 rng(6);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<float> x(16 * 784);
+  for (float& v : x) v = uniform(rng);
+  std::vector<int32_t> labels(16);
+  for (int i = 0; i < 16; ++i) labels[i] = i % 10;
+  std::vector<std::vector<float>> g1, g2;
+  for (const ParamSpec& p : ModelParamSpecs(spec)) {
+    g1.emplace_back(p.elements());
+    g2.emplace_back(p.elements());
+  }
+  auto one = CreateCpuBackend(spec, 1);
+  auto two = CreateCpuBackend(spec, 2);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ((*two)->name(), "cpu-eigen x2 threads");
+  auto l1 =
+      (*one)->ForwardBackward(ConstSpans(params), x.data(), labels.data(), 16, MutableSpans(g1));
+  auto l2 =
+      (*two)->ForwardBackward(ConstSpans(params), x.data(), labels.data(), 16, MutableSpans(g2));
+  ASSERT_TRUE(l1.ok() && l2.ok());
+  EXPECT_NEAR(*l1, *l2, 1e-5 * std::abs(*l1));
+  for (size_t t = 0; t < g1.size(); ++t) {
+    double diff = 0, norm = 0;
+    for (size_t k = 0; k < g1[t].size(); ++k) {
+      diff += (g1[t][k] - g2[t][k]) * (g1[t][k] - g2[t][k]);
+      norm += g1[t][k] * g1[t][k];
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << "tensor " << t;
+  }
+}
+
+// The callback sees each layer once, last first, and profiling names and times every layer.
+TEST(CpuBackendTest, CallbacksAndLayerTimes) {
+  const ModelSpec spec = CnnModelSpec();
+  const std::vector<std::vector<float>> params = InitModelParams(spec, 5);
+  std::vector<float> x(4 * 784, 0.5f);
+  std::vector<int32_t> labels = {0, 1, 2, 3};
+  std::vector<std::vector<float>> grads;
+  for (const ParamSpec& p : ModelParamSpecs(spec)) grads.emplace_back(p.elements());
+  auto backend = CreateCpuBackend(spec, 1);
+  ASSERT_TRUE(backend.ok());
+  (*backend)->set_profiling(true);
+  std::vector<size_t> firsts;
+  auto loss = (*backend)->ForwardBackward(ConstSpans(params), x.data(), labels.data(), 4,
+                                          MutableSpans(grads), [&](size_t first, size_t count) {
+                                            EXPECT_EQ(count, 2u);
+                                            firsts.push_back(first);
+                                          });
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(firsts, (std::vector<size_t>{6, 4, 2, 0}));
+  const std::vector<LayerTime> times = (*backend)->layer_times();
+  ASSERT_EQ(times.size(), spec.layers.size());
+  EXPECT_EQ(times[0].name, "conv1");
+  EXPECT_EQ(times[1].name, "relu1");
+  EXPECT_EQ(times[2].name, "pool1");
+  EXPECT_EQ(times.back().name, "dense2");
+  // conv1: 4 examples x 28x28 outputs x 5x5x1x32 multiply-adds, twice.
+  EXPECT_DOUBLE_EQ(times[0].forward_flops, 2.0 * 4 * 28 * 28 * 25 * 32);
+  EXPECT_DOUBLE_EQ(times[0].backward_flops, times[0].forward_flops);  // no input gradient
+  EXPECT_DOUBLE_EQ(times.back().backward_flops, 2 * times.back().forward_flops);
+  for (const LayerTime& t : times) {
+    EXPECT_GE(t.forward_ms, 0) << t.name;
+    EXPECT_GE(t.backward_ms, 0) << t.name;
+  }
+  EXPECT_GT(times[0].forward_ms, 0);
 }
 
 }  // namespace
