@@ -1,8 +1,9 @@
 // End to end with --model=cnn: real rubato_server and rubato_worker processes on 127.0.0.1.
 //   - Two workers train the CNN past 0.85 test accuracy in a few hundred steps.
 //   - Overlap, from the workers' own timestamps: with --overlap (the default) the last layer's
-//     push starts before the backward pass has finished (before the first layer's backward ends);
-//     with --overlap=false the one push starts after it.
+//     push starts before the backward pass has finished (before the first layer's backward ends),
+//     and each layer's pull for the next step follows its push; with --overlap=false the one
+//     push starts after the backward pass.
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -41,7 +42,7 @@ double NumberAfter(absl::string_view line, absl::string_view key, size_t from = 
 struct OverlapRecord {
   double compute_end_ms = 0;
   std::vector<std::string> layers;
-  std::vector<double> start_ms, ack_ms;
+  std::vector<double> start_ms, ack_ms, pulled_ms;
 };
 
 std::vector<OverlapRecord> OverlapRecords(absl::string_view worker_stdout) {
@@ -56,6 +57,7 @@ std::vector<OverlapRecord> OverlapRecords(absl::string_view worker_stdout) {
       r.layers.emplace_back(line.substr(begin, end - begin));
       r.start_ms.push_back(NumberAfter(line, "start_ms", at));
       r.ack_ms.push_back(NumberAfter(line, "ack_ms", at));
+      r.pulled_ms.push_back(NumberAfter(line, "pulled_ms", at));
     }
     records.push_back(std::move(r));
   }
@@ -135,6 +137,8 @@ TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPass
     EXPECT_LT(r.start_ms[1], r.compute_end_ms) << outputs[0];
     for (size_t k = 0; k < r.layers.size(); ++k) {
       EXPECT_GE(r.ack_ms[k], r.start_ms[k]) << r.layers[k];
+      // Each layer's pull for the next step follows its push.
+      EXPECT_GE(r.pulled_ms[k], r.ack_ms[k]) << r.layers[k];
       if (k > 0) {
         EXPECT_GE(r.start_ms[k], r.start_ms[k - 1]) << r.layers[k];
       }
@@ -145,6 +149,11 @@ TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPass
     EXPECT_LE(f, 1) << outputs[0];
   }
   EXPECT_TRUE(absl::StrContains(outputs[0], "\"push_latency_ms\":{\"dense2\":")) << outputs[0];
+  // After the first step, the weights came with the pushes: no step pulls on its own.
+  const std::vector<double> pull_ms = StepField(outputs[0], "pull_ms");
+  ASSERT_EQ(pull_ms.size(), 3u);
+  EXPECT_EQ(pull_ms[1], 0) << outputs[0];
+  EXPECT_EQ(pull_ms[2], 0) << outputs[0];
 }
 
 TEST(CnnIntegrationTest, WithoutOverlapTheOnePushStartsAfterTheBackwardPass) {

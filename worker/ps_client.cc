@@ -22,7 +22,8 @@
 namespace rubato {
 
 absl::StatusOr<int64_t> PsClient::StartPush(int64_t, absl::Span<const int>,
-                                            absl::Span<const std::vector<float>>) {
+                                            absl::Span<const std::vector<float>>,
+                                            std::vector<std::vector<float>>*) {
   return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
 }
 
@@ -119,28 +120,10 @@ class GrpcPsClient final : public PsClient {
         group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
         [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
             Done done) { async->Pull(context, &requests[call], &responses[call], done); }));
+    bool first = true;
     for (size_t g = 0; g < n; ++g) {
-      const std::vector<int>& want = groups_[g].tensors;
-      if (responses[g].tensors_size() != static_cast<int>(want.size())) {
-        return absl::InternalError(absl::StrCat("shard ", groups_[g].shard, " returned ",
-                                                responses[g].tensors_size(), " tensors for ",
-                                                want.size(), " requested"));
-      }
-      for (size_t k = 0; k < want.size(); ++k) {
-        const TensorValue& v = responses[g].tensors(static_cast<int>(k));
-        const int i = want[k];
-        if (v.name() != options_.model[i].name() ||
-            static_cast<int64_t>(v.data().size()) != 4 * elements_[i]) {
-          return absl::InternalError(absl::StrCat("shard ", groups_[g].shard,
-                                                  " returned a malformed value for '",
-                                                  options_.model[i].name(), "'"));
-        }
-        params[i].resize(elements_[i]);
-        BytesToFloats(v.data(), absl::MakeSpan(params[i]));
-        if (min_version != nullptr) {
-          *min_version = (g == 0 && k == 0) ? v.version() : std::min(*min_version, v.version());
-        }
-      }
+      RETURN_IF_ERROR(StoreTensors(groups_[g].shard, groups_[g].tensors, responses[g], params,
+                                   min_version, &first));
     }
     return absl::OkStatus();
   }
@@ -177,7 +160,13 @@ class GrpcPsClient final : public PsClient {
   bool supports_partial_push() const override { return true; }
 
   absl::StatusOr<int64_t> StartPush(int64_t step, absl::Span<const int> tensors,
-                                    absl::Span<const std::vector<float>> grads) override {
+                                    absl::Span<const std::vector<float>> grads,
+                                    std::vector<std::vector<float>>* pull_into) override {
+    if (pull_into != nullptr && pull_into->size() != options_.model.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("pull into ", pull_into->size(),
+                                                     " tensors, model has ",
+                                                     options_.model.size()));
+    }
     if (grads.size() != options_.model.size()) {
       return absl::InvalidArgumentError(absl::StrCat(grads.size(), " gradients for a model of ",
                                                      options_.model.size(), " tensors"));
@@ -201,24 +190,47 @@ class GrpcPsClient final : public PsClient {
       auto [it, added] = call_of_shard.emplace(shard, pending->requests.size());
       if (added) {
         pending->call_shards.push_back(shard);
+        pending->call_tensors.emplace_back();
         pending->requests.emplace_back();
         pending->requests.back().set_worker_id(options_.worker_id);
         pending->requests.back().set_step(step);
       }
+      pending->call_tensors[it->second].push_back(i);
       TensorValue* v = pending->requests[it->second].add_gradients();
       v->set_name(options_.model[i].name());
       FloatsToBytes(grads[i], v->mutable_data());
     }
     pending->responses.resize(pending->requests.size());
     PendingPush* p = pending.get();
-    p->thread = std::thread([this, p] {
+    p->thread = std::thread([this, p, step, pull_into] {
       p->status = FanOut(
           p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
           [p](ParameterServer::Stub::async_interface* async, int call,
               grpc::ClientContext* context, Done done) {
             async->Push(context, &p->requests[call], &p->responses[call], done);
           });
-      p->timing.acknowledged = absl::Now();
+      p->timing.acknowledged = p->timing.pulled = absl::Now();
+      if (!p->status.ok() || pull_into == nullptr) return;
+      // The same tensors for the next step, from the same shards.
+      const size_t calls = p->call_shards.size();
+      std::vector<PullRequest> pulls(calls);
+      std::vector<PullResponse> pulled(calls);
+      for (size_t c = 0; c < calls; ++c) {
+        pulls[c].set_worker_id(options_.worker_id);
+        pulls[c].set_step(step + 1);
+        for (int i : p->call_tensors[c]) pulls[c].add_names(options_.model[i].name());
+      }
+      p->status = FanOut(p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+                         [&](ParameterServer::Stub::async_interface* async, int call,
+                             grpc::ClientContext* context, Done done) {
+                           async->Pull(context, &pulls[call], &pulled[call], done);
+                         });
+      bool first = true;
+      for (size_t c = 0; c < calls && p->status.ok(); ++c) {
+        p->status = StoreTensors(p->call_shards[c], p->call_tensors[c], pulled[c],
+                                 absl::MakeSpan(*pull_into), &p->min_version, &first);
+      }
+      p->timing.pulled = absl::Now();
     });
     const int64_t ticket = next_ticket_++;
     pending_.emplace(ticket, std::move(pending));
@@ -238,6 +250,11 @@ class GrpcPsClient final : public PsClient {
       for (const PushResponse& r : p->responses) {
         result->dropped += r.dropped();
         result->max_staleness = std::max(result->max_staleness, r.max_staleness());
+      }
+      if (p->min_version >= 0) {
+        result->min_version = result->min_version < 0
+                                  ? p->min_version
+                                  : std::min(result->min_version, p->min_version);
       }
     }
     return p->status;
@@ -279,12 +296,44 @@ class GrpcPsClient final : public PsClient {
   // One StartPush: its calls, run by `thread`, and what they returned.
   struct PendingPush {
     std::vector<int> call_shards;
+    std::vector<std::vector<int>> call_tensors;  // the model indices each call carries
     std::vector<PushRequest> requests;
     std::vector<PushResponse> responses;
     std::thread thread;
     absl::Status status;
     PushTiming timing;
+    int64_t min_version = -1;  // of the tensors pulled after the push, if any
   };
+
+  // Copies the values of shard `shard`'s answer to a pull of `want` (model indices, in request
+  // order) into params, lowering *min_version (if given) to each tensor's version, or setting it
+  // for the first tensor while *first. INTERNAL for a malformed answer.
+  absl::Status StoreTensors(int shard, const std::vector<int>& want, const PullResponse& response,
+                            absl::Span<std::vector<float>> params, int64_t* min_version,
+                            bool* first) const {
+    if (response.tensors_size() != static_cast<int>(want.size())) {
+      return absl::InternalError(absl::StrCat("shard ", shard, " returned ",
+                                              response.tensors_size(), " tensors for ",
+                                              want.size(), " requested"));
+    }
+    for (size_t k = 0; k < want.size(); ++k) {
+      const TensorValue& v = response.tensors(static_cast<int>(k));
+      const int i = want[k];
+      if (v.name() != options_.model[i].name() ||
+          static_cast<int64_t>(v.data().size()) != 4 * elements_[i]) {
+        return absl::InternalError(absl::StrCat("shard ", shard,
+                                                " returned a malformed value for '",
+                                                options_.model[i].name(), "'"));
+      }
+      params[i].resize(elements_[i]);
+      BytesToFloats(v.data(), absl::MakeSpan(params[i]));
+      if (min_version != nullptr) {
+        *min_version = *first ? v.version() : std::min(*min_version, v.version());
+        *first = false;
+      }
+    }
+    return absl::OkStatus();
+  }
 
   enum class Retry {
     kNever,

@@ -51,6 +51,7 @@ class PsClient {
   struct PushResult {
     int64_t dropped = 0;
     int64_t max_staleness = 0;
+    int64_t min_version = -1;  // WaitPush with a pull: the smallest version pulled (-1: none)
   };
   virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                             PushResult* result = nullptr) = 0;
@@ -58,18 +59,29 @@ class PsClient {
   // An asynchronous push of some of the tensors computed at `step` (indices into the model, each
   // at most once per step), for pushing each layer's gradient as soon as the backward pass has
   // produced it. StartPush copies the values before it returns, so the caller may overwrite
-  // `grads` at once; it returns a ticket, or InvalidArgument for a bad index or size. WaitPush
-  // waits for that ticket's calls (with the retries Push makes) and returns their status, adding
-  // what the shards reported into *result and, if given, setting *timing. Each ticket is waited for
-  // once; all of one step's tickets are waited for before the next step's pull. Only clients whose
+  // `grads` at once; it returns a ticket, or InvalidArgument for a bad index or size.
+  //
+  // If `pull_into` is given (one vector per tensor, as for Pull), then as soon as the shards have
+  // acknowledged the push, the same ticket pulls those tensors for step + 1 (the weights the next
+  // step needs: in BSP the shard answers once every worker's gradient of that tensor is applied)
+  // into (*pull_into)[i] for each pushed i, so that the next step's pull of a layer starts as soon
+  // as that layer's update can be applied, while the backward pass of the layers below still
+  // runs. The caller must not read or write those vectors until WaitPush returns.
+  //
+  // WaitPush waits for that ticket's calls (with the retries Push and Pull make) and returns their
+  // status, adding what the shards reported into *result (min_version: the smallest version
+  // pulled, if any) and, if given, setting *timing. Each ticket is waited for once; all of one
+  // step's tickets are waited for before the next step. Only clients whose
   // supports_partial_push() is true implement them.
   struct PushTiming {
     absl::Time started;       // StartPush called
-    absl::Time acknowledged;  // every shard answered
+    absl::Time acknowledged;  // every shard answered the push
+    absl::Time pulled;        // every shard answered the pull (== acknowledged without one)
   };
   virtual bool supports_partial_push() const { return false; }
   virtual absl::StatusOr<int64_t> StartPush(int64_t step, absl::Span<const int> tensors,
-                                            absl::Span<const std::vector<float>> grads);
+                                            absl::Span<const std::vector<float>> grads,
+                                            std::vector<std::vector<float>>* pull_into = nullptr);
   virtual absl::Status WaitPush(int64_t ticket, PushResult* result, PushTiming* timing = nullptr);
 
   virtual absl::Status Heartbeat(int64_t step) = 0;

@@ -68,6 +68,21 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
     return reactor;
   }
 
+  // Answers a pull with each named tensor of 4 floats, all 7, at version = the requested step.
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const PullRequest* request,
+                                 PullResponse* response) override {
+    for (const std::string& name : request->names()) {
+      TensorValue* v = response->add_tensors();
+      v->set_name(name);
+      v->set_version(request->step());
+      const float sevens[4] = {7, 7, 7, 7};
+      v->set_data(reinterpret_cast<const char*>(sevens), sizeof(sevens));
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
   std::vector<std::string> pushes() {
     absl::MutexLock lock(&mu_);
     return pushes_;
@@ -183,6 +198,38 @@ TEST(GrpcPsClientTest, PartialPushesCarryTheirTensorsOnly) {
   absl::Status s = (*client)->StartPush(6, short_tensor, grads).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("l1/bias"), std::string::npos) << s;
+}
+
+// With pull_into, a ticket pulls its tensors for the next step once the push is acknowledged.
+TEST(GrpcPsClientTest, APartialPushPullsItsTensorsForTheNextStep) {
+  FakeShard a(absl::ZeroDuration());
+  PsClientOptions options;
+  options.servers = {a.address};
+  options.num_workers = 1;
+  for (const char* name : {"l1/kernel", "l1/bias", "l2/kernel", "l2/bias"}) {
+    TensorSpec t;
+    t.set_name(name);
+    t.add_shape(4);
+    options.model.push_back(t);
+  }
+  absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<std::vector<float>> grads(4, std::vector<float>(4, 1));
+  std::vector<std::vector<float>> params(4, std::vector<float>(4, 0));
+  const std::vector<int> last = {2, 3};
+  absl::StatusOr<int64_t> ticket = (*client)->StartPush(9, last, grads, &params);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  PsClient::PushResult result;
+  PsClient::PushTiming timing;
+  ASSERT_TRUE((*client)->WaitPush(*ticket, &result, &timing).ok());
+  EXPECT_EQ(result.min_version, 10);
+  EXPECT_LE(timing.acknowledged, timing.pulled);
+  EXPECT_EQ(params[2], std::vector<float>(4, 7));
+  EXPECT_EQ(params[3], std::vector<float>(4, 7));
+  EXPECT_EQ(params[0], std::vector<float>(4, 0));  // not pushed, not pulled
+  std::vector<std::vector<float>> wrong(3);
+  EXPECT_EQ((*client)->StartPush(9, last, grads, &wrong).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

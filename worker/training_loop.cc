@@ -33,11 +33,13 @@ absl::Status AtStep(int64_t step, const absl::Status& s) {
 struct LayerPush {
   int64_t ticket = 0;
   size_t first_tensor = 0;
+  size_t tensors = 0;
   PsClient::PushTiming timing;
 };
 
-// The time a step's pushes were in flight (the union of their [started, acknowledged] intervals)
-// and the part of it inside the compute interval [compute_start, compute_end].
+// The time a step's pushes (and the pulls that follow them) were in flight, the union of their
+// [started, pulled] intervals, and the part of it inside the compute interval [compute_start,
+// compute_end].
 struct PushOverlap {
   double busy_s = 0;
   double hidden_s = 0;
@@ -60,9 +62,9 @@ PushOverlap MeasureOverlap(std::vector<LayerPush> pushes, absl::Time compute_sta
     if (p.timing.started > end) {
       close();
       begin = p.timing.started;
-      end = p.timing.acknowledged;
+      end = p.timing.pulled;
     } else {
-      end = std::max(end, p.timing.acknowledged);
+      end = std::max(end, p.timing.pulled);
     }
   }
   close();
@@ -89,7 +91,8 @@ std::string LatencyField(const std::vector<ParamSpec>& specs, const std::vector<
 }
 
 // One step's timestamps, in ms from the start of its compute: when the backward pass ended
-// (compute_end_ms) and each push's start and acknowledgement, in the order they started.
+// (compute_end_ms) and each push's start, acknowledgement and the end of the pull that follows it
+// (pulled_ms; the acknowledgement when none does), in the order they started.
 std::string OverlapRecord(int worker, int64_t step, const std::vector<ParamSpec>& specs,
                           const std::vector<LayerPush>& pushes, absl::Time compute_start,
                           absl::Time compute_end) {
@@ -100,10 +103,11 @@ std::string OverlapRecord(int worker, int64_t step, const std::vector<ParamSpec>
                       worker, step, ms(compute_end));
   for (size_t k = 0; k < pushes.size(); ++k) {
     const bool all = pushes.size() == 1 && pushes[0].ticket == 0;
-    absl::StrAppendFormat(&out, "%s{\"layer\":\"%s\",\"start_ms\":%.3f,\"ack_ms\":%.3f}",
-                          k == 0 ? "" : ",",
-                          all ? "all" : LayerOfTensor(specs, pushes[k].first_tensor),
-                          ms(pushes[k].timing.started), ms(pushes[k].timing.acknowledged));
+    absl::StrAppendFormat(
+        &out, "%s{\"layer\":\"%s\",\"start_ms\":%.3f,\"ack_ms\":%.3f,\"pulled_ms\":%.3f}",
+        k == 0 ? "" : ",", all ? "all" : LayerOfTensor(specs, pushes[k].first_tensor),
+        ms(pushes[k].timing.started), ms(pushes[k].timing.acknowledged),
+        ms(pushes[k].timing.pulled));
   }
   return out + "]}";
 }
@@ -167,6 +171,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   double push_busy_s = 0, push_hidden_s = 0;
   std::vector<double> ready_to_ack_s(specs.size(), 0);
   std::vector<LayerPush> pushes;
+  // With overlap, each layer's push is followed by its pull for the next step; when every tensor
+  // was pulled that way, the next step skips its pull.
+  int64_t prefetched_step = -1, prefetched_version = 0;
   TrainingResult result;
   int rejoins = 0;
   // Registers again after a server dropped this worker; returns the step to continue from.
@@ -191,10 +198,17 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       InjectedCrash(step, progress);
     }
     const absl::Time t0 = absl::Now();
-    // Pull weights of version `step` (BSP: every worker's step-1 gradient applied).
+    // Pull weights of version `step` (BSP: every worker's step-1 gradient applied), unless the
+    // last step's pushes pulled them already, layer by layer.
     int64_t version = step;
-    if (absl::Status s = client->Pull(step, absl::MakeSpan(*params), &version);
-        absl::IsAborted(s)) {
+    absl::Status pull_status;
+    if (prefetched_step == step) {
+      version = prefetched_version;
+    } else {
+      pull_status = client->Pull(step, absl::MakeSpan(*params), &version);
+    }
+    prefetched_step = -1;
+    if (absl::Status s = pull_status; absl::IsAborted(s)) {
       ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
       step = resume - 1;
       continue;
@@ -218,12 +232,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       ready = [&](size_t first, size_t count) {
         std::vector<int> tensors(count);
         for (size_t k = 0; k < count; ++k) tensors[k] = static_cast<int>(first + k);
-        absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads);
+        absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads, params);
         if (!ticket.ok()) {
           if (start_error.ok()) start_error = ticket.status();
           return;
         }
-        pushes.push_back({*ticket, first});
+        pushes.push_back({*ticket, first, count});
       };
     }
     absl::StatusOr<float> loss = backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(),
@@ -232,9 +246,15 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     PsClient::PushResult pushed;
     // Wait for every push that started, even after an error, so none outlives its step.
     absl::Status push_status = start_error;
+    size_t pulled_tensors = 0;
     for (LayerPush& p : pushes) {
       absl::Status s = client->WaitPush(p.ticket, &pushed, &p.timing);
       if (push_status.ok()) push_status = s;
+      pulled_tensors += p.tensors;
+    }
+    if (overlap && push_status.ok() && loss.ok() && pulled_tensors == specs.size()) {
+      prefetched_step = step + 1;
+      prefetched_version = pushed.min_version;
     }
     RETURN_IF_ERROR(AtStep(step, loss.status()));
     if (options.clip_global_norm > 0) {
@@ -253,7 +273,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     // workers.
     if (!overlap) {
       push_status = client->Push(step, grads, &pushed);
-      pushes.assign(1, LayerPush{0, 0, {t2_delayed, absl::Now()}});
+      const absl::Time acknowledged = absl::Now();
+      pushes.assign(1, LayerPush{0, 0, specs.size(), {t2_delayed, acknowledged, acknowledged}});
     }
     if (absl::IsAborted(push_status)) {
       ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, push_status));
@@ -319,7 +340,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   }
   result.steps = options.steps;
   // The final weights: everything every worker pushed, applied.
-  RETURN_IF_ERROR(AtStep(options.steps, client->Pull(options.steps, absl::MakeSpan(*params))));
+  if (prefetched_step != options.steps) {
+    RETURN_IF_ERROR(AtStep(options.steps, client->Pull(options.steps, absl::MakeSpan(*params))));
+  }
   if (test.size > 0) {
     ASSIGN_OR_RETURN(result.test,
                      evaluate(options.steps, absl::ToDoubleSeconds(absl::Now() - start)));

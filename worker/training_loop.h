@@ -6,7 +6,11 @@
 // Overlap (options.overlap, where the client supports partial pushes): the backend calls back as
 // each layer's gradients are final, last layer first, and the loop starts that layer's push at
 // once (PsClient::StartPush), so communication runs while the earlier layers' backward is still
-// computing; the step waits for all its pushes before the next pull. Each "step" record then gives
+// computing. Each layer's push is followed at once by the pull of that layer's weights for the
+// next step, which the shard answers as soon as that tensor's update is applied (in BSP: once every
+// worker's gradient of it has arrived); the step waits for all of them, and the next step then
+// starts without a pull of its own (its pull_ms is 0, and push_ms is the wait for the pushes and
+// their pulls after the backward pass). Each "step" record then gives
 // per layer the mean time from its gradient being ready to its push being acknowledged, and the
 // fraction of the time spent pushing that was hidden behind compute; an "overlap" record gives one
 // step's raw timestamps. Overlap is off when gradients are clipped by their global norm (which
