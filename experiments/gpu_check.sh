@@ -19,8 +19,10 @@
 #   3. runs model_benchmark: the CNN step and each layer on cpu (1 thread and all cores) and
 #      cuda, each GEMM layer beside cuBLAS on the same shape and cuBLAS's SGEMM peak;
 #   4. trains the CNN for one epoch with 1 server and 2 CUDA workers on this machine (Adam 1e-3,
-#      batch 64 per worker), then 200 steps with --overlap=false and 200 with overlap on, for the
+#      batch 64 per worker), then 1000 steps with --overlap=false and 1000 with overlap on, for the
 #      step time and the hidden fraction of communication.
+# `run SECTION...` runs only some of them: tests, bench, epoch, overlap, and epochs5 (five epochs,
+# for the accuracy the CNN reaches; not in the default run).
 # Everything is logged to $OUT/gpu_check.log (or ./gpu_check.log) and the runs' records to
 # $OUT/gpu_runs.tar.gz.
 set -uo pipefail
@@ -107,7 +109,7 @@ for path in sorted(glob.glob(sys.argv[1] + "/worker-*.jsonl")):
 EOF
 }
 
-run() {
+run() {  # run [SECTION...]: tests bench epoch overlap (the default), epochs5
   local out=${OUT:-.}
   RUNS=$(mktemp -d)
   exec > >(tee "$out/gpu_check.log") 2>&1
@@ -129,21 +131,33 @@ run() {
   export RUBATO_CUBLAS_DIR
   step nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   echo "libcublas.so.13 in: ${RUBATO_CUBLAS_DIR:-not found}"
-  local t
-  for t in cuda_device_test cuda_backend_test cpu_backend_test; do
-    step "$BUNDLE/bin/worker/$t" --gtest_brief=0
+  local section t sections=("$@")
+  [ ${#sections[@]} -gt 0 ] || sections=(tests bench epoch overlap)
+  for section in "${sections[@]}"; do
+    case $section in
+      tests)
+        for t in cuda_device_test cuda_backend_test cpu_backend_test; do
+          step "$BUNDLE/bin/worker/$t" --gtest_brief=0
+        done ;;
+      bench)
+        step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=64 \
+          --backends=cpu,cpu:0,cuda
+        step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=256 \
+          --backends=cpu:0,cuda --reps=5 ;;
+      epoch) step train epoch --epochs 1 ;;
+      overlap)
+        step train overlap_off --steps 1000 --log_every 50 --overlap false
+        step train overlap_on --steps 1000 --log_every 50 ;;
+      epochs5) step train epochs5 --epochs 5 --log_every 100 ;;
+      *) echo "unknown section $section" ;;
+    esac
   done
-  step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=64 --backends=cpu,cpu:0,cuda
-  step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=256 --backends=cpu:0,cuda --reps=5
-  step train epoch --epochs 1
-  step train overlap_off --steps 200 --log_every 20 --overlap false
-  step train overlap_on --steps 200 --log_every 20
   tar -C "$RUNS" -czf "$out/gpu_runs.tar.gz" .
   echo "done: $out/gpu_check.log, $out/gpu_runs.tar.gz"
 }
 
 case "${1:-}" in
   bundle) bundle ;;
-  run) run ;;
+  run) shift; run "$@" ;;
   *) echo "usage: $0 bundle|run" >&2; exit 2 ;;
 esac
