@@ -8,6 +8,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -208,11 +212,31 @@ RUBATO_MULTIVERSION void LarsApplyBlock(const float* __restrict g, float* __rest
 // ---------------------------------------------------------------------------------------------
 // Drivers: run a block kernel over [0, n), on the pool when there is one.
 
+// Denormal results flushed to zero and denormal operands read as zero (SSE's FTZ and DAZ bits)
+// on this thread while in scope, restoring the previous mode after. Every element loop below runs
+// under one. A moment that decays geometrically, such as Adam's m for a weight whose gradient is
+// exactly 0 (a dead ReLU feature), falls below FLT_MIN (1.2e-38) after some 800 steps, and
+// arithmetic on denormals takes a slow path: a BSP CNN job on an H200 machine fell from 150 to 55
+// steps/s at step ~800 from this alone. The flush changes only values below 1.2e-38 in magnitude.
+class ScopedFlushDenormals {
+ public:
+#if defined(__SSE__)
+  ScopedFlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtz | kDaz); }
+  ~ScopedFlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFtz = 0x8000;  // MXCSR bit 15, flush to zero
+  static constexpr unsigned kDaz = 0x0040;  // MXCSR bit 6, denormals are zero
+  const unsigned saved_;
+#endif
+};
+
 // fn(begin, count) for every block.
 template <typename Fn>
 void ForEachBlock(int64_t n, ThreadPool* pool, const Fn& fn) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   auto run = [n, &fn](int64_t b0, int64_t b1) {
+    ScopedFlushDenormals flush;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBlock;
       fn(begin, std::min(kBlock, n - begin));
@@ -235,6 +259,7 @@ SquaredNorms SumOverBlocks(int64_t n, ThreadPool* pool, const Fn& fn) {
     total.b += s.b;
   };
   if (pool == nullptr || blocks < 2 * kGrainBlocks) {
+    ScopedFlushDenormals flush;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t begin = b * kBlock;
       add(fn(begin, std::min(kBlock, n - begin)));
@@ -243,6 +268,7 @@ SquaredNorms SumOverBlocks(int64_t n, ThreadPool* pool, const Fn& fn) {
   }
   std::vector<SquaredNorms> partial(blocks);
   pool->ParallelFor(blocks, kGrainBlocks, [&](int64_t b0, int64_t b1) {
+    ScopedFlushDenormals flush;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBlock;
       partial[b] = fn(begin, std::min(kBlock, n - begin));

@@ -131,6 +131,32 @@ TEST(AdamTest, BiasCorrectedStepIsLrTimesSignOfAConstantGradient) {
   EXPECT_NEAR(state.slot2[0], 9 * (1 - std::pow(0.999, 5)), 1e-6);
 }
 
+// A moment decaying toward 0 under a zero gradient is flushed to 0 once it would be denormal
+// (below FLT_MIN), instead of entering the slow denormal range; the caller's floating-point mode
+// is left as it was.
+TEST(AdamTest, DecayingMomentsFlushToZeroInsteadOfGoingDenormal) {
+  auto opt = Make(Config("adam", 0.01));
+  std::vector<float> w = {1.0f, 1.0f};
+  TensorOptimizerState state;
+  state.step = 100;
+  // FLT_MIN is 1.1755e-38: m 1.4e-38 -> 1.26e-38 -> 1.134e-38 (denormal), v 1.177e-38 ->
+  // 1.1758e-38 -> 1.1746e-38 (denormal).
+  state.slot1 = {1.4e-38f, 1e-3f};
+  state.slot2 = {1.177e-38f, 1e-6f};
+  const std::vector<float> zero = {0.0f, 0.0f};
+  volatile float tiny = 1e-38f;
+  const bool caller_flushes = tiny * 0.5f == 0.0f;  // the test process's own mode
+  opt->Update(0.01f, zero, absl::MakeSpan(w), kFull, &state);
+  EXPECT_GT(state.slot1[0], 0.0f);  // still normal
+  EXPECT_GT(state.slot2[0], 0.0f);
+  opt->Update(0.01f, zero, absl::MakeSpan(w), kFull, &state);
+  EXPECT_EQ(state.slot1[0], 0.0f);
+  EXPECT_EQ(state.slot2[0], 0.0f);
+  EXPECT_GT(state.slot1[1], 0.0f);  // ordinary values are untouched
+  EXPECT_TRUE(std::isfinite(w[0]) && std::isfinite(w[1]));
+  EXPECT_EQ(tiny * 0.5f == 0.0f, caller_flushes);
+}
+
 TEST(AdamTest, EpsilonIsAddedToTheCorrectedRoot) {
   OptimizerConfig c = Config("adam", 0.1);
   c.set_epsilon(1.0);
