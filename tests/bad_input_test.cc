@@ -23,17 +23,12 @@
 namespace rubato {
 namespace {
 
-constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+constexpr const char* kDataDir = kFashionMnistDir;
 // Usage errors and runtime failures, as rubato_worker and rubato_server document them.
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
 // No case here should take more than a few seconds; this only turns a hang into a failure.
 constexpr absl::Duration kRunTimeout = absl::Seconds(20);
-
-bool HaveDataset() {
-  struct stat st;
-  return stat(kDataDir, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 // Success if `stderr_text` has exactly one "<program>: error: " line and it contains every needle.
 ::testing::AssertionResult OneErrorLineContaining(const std::string& stderr_text,
@@ -173,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadFlagCase>& info) { return info.param.name; });
 
 TEST_F(BadInputTest, WorkerLayersThatDoNotMatchTheData) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   const ProcessResult r = RunWorker({"--layers=100-10"});
   EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
   // "--layers 100-10 needs 100 inputs and 10 classes; the data has 784 and 10"
@@ -196,7 +191,7 @@ TEST_F(BadInputTest, WorkerMissingDataDir) {
 }
 
 TEST_F(BadInputTest, WorkerCannotReachServer) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   const int port = UnusedLoopbackPort();
   ASSERT_GT(port, 0);
   const std::string address = absl::StrCat("127.0.0.1:", port);
@@ -246,7 +241,7 @@ std::vector<std::string> SmallJobFlags(const std::vector<std::string>& more) {
 }
 
 TEST_F(BadInputTest, ModelMismatchFailsTheLateWorkerAndTimesOutTheOther) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   TestServerOptions options;
   options.num_workers = 2;
   options.extra_flags = {"--wait_timeout_ms=3000"};
@@ -279,7 +274,7 @@ TEST_F(BadInputTest, ModelMismatchFailsTheLateWorkerAndTimesOutTheOther) {
 }
 
 TEST_F(BadInputTest, WorkerConfiguredForAnotherJobIsRefused) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   TestServerOptions options;
   options.num_workers = 2;
   ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
@@ -297,7 +292,7 @@ TEST_F(BadInputTest, WorkerConfiguredForAnotherJobIsRefused) {
 }
 
 TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   TestServerOptions options;
   options.num_workers = 2;
   ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
@@ -324,7 +319,7 @@ TEST_F(BadInputTest, ServerStoppedUnderAWaitingWorker) {
 }
 
 TEST_F(BadInputTest, WorkerKilledMidRunIsDroppedAndItsPeerFinishes) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   Subprocess* w0 = nullptr;
   Subprocess* w1 = nullptr;
   ASSERT_NO_FATAL_FAILURE(StartTwoWorkersWithShortLeases(60, &w0, &w1));
@@ -345,7 +340,7 @@ TEST_F(BadInputTest, WorkerKilledMidRunIsDroppedAndItsPeerFinishes) {
 }
 
 TEST_F(BadInputTest, PausedWorkerIsDroppedThenRejoinsAndCarriesOn) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   Subprocess* w0 = nullptr;
   Subprocess* w1 = nullptr;
   ASSERT_NO_FATAL_FAILURE(StartTwoWorkersWithShortLeases(400, &w0, &w1));
@@ -366,7 +361,7 @@ TEST_F(BadInputTest, PausedWorkerIsDroppedThenRejoinsAndCarriesOn) {
 }
 
 TEST_F(BadInputTest, WorkerKilledMidRunTimesOutItsPeerWhenTheLeaseIsLonger) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   TestServerOptions options;
   options.num_workers = 2;
   options.extra_flags = {"--wait_timeout_ms=3000", "--lease_ms=60000"};

@@ -4,8 +4,6 @@
 //     push starts before the backward pass has finished (before the first layer's backward ends),
 //     and each layer's pull for the next step follows its push; with --overlap=false the one
 //     push starts after the backward pass.
-#include <sys/stat.h>
-
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -22,12 +20,7 @@
 namespace rubato {
 namespace {
 
-constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
-
-bool HaveDataset() {
-  struct stat st;
-  return stat(kDataDir, &st) == 0 && S_ISDIR(st.st_mode);
-}
+constexpr const char* kDataDir = kFashionMnistDir;
 
 // The number after "key": in `line` (the first occurrence at or after `from`), or NaN.
 double NumberAfter(absl::string_view line, absl::string_view key, size_t from = 0) {
@@ -102,7 +95,7 @@ std::vector<std::string> RunCnnJob(int num_workers, const std::vector<std::strin
 }
 
 TEST(CnnIntegrationTest, TwoWorkersTrainTheCnnPast85Percent) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   // Global batch 64 (2 x 32), 400 steps: 25,600 examples, under half an epoch.
   const std::vector<std::string> outputs = RunCnnJob(
       2,
@@ -120,7 +113,7 @@ TEST(CnnIntegrationTest, TwoWorkersTrainTheCnnPast85Percent) {
 }
 
 TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPassEnds) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   const std::vector<std::string> outputs = RunCnnJob(
       1,
       {"--batch_size=32", "--steps=6", "--log_every=2", "--train_limit=1000", "--test_limit=100"},
@@ -157,7 +150,7 @@ TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPass
 }
 
 TEST(CnnIntegrationTest, WithoutOverlapTheOnePushStartsAfterTheBackwardPass) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   const std::vector<std::string> outputs =
       RunCnnJob(1,
                 {"--batch_size=32", "--steps=4", "--log_every=2", "--train_limit=1000",

@@ -4,7 +4,6 @@
 // says so.
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -22,14 +21,9 @@
 namespace rubato {
 namespace {
 
-constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+constexpr const char* kDataDir = kFashionMnistDir;
 const std::vector<std::string> kShortJob = {"--steps=40", "--train_limit=3000", "--test_limit=500",
                                             "--log_every=10"};
-
-bool HaveDataset() {
-  struct stat st;
-  return stat(kDataDir, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 // A loopback port that was free a moment ago.
 int FreePort() {
@@ -64,7 +58,7 @@ ProcessResult Probe(TestCluster* cluster, const std::string& address) {
 class LifecycleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+    if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
     auto cluster = TestCluster::Create();
     ASSERT_TRUE(IsOk(cluster));
     cluster_ = std::move(*cluster);

@@ -1,5 +1,7 @@
 #include "tests/test_cluster.h"
 
+#include <sys/stat.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -231,6 +233,11 @@ absl::StatusOr<ProcessResult> TestCluster::Run(const std::string& name, const st
   result.stdout_text = (*process)->ReadStdout();
   result.stderr_text = (*process)->ReadStderr();
   return result;
+}
+
+bool HaveFashionMnist() {
+  struct stat st;
+  return stat(kFashionMnistDir, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 absl::StatusOr<double> FinalTestAccuracy(absl::string_view worker_stdout) {

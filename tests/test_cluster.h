@@ -121,6 +121,11 @@ class TestCluster {
   std::map<int, std::unique_ptr<Subprocess>> workers_;
 };
 
+// Debian's dataset-fashion-mnist, which the end-to-end tests train on, and whether it is there
+// (they skip, saying so, without it).
+inline constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
+bool HaveFashionMnist();
+
 // test_accuracy of the last {"event":"done",...} line of a worker's stdout. NotFound without such a
 // line; InvalidArgument if the line has no parsable test_accuracy.
 absl::StatusOr<double> FinalTestAccuracy(absl::string_view worker_stdout);

@@ -1,7 +1,5 @@
 // End to end: real rubato_server shards and rubato_worker processes on 127.0.0.1 train the default
 // MLP on a subset of Fashion-MNIST under BSP, and must learn well above chance (10%).
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -19,12 +17,7 @@
 namespace rubato {
 namespace {
 
-constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
-
-bool HaveDataset() {
-  struct stat st;
-  return stat(kDataDir, &st) == 0 && S_ISDIR(st.st_mode);
-}
+constexpr const char* kDataDir = kFashionMnistDir;
 
 // Trains with `num_workers` workers on `num_shards` shards; checks that every worker and server
 // exits 0 and that all workers report one final test accuracy, which it returns.
@@ -65,7 +58,7 @@ void TrainAndCheck(int num_shards, int num_workers, const std::vector<std::strin
 }
 
 TEST(TrainIntegrationTest, OneShardTwoWorkersLearnFashionMnist) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   // 12000 examples, global batch 128: 94 steps per epoch, 188 steps. Measured: 0.7945.
   double accuracy;
   ASSERT_NO_FATAL_FAILURE(TrainAndCheck(
@@ -77,7 +70,7 @@ TEST(TrainIntegrationTest, OneShardTwoWorkersLearnFashionMnist) {
 }
 
 TEST(TrainIntegrationTest, TwoShardsThreeWorkersLearnFashionMnist) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   // The model's tensors are split across both shards; each pull and push fans out to both.
   // 100 steps of global batch 192. Measured: 0.7600.
   double accuracy;
@@ -90,7 +83,7 @@ TEST(TrainIntegrationTest, TwoShardsThreeWorkersLearnFashionMnist) {
 }
 
 TEST(TrainIntegrationTest, LambWithALargeGlobalBatchOnTwoShards) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   // Global batch 1024 (2 x 512): 12 steps per epoch, 96 steps, one epoch of warmup, cosine decay,
   // and per-worker clipping. The schedule needs the job's length, which workers send at
   // registration. Measured with ./rubato launch: 0.8525.
@@ -122,7 +115,7 @@ std::vector<double> StepRecordField(absl::string_view worker_stdout, absl::strin
 }
 
 TEST(TrainIntegrationTest, InjectedSlowdownDelaysOneWorkerAndTheOtherWaits) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   auto cluster = TestCluster::Create();
   ASSERT_TRUE(IsOk(cluster));
   TestServerOptions options;

@@ -147,12 +147,10 @@ TEST(GrpcPsClientTest, HeartbeatsReachEveryShardAtOnceDespiteASlowOne) {
       << "the fast shard's heartbeat waited behind the slow one";
 }
 
-// A layer's push carries only its tensors, to their shards; the values are copied at StartPush.
-TEST(GrpcPsClientTest, PartialPushesCarryTheirTensorsOnly) {
-  FakeShard a(absl::ZeroDuration());
-  FakeShard b(absl::ZeroDuration());
+// One worker of a model of two layers (l1, l2), each a kernel and a bias of 4 floats.
+PsClientOptions TwoLayerOptions(const std::vector<std::string>& servers) {
   PsClientOptions options;
-  options.servers = {a.address, b.address};
+  options.servers = servers;
   options.num_workers = 1;
   for (const char* name : {"l1/kernel", "l1/bias", "l2/kernel", "l2/bias"}) {
     TensorSpec t;
@@ -160,7 +158,15 @@ TEST(GrpcPsClientTest, PartialPushesCarryTheirTensorsOnly) {
     t.add_shape(4);
     options.model.push_back(t);
   }
-  absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+  return options;
+}
+
+// A layer's push carries only its tensors, to their shards; the values are copied at StartPush.
+TEST(GrpcPsClientTest, PartialPushesCarryTheirTensorsOnly) {
+  FakeShard a(absl::ZeroDuration());
+  FakeShard b(absl::ZeroDuration());
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      CreateGrpcPsClient(TwoLayerOptions({a.address, b.address}));
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->supports_partial_push());
   std::vector<std::vector<float>> grads = {{1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {4, 0, 0, 0}};
@@ -203,16 +209,8 @@ TEST(GrpcPsClientTest, PartialPushesCarryTheirTensorsOnly) {
 // With pull_into, a ticket pulls its tensors for the next step once the push is acknowledged.
 TEST(GrpcPsClientTest, APartialPushPullsItsTensorsForTheNextStep) {
   FakeShard a(absl::ZeroDuration());
-  PsClientOptions options;
-  options.servers = {a.address};
-  options.num_workers = 1;
-  for (const char* name : {"l1/kernel", "l1/bias", "l2/kernel", "l2/bias"}) {
-    TensorSpec t;
-    t.set_name(name);
-    t.add_shape(4);
-    options.model.push_back(t);
-  }
-  absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      CreateGrpcPsClient(TwoLayerOptions({a.address}));
   ASSERT_TRUE(client.ok()) << client.status();
   const std::vector<std::vector<float>> grads(4, std::vector<float>(4, 1));
   std::vector<std::vector<float>> params(4, std::vector<float>(4, 0));
