@@ -84,7 +84,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
 # Flags given to servers only.
 SERVER_FLAGS = ("update_threads", "memory_budget_mb")
 # Flags given to workers only.
-WORKER_FLAGS = ("model", "layers", "compute_threads", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
+WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",

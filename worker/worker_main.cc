@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, layers, "",
           "Old spelling of --model=mlp:LAYERS, e.g. 784-256-10; not together with --model.");
 ABSL_FLAG(int, compute_threads, 1,
           "cpu backend: threads for the GEMMs (0: one per core). Mind other workers on the host.");
+ABSL_FLAG(int, cuda_device, -1,
+          "cuda backend: the device's index; -1 (default) takes worker_id mod the number of "
+          "devices, so that the workers on a host with several GPUs spread over them.");
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
           "communication with the rest of backprop (false: one push after the whole step).");
@@ -155,13 +158,25 @@ absl::StatusOr<std::optional<double>> SlowdownFor(const std::string& spec, int i
 }
 
 // The --backend: cpu, cuda (a clear error where no device or cuBLAS is usable), or auto (cuda when
-// a device is usable, else cpu, saying why in the log).
+// a device is usable, else cpu, saying why in the log). The CUDA device is --cuda_device, or
+// worker_id mod the number of devices.
 absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> CreateBackend(const std::string& name,
                                                                     const rubato::ModelSpec& spec,
-                                                                    int threads) {
+                                                                    int threads, int worker_id,
+                                                                    int device) {
   if (name == "cuda" || name == "auto") {
-    absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> cuda = rubato::CreateCudaBackend(spec);
+    absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> cuda =
+        absl::UnavailableError("no usable CUDA device");
+    if (absl::StatusOr<rubato::CudaDevices> gpus = rubato::ProbeCudaDevices(); !gpus.ok()) {
+      cuda = gpus.status();
+    } else {
+      if (device < 0) device = worker_id % gpus->count;
+      cuda = rubato::CreateCudaBackend(spec, device);
+    }
     if (cuda.ok()) return cuda;
+    if (absl::IsInvalidArgument(cuda.status())) {  // a bad --cuda_device: never a silent fallback
+      return absl::InvalidArgumentError(absl::StrCat("--cuda_device: ", cuda.status().message()));
+    }
     if (name == "cuda") {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("--backend=cuda: ", cuda.status().message(), " (",
@@ -303,7 +318,8 @@ int main(int argc, char** argv) {
   int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
   if (eval_every == 0) eval_every = std::max<int64_t>(1, steps_per_epoch / 2);
 
-  auto backend = CreateBackend(backend_name, *spec, absl::GetFlag(FLAGS_compute_threads));
+  auto backend = CreateBackend(backend_name, *spec, absl::GetFlag(FLAGS_compute_threads), worker_id,
+                               absl::GetFlag(FLAGS_cuda_device));
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
 
   const std::vector<rubato::ParamSpec> params_spec = rubato::ModelParamSpecs(*spec);
