@@ -141,7 +141,7 @@ run() {  # run [SECTION...]: tests bench epoch overlap (the default), epochs5
         done
         # A device index past the last GPU: exit 2 naming --cuda_device, not a fallback.
         step "$BUNDLE/bin/worker/rubato_worker" --worker_id=0 --num_workers=1 \
-          --servers=127.0.0.1:1 --backend=auto --cuda_device=64 ;;
+          --servers=127.0.0.1:1 --data_dir="$BUNDLE/data" --backend=auto --cuda_device=64 ;;
       bench)
         step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=64 \
           --backends=cpu,cpu:0,cuda

@@ -370,6 +370,15 @@ TEST(CudaBackendTest, CublasSgemmGflopsMeasuresSomething) {
   EXPECT_EQ(CublasSgemmGflops(0, 1, 1, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CudaBackendTest, ADeviceIndexPastTheLastIsInvalidArgument) {
+  CUDA_BACKEND_OR_SKIP(backend, CnnModelSpec());
+  for (int device : {-1, 1000}) {
+    auto made = CreateCudaBackend(CnnModelSpec(), device);
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << made.status();
+    EXPECT_NE(made.status().message().find("does not exist"), std::string::npos) << made.status();
+  }
+}
+
 TEST(CudaBackendTest, WithoutADeviceCreationIsUnavailableWithAReason) {
   auto cuda = CreateCudaBackend(CnnModelSpec());
   if (cuda.ok()) GTEST_SKIP() << "a CUDA device is present: " << (*cuda)->name();
