@@ -319,6 +319,10 @@ absl::Status RingMailbox::Put(int from, int64_t tag, RingPayload payload) {
   return absl::OkStatus();
 }
 
+// How long a Take that found the previous rank's stream broken waits for this rank's own link to
+// the next rank to fail too (see Take).
+constexpr absl::Duration kBrokenStreamGrace = absl::Seconds(1);
+
 absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
                                absl::Time deadline) {
   RingPayload payload;
@@ -332,7 +336,21 @@ absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Com
           absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", from_rank_));
     }
     auto it = blocks_.find(tag);
-    if (it == blocks_.end() && !aborted_.ok()) return aborted_;
+    if (it == blocks_.end() && aborted_.ok()) {
+      // The previous rank's stream broke. When the next rank died, the previous one often fails
+      // on that first and exits, and its broken stream reaches here before this rank's own link
+      // to the next rank reports the death: give that link a moment, so that the error names the
+      // rank that failed first rather than one that gave up because of it.
+      auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !aborted_.ok(); };
+      mu_.AwaitWithDeadline(absl::Condition(&aborted),
+                            std::min(deadline, absl::Now() + kBrokenStreamGrace));
+    }
+    if (it == blocks_.end() && !aborted_.ok()) {
+      if (broken_.empty()) return aborted_;
+      return absl::Status(aborted_.code(),
+                          absl::StrCat(aborted_.message(), " (then the stream from rank ",
+                                       from_rank_, " broke too: ", broken_, ")"));
+    }
     if (it == blocks_.end()) {
       return absl::UnavailableError(absl::StrCat("all-reduce: the stream from rank ", from_rank_,
                                                  " broke before block ", tag, " came: ", broken_));
