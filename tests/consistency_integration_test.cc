@@ -1,41 +1,106 @@
 // Every consistency model end to end: 2 server shards and 3 worker processes on 127.0.0.1 train the
-// MLP on a subset of Fashion-MNIST; every process must exit cleanly and every worker must learn
-// well above chance (10%).
-#include <sys/stat.h>
-
+// MLP on a subset of Fashion-MNIST; every process must exit cleanly, every worker must learn well
+// above chance (10%), and each shard's final statistics (printed as it exits) must show the mode's
+// own signature, so that a server that ignored --mode fails:
+//   bsp       every gradient applied with staleness 0, one update per tensor per step
+//   backup:1  one update per tensor per step from exactly 2 of the 3 workers' gradients
+//   async     every gradient applied alone on arrival (3 updates per tensor per step), some stale
+//   ssp:2     every gradient applied alone on arrival, as async
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "proto/parameter_server.pb.h"
 #include "tests/test_cluster.h"
 
 namespace rubato {
 namespace {
 
-constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+constexpr const char* kDataDir = kFashionMnistDir;
+constexpr int kWorkers = 3;
+constexpr int64_t kSteps = 80;
+
+// What a shard's statistics must show at the end.
+enum class Signature { kBsp, kBackup1, kOnArrival };
 
 struct ModeCase {
   const char* name;
   const char* mode;
   std::vector<std::string> extra;  // Flags for servers and workers.
   double min_accuracy;
+  Signature signature;
 };
+
+// The {"event":"stats",...} line a server prints on stdout as it exits, as GetStatsResponse.
+absl::StatusOr<GetStatsResponse> FinalStats(const std::string& server_stdout) {
+  for (absl::string_view line : absl::StrSplit(server_stdout, '\n')) {
+    if (!absl::StrContains(line, "\"event\":\"stats\"")) continue;
+    GetStatsResponse stats;
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;  // "event"
+    const auto status =
+        google::protobuf::util::JsonStringToMessage(std::string(line), &stats, options);
+    if (!status.ok()) return absl::InvalidArgumentError(status.ToString());
+    return stats;
+  }
+  return absl::NotFoundError(absl::StrCat("no stats line in: ", server_stdout));
+}
+
+void ExpectSignature(const GetStatsResponse& stats, Signature signature) {
+  const int64_t tensors = stats.tensors_size();
+  ASSERT_GT(tensors, 0);
+  int64_t gradients = 0, stale = 0;
+  for (int b = 0; b < stats.staleness_histogram_size(); ++b) {
+    gradients += stats.staleness_histogram(b);
+    if (b > 0) stale += stats.staleness_histogram(b);
+  }
+  const std::string shard = absl::StrCat("shard ", stats.shard_id());
+  switch (signature) {
+    case Signature::kBsp:
+      EXPECT_EQ(gradients, kWorkers * kSteps * tensors) << shard;
+      EXPECT_EQ(stale, 0) << shard;
+      EXPECT_EQ(stats.dropped_gradients(), 0) << shard;
+      EXPECT_EQ(stats.applied_updates(), kSteps * tensors) << shard;
+      for (const TensorStats& t : stats.tensors()) EXPECT_EQ(t.version(), kSteps) << t.name();
+      break;
+    case Signature::kBackup1:
+      // Each step is applied on its second gradient; the third comes late (dropped) or never (its
+      // worker skipped ahead).
+      EXPECT_EQ(gradients, (kWorkers - 1) * kSteps * tensors) << shard;
+      EXPECT_EQ(stale, 0) << shard;
+      EXPECT_LE(stats.dropped_gradients(), kSteps * tensors) << shard;
+      EXPECT_EQ(stats.applied_updates(), kSteps * tensors) << shard;
+      for (const TensorStats& t : stats.tensors()) EXPECT_EQ(t.version(), kSteps) << t.name();
+      break;
+    case Signature::kOnArrival:
+      EXPECT_EQ(gradients, kWorkers * kSteps * tensors) << shard;
+      EXPECT_GT(stale, 0) << shard << ": three workers never overtook each other";
+      EXPECT_EQ(stats.dropped_gradients(), 0) << shard;
+      EXPECT_EQ(stats.applied_updates(), kWorkers * kSteps * tensors) << shard;
+      for (const TensorStats& t : stats.tensors()) {
+        EXPECT_EQ(t.version(), kWorkers * kSteps) << t.name();
+      }
+      break;
+  }
+}
 
 class ConsistencyIntegrationTest : public ::testing::TestWithParam<ModeCase> {};
 
 TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
-  struct stat st;
-  if (stat(kDataDir, &st) != 0) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   const ModeCase& c = GetParam();
   auto cluster = TestCluster::Create();
   ASSERT_TRUE(IsOk(cluster));
   TestServerOptions options;
   options.num_shards = 2;
-  options.num_workers = 3;
+  options.num_workers = kWorkers;
   options.extra_flags = {absl::StrCat("--mode=", c.mode), "--learning_rate=0.1"};
   options.extra_flags.insert(options.extra_flags.end(), c.extra.begin(), c.extra.end());
   ASSERT_TRUE(IsOk((*cluster)->StartServers(options)));
@@ -44,13 +109,13 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
                                     "--batch_size=64",
                                     "--train_limit=6000",
                                     "--test_limit=1000",
-                                    "--steps=80",
+                                    absl::StrCat("--steps=", kSteps),
                                     "--log_every=10"};
   flags.insert(flags.end(), c.extra.begin(), c.extra.end());
-  for (int w = 0; w < 3; ++w) ASSERT_TRUE(IsOk((*cluster)->StartWorker(w, flags)));
+  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(IsOk((*cluster)->StartWorker(w, flags)));
   absl::StatusOr<std::map<int, int>> statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
   ASSERT_TRUE(IsOk(statuses));
-  for (int w = 0; w < 3; ++w) {
+  for (int w = 0; w < kWorkers; ++w) {
     Subprocess* worker = (*cluster)->worker(w);
     EXPECT_EQ(statuses->at(w), 0) << worker->ReadStderr();
     absl::StatusOr<double> accuracy = FinalTestAccuracy(worker->ReadStdout());
@@ -58,7 +123,13 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
     std::printf("%s worker %d: final test accuracy %.4f\n", c.mode, w, *accuracy);
     EXPECT_GE(*accuracy, c.min_accuracy) << c.mode << " worker " << w;
   }
-  EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
+  // The servers end by themselves once every worker has finished, printing their statistics.
+  ASSERT_TRUE(IsOk((*cluster)->WaitForServers(absl::Seconds(20))));
+  for (int shard = 0; shard < 2; ++shard) {
+    absl::StatusOr<GetStatsResponse> stats = FinalStats((*cluster)->server(shard)->ReadStdout());
+    ASSERT_TRUE(IsOk(stats)) << "shard " << shard;
+    ExpectSignature(*stats, c.signature);
+  }
 }
 
 // Thresholds sit well below what each mode measured here (80 steps, 6000 examples; bsp 0.731,
@@ -67,10 +138,13 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
 // vary from run to run; their bound is looser.
 INSTANTIATE_TEST_SUITE_P(
     Modes, ConsistencyIntegrationTest,
-    ::testing::Values(ModeCase{"Bsp", "bsp", {}, 0.65}, ModeCase{"Backup", "backup:1", {}, 0.65},
-                      ModeCase{"Async", "async", {}, 0.45},
-                      ModeCase{"AsyncStalenessAware", "async", {"--staleness_aware_lr=true"}, 0.45},
-                      ModeCase{"Ssp", "ssp:2", {}, 0.45}),
+    ::testing::Values(
+        ModeCase{"Bsp", "bsp", {}, 0.65, Signature::kBsp},
+        ModeCase{"Backup", "backup:1", {}, 0.65, Signature::kBackup1},
+        ModeCase{"Async", "async", {}, 0.45, Signature::kOnArrival},
+        ModeCase{"AsyncStalenessAware", "async", {"--staleness_aware_lr=true"}, 0.45,
+                 Signature::kOnArrival},
+        ModeCase{"Ssp", "ssp:2", {}, 0.45, Signature::kOnArrival}),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.name; });
 
 }  // namespace
