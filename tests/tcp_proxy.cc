@@ -114,7 +114,9 @@ void TcpProxy::Pump(int client) {
         break;
       }
       for (ssize_t done = 0; done < n;) {
-        const ssize_t w = write(fds[1 - i].fd, buffer + done, n - done);
+        // MSG_NOSIGNAL: a peer gone, or a Cut() that shuts the socket down mid-write, is EPIPE
+        // here, not a SIGPIPE that silently ends the whole test process.
+        const ssize_t w = send(fds[1 - i].fd, buffer + done, n - done, MSG_NOSIGNAL);
         if (w <= 0) {
           open = false;
           break;

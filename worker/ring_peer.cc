@@ -276,8 +276,11 @@ absl::Status ParseRingBlock(const grpc::ByteBuffer& message, int* from_rank, int
     if (field == 3 && wire == 2) {
       // 64 bits: ReadVarint32 would truncate a longer varint (2^48 read as 0, an "empty" block
       // that protobuf itself refuses; found by fuzz/ring_mailbox_fuzzer).
+      // And at most 5 bytes, as protobuf reads a length (an overlong encoding such as
+      // 80 80 80 80 80 80 00 for 0 is refused there; also found by the fuzzer).
       uint64_t length = 0;
-      if (!in.ReadVarint64(&length) || length > total ||
+      const int length_at = in.CurrentPosition();
+      if (!in.ReadVarint64(&length) || in.CurrentPosition() - length_at > 5 || length > total ||
           static_cast<size_t>(in.CurrentPosition()) + length != total) {
         return absl::InvalidArgumentError(absl::StrCat(
             "ring block: data must be the last field and fill the message (", total, " bytes)"));
