@@ -1,0 +1,377 @@
+#include "common/tensor_wire.h"
+
+#include <cstring>
+
+#include "absl/base/config.h"
+#include "absl/strings/str_cat.h"
+
+namespace rubato {
+
+#if !defined(ABSL_IS_LITTLE_ENDIAN)
+#error "Rubato's wire format is little-endian float32; add byte swapping for this platform."
+#endif
+
+std::string ByteChunks::Flatten() const {
+  std::string s;
+  s.reserve(size_);
+  for (absl::string_view p : pieces_) s.append(p.data(), p.size());
+  return s;
+}
+
+namespace {
+
+// Calls run(first, p, count) for runs of whole float32 values: value `first` + k is at p + 4k
+// (unaligned). A value cut by a piece boundary is put together in a small buffer and passed alone.
+template <typename Run>
+void ForEachFloatRun(const ByteChunks& bytes, Run run) {
+  char carry[4];
+  int carried = 0;
+  int64_t index = 0;
+  for (absl::string_view piece : bytes.pieces()) {
+    const char* p = piece.data();
+    size_t left = piece.size();
+    if (carried > 0) {
+      const size_t take = std::min<size_t>(4 - carried, left);
+      std::memcpy(carry + carried, p, take);
+      carried += static_cast<int>(take);
+      p += take;
+      left -= take;
+      if (carried < 4) continue;
+      run(index++, carry, int64_t{1});
+      carried = 0;
+    }
+    const int64_t whole = static_cast<int64_t>(left / 4);
+    if (whole > 0) run(index, p, whole);
+    index += whole;
+    p += 4 * whole;
+    left -= 4 * whole;
+    std::memcpy(carry, p, left);
+    carried = static_cast<int>(left);
+  }
+}
+
+inline float LoadFloat(const char* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline uint32_t LoadBits(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+constexpr uint32_t kExponentMask = 0x7f800000u;
+
+// Reads the protobuf wire format from ByteChunks, never past `limit` bytes.
+class WireReader {
+ public:
+  explicit WireReader(const ByteChunks& chunks) : pieces_(chunks.pieces()), left_(chunks.size()) {}
+
+  bool AtEnd() const { return left_ == 0; }
+  size_t offset() const { return consumed_; }
+
+  bool ReadByte(uint8_t* b) {
+    if (left_ == 0) return false;
+    while (pos_ == pieces_[piece_].size()) {
+      ++piece_;
+      pos_ = 0;
+    }
+    *b = static_cast<uint8_t>(pieces_[piece_][pos_++]);
+    --left_;
+    ++consumed_;
+    return true;
+  }
+
+  // At most 10 bytes, as protobuf: a longer one is malformed.
+  bool ReadVarint(uint64_t* v) {
+    uint64_t result = 0;
+    for (int i = 0; i < 10; ++i) {
+      uint8_t b;
+      if (!ReadByte(&b)) return false;
+      result |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
+      if ((b & 0x80) == 0) {
+        *v = result;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The next n bytes as views into the pieces (appended to *out if given).
+  bool ReadBytes(uint64_t n, ByteChunks* out) {
+    if (n > left_) return false;
+    left_ -= n;
+    consumed_ += n;
+    while (n > 0) {
+      while (pos_ == pieces_[piece_].size()) {
+        ++piece_;
+        pos_ = 0;
+      }
+      const size_t take = std::min<uint64_t>(n, pieces_[piece_].size() - pos_);
+      if (out != nullptr) out->Append(pieces_[piece_].substr(pos_, take));
+      pos_ += take;
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  const std::vector<absl::string_view>& pieces_;
+  size_t piece_ = 0;
+  size_t pos_ = 0;
+  uint64_t left_;
+  uint64_t consumed_ = 0;
+};
+
+enum WireType {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLengthDelimited = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5
+};
+// protobuf's default recursion limit, which also bounds nested unknown groups.
+constexpr int kMaxGroupDepth = 100;
+
+// One field's tag: number and wire type. Fails on a truncated or invalid tag (field 0, wire type 6
+// or 7). Groups occur only as unknown fields, which are skipped.
+struct Tag {
+  uint32_t field = 0;
+  int type = 0;
+};
+
+absl::Status Malformed(absl::string_view what, const WireReader& r, absl::string_view detail) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed ", what, " at byte ", r.offset(), ": ", detail));
+}
+
+absl::Status ReadTag(WireReader* r, absl::string_view what, Tag* tag) {
+  uint64_t v = 0;
+  if (!r->ReadVarint(&v)) return Malformed(what, *r, "truncated or overlong tag");
+  if (v > 0xffffffffu) return Malformed(what, *r, "tag out of range");
+  tag->field = static_cast<uint32_t>(v >> 3);
+  tag->type = static_cast<int>(v & 7);
+  if (tag->field == 0) return Malformed(what, *r, "field number 0");
+  if (tag->type > kFixed32) {
+    return Malformed(what, *r, absl::StrCat("wire type ", tag->type, " of field ", tag->field));
+  }
+  return absl::OkStatus();
+}
+
+// Skips the value of an unknown field whose tag has been read. An end-group tag here is one
+// without its start, which protobuf refuses too.
+absl::Status SkipValue(WireReader* r, absl::string_view what, const Tag& tag, int depth = 0) {
+  uint64_t v = 0;
+  switch (tag.type) {
+    case kStartGroup:
+      if (depth >= kMaxGroupDepth) return Malformed(what, *r, "groups nested too deeply");
+      while (true) {
+        Tag inner;
+        absl::Status s = ReadTag(r, what, &inner);
+        if (!s.ok()) return s;
+        if (inner.type == kEndGroup) {
+          if (inner.field != tag.field) return Malformed(what, *r, "mismatched end of group");
+          return absl::OkStatus();
+        }
+        if (s = SkipValue(r, what, inner, depth + 1); !s.ok()) return s;
+      }
+    case kEndGroup:
+      return Malformed(what, *r, "end of a group that was not started");
+    case kVarint:
+      if (!r->ReadVarint(&v)) return Malformed(what, *r, "truncated or overlong varint");
+      return absl::OkStatus();
+    case kFixed64:
+      if (!r->ReadBytes(8, nullptr)) return Malformed(what, *r, "truncated fixed64");
+      return absl::OkStatus();
+    case kFixed32:
+      if (!r->ReadBytes(4, nullptr)) return Malformed(what, *r, "truncated fixed32");
+      return absl::OkStatus();
+    default:
+      if (!r->ReadVarint(&v)) return Malformed(what, *r, "truncated length");
+      if (!r->ReadBytes(v, nullptr)) return Malformed(what, *r, "length past the end");
+      return absl::OkStatus();
+  }
+}
+
+absl::Status ReadLength(WireReader* r, absl::string_view what, ByteChunks* out) {
+  uint64_t n = 0;
+  if (!r->ReadVarint(&n)) return Malformed(what, *r, "truncated length");
+  // protobuf refuses a length that does not fit in int32.
+  if (n > 0x7fffffffu || !r->ReadBytes(n, out)) {
+    return Malformed(what, *r, "length past the end");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTensorValue(const ByteChunks& bytes, WireTensor* out) {
+  WireReader r(bytes);
+  constexpr absl::string_view kWhat = "TensorValue";
+  while (!r.AtEnd()) {
+    Tag tag;
+    absl::Status s = ReadTag(&r, kWhat, &tag);
+    if (!s.ok()) return s;
+    if (tag.field == 1 && tag.type == kLengthDelimited) {
+      ByteChunks name;
+      if (s = ReadLength(&r, kWhat, &name); !s.ok()) return s;
+      out->name = name.Flatten();
+    } else if (tag.field == 2 && tag.type == kLengthDelimited) {
+      out->data = ByteChunks();
+      if (s = ReadLength(&r, kWhat, &out->data); !s.ok()) return s;
+    } else if (tag.field == 3 && tag.type == kVarint) {
+      uint64_t v = 0;
+      if (!r.ReadVarint(&v)) return Malformed(kWhat, r, "truncated or overlong varint");
+      out->version = static_cast<int64_t>(v);
+    } else if (s = SkipValue(&r, kWhat, tag); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The repeated TensorValue field `field` of a message whose other known scalar fields are
+// handled by `scalar(tag, reader)` (returns false to skip the field as unknown).
+template <typename Scalar>
+absl::Status ParseTensorList(const ByteChunks& message, absl::string_view what, uint32_t field,
+                             int max_tensors, std::vector<WireTensor>* out, Scalar scalar) {
+  WireReader r(message);
+  while (!r.AtEnd()) {
+    Tag tag;
+    absl::Status s = ReadTag(&r, what, &tag);
+    if (!s.ok()) return s;
+    if (tag.field == field && tag.type == kLengthDelimited) {
+      if (static_cast<int>(out->size()) >= max_tensors) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " carries more than ", max_tensors, " tensors"));
+      }
+      ByteChunks value;
+      if (s = ReadLength(&r, what, &value); !s.ok()) return s;
+      out->emplace_back();
+      if (s = ParseTensorValue(value, &out->back()); !s.ok()) return s;
+      continue;
+    }
+    bool handled = false;
+    if (s = scalar(tag, &r, &handled); !s.ok()) return s;
+    if (!handled && (s = SkipValue(&r, what, tag), !s.ok())) return s;
+  }
+  return absl::OkStatus();
+}
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+int64_t FirstNonFinite(const ByteChunks& bytes) {
+  int64_t bad = -1;
+  ForEachFloatRun(bytes, [&bad](int64_t first, const char* p, int64_t count) {
+    if (bad >= 0) return;
+    // A branch-free pass over blocks; the exact index only when a block has a non-finite value.
+    constexpr int64_t kBlock = 1024;
+    for (int64_t b = 0; b < count; b += kBlock) {
+      const int64_t end = std::min(count, b + kBlock);
+      uint32_t any = 0;
+      for (int64_t i = b; i < end; ++i) {
+        any |= static_cast<uint32_t>((LoadBits(p + 4 * i) & kExponentMask) == kExponentMask);
+      }
+      if (any == 0) continue;
+      for (int64_t i = b; i < end; ++i) {
+        if ((LoadBits(p + 4 * i) & kExponentMask) == kExponentMask) {
+          bad = first + i;
+          return;
+        }
+      }
+    }
+  });
+  return bad;
+}
+
+void CopyFloats(const ByteChunks& bytes, float* out) {
+  ForEachFloatRun(bytes, [out](int64_t first, const char* p, int64_t count) {
+    std::memcpy(out + first, p, 4 * count);
+  });
+}
+
+void AddFloats(const ByteChunks& bytes, float* acc) {
+  ForEachFloatRun(bytes, [acc](int64_t first, const char* p, int64_t count) {
+    float* a = acc + first;
+    for (int64_t i = 0; i < count; ++i) a[i] += LoadFloat(p + 4 * i);
+  });
+}
+
+absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePush* out) {
+  *out = WirePush();
+  return ParseTensorList(message, "PushRequest", 3, max_tensors, &out->gradients,
+                         [out](const Tag& tag, WireReader* r, bool* handled) -> absl::Status {
+                           if ((tag.field != 1 && tag.field != 2) || tag.type != kVarint) {
+                             return absl::OkStatus();
+                           }
+                           uint64_t v = 0;
+                           if (!r->ReadVarint(&v)) {
+                             return Malformed("PushRequest", *r, "truncated or overlong varint");
+                           }
+                           // int32 keeps the low 32 bits, as protobuf does.
+                           if (tag.field == 1) {
+                             out->worker_id = static_cast<int32_t>(static_cast<uint32_t>(v));
+                           } else {
+                             out->step = static_cast<int64_t>(v);
+                           }
+                           *handled = true;
+                           return absl::OkStatus();
+                         });
+}
+
+absl::Status ParsePullResponse(const ByteChunks& message, int max_tensors,
+                               std::vector<WireTensor>* out) {
+  out->clear();
+  return ParseTensorList(message, "PullResponse", 1, max_tensors, out,
+                         [](const Tag&, WireReader*, bool*) { return absl::OkStatus(); });
+}
+
+void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out) {
+  // proto3 omits zeros; a negative int32 is sign-extended to ten bytes.
+  if (worker_id != 0) {
+    out->push_back(0x08);
+    AppendVarint(static_cast<uint64_t>(static_cast<int64_t>(worker_id)), out);
+  }
+  if (step != 0) {
+    out->push_back(0x10);
+    AppendVarint(static_cast<uint64_t>(step), out);
+  }
+}
+
+void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size_t data_bytes,
+                        std::string* out) {
+  size_t inner =
+      1 + VarintSize(name.size()) + name.size() + 1 + VarintSize(data_bytes) + data_bytes;
+  if (version != 0) inner += 1 + VarintSize(static_cast<uint64_t>(version));
+  AppendVarint((static_cast<uint64_t>(field) << 3) | kLengthDelimited, out);
+  AppendVarint(inner, out);
+  out->push_back(0x0a);  // name = 1
+  AppendVarint(name.size(), out);
+  out->append(name.data(), name.size());
+  if (version != 0) {
+    out->push_back(0x18);  // version = 3
+    AppendVarint(static_cast<uint64_t>(version), out);
+  }
+  out->push_back(0x12);  // data = 2, last: the data bytes follow this header
+  AppendVarint(data_bytes, out);
+}
+
+}  // namespace rubato

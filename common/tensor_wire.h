@@ -1,0 +1,94 @@
+// The tensor-carrying messages of proto/parameter_server.proto (PushRequest, PullResponse), read
+// and written without copying their tensor bytes.
+//
+// A received message is a list of byte pieces (gRPC slices). ParsePushRequest and
+// ParsePullResponse walk the protobuf wire format over those pieces and return each tensor's data
+// as views into them, so that a shard can add a gradient into its accumulator straight from the
+// receive buffers and a worker can copy pulled weights straight into its parameters. Encode*
+// writes only the small framing (tags, lengths, names); the tensor bytes are sent from the caller's
+// own memory as further pieces, the way the ring (worker/ring_peer.cc) already sends blocks.
+//
+// The parsers accept exactly what protobuf's own parser accepts for these messages (fields in any
+// order, repeated scalars where the last wins, unknown fields skipped, a known field with the wrong
+// wire type treated as unknown) and reject what it rejects (truncation, an overlong varint, an
+// end-group tag, a length past the end), with an InvalidArgument that says where. They differ in
+// one respect: a tensor name is not checked to be valid UTF-8 here (a name that matches no tensor
+// is refused by the shard anyway, and is hex-escaped before it is echoed). fuzz/wire_fuzzer.cc
+// checks the two parsers against each other on arbitrary input cut at arbitrary places.
+#ifndef RUBATO_COMMON_TENSOR_WIRE_H_
+#define RUBATO_COMMON_TENSOR_WIRE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace rubato {
+
+// A byte string held as pieces that someone else owns (gRPC slices, or parts of a std::string).
+class ByteChunks {
+ public:
+  ByteChunks() = default;
+  explicit ByteChunks(absl::string_view whole) { Append(whole); }
+
+  void Append(absl::string_view piece) {
+    if (piece.empty()) return;
+    pieces_.push_back(piece);
+    size_ += piece.size();
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const std::vector<absl::string_view>& pieces() const { return pieces_; }
+  // The bytes in one string (a copy: for small fields and tests).
+  std::string Flatten() const;
+
+ private:
+  std::vector<absl::string_view> pieces_;
+  size_t size_ = 0;
+};
+
+// Float32 values held in ByteChunks (little-endian; size() must be a multiple of 4). A float may
+// straddle two pieces.
+
+// The index of the first NaN or Inf, or -1 if every value is finite.
+int64_t FirstNonFinite(const ByteChunks& bytes);
+// out[i] = value i, for size() / 4 values.
+void CopyFloats(const ByteChunks& bytes, float* out);
+// acc[i] += value i.
+void AddFloats(const ByteChunks& bytes, float* acc);
+
+// One TensorValue as it arrived.
+struct WireTensor {
+  std::string name;
+  ByteChunks data;
+  int64_t version = 0;
+};
+
+struct WirePush {
+  int32_t worker_id = 0;
+  int64_t step = 0;
+  std::vector<WireTensor> gradients;
+};
+
+// At most `max_tensors` tensors are read; one more is an InvalidArgument (a hostile message of
+// millions of empty entries must not cost millions of parsed entries).
+absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePush* out);
+absl::Status ParsePullResponse(const ByteChunks& message, int max_tensors,
+                               std::vector<WireTensor>* out);
+
+// Framing. A PushRequest is EncodePushHeader, then for each gradient EncodeTensorHeader(3, ...)
+// followed by its data bytes. A PullResponse is, for each tensor, EncodeTensorHeader(1, ...)
+// followed by its data bytes. Each appends to *out.
+void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out);
+// The header of field `field` (a TensorValue) whose data of `data_bytes` bytes follows it
+// immediately; version is written when non-zero (proto3 omits zero).
+void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size_t data_bytes,
+                        std::string* out);
+
+}  // namespace rubato
+
+#endif  // RUBATO_COMMON_TENSOR_WIRE_H_

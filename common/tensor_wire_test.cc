@@ -1,0 +1,180 @@
+#include "common/tensor_wire.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "gtest/gtest.h"
+#include "proto/parameter_server.pb.h"
+
+namespace rubato {
+namespace {
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// `whole` cut into pieces at the given offsets.
+ByteChunks Cut(const std::string& whole, std::vector<size_t> cuts) {
+  ByteChunks chunks;
+  size_t at = 0;
+  for (size_t c : cuts) {
+    chunks.Append(absl::string_view(whole).substr(at, c - at));
+    at = c;
+  }
+  chunks.Append(absl::string_view(whole).substr(at));
+  return chunks;
+}
+
+TEST(TensorWireTest, FloatsAcrossEveryPieceBoundary) {
+  const std::vector<float> values = {1.5f, -2.25f, 3e-38f, 7.0f, -0.0f, 1e30f};
+  const std::string bytes = Bytes(values);
+  // Every way of cutting the bytes once and twice, including inside a float.
+  for (size_t a = 0; a <= bytes.size(); ++a) {
+    for (size_t b = a; b <= bytes.size(); ++b) {
+      const ByteChunks chunks = Cut(bytes, {a, b});
+      ASSERT_EQ(chunks.size(), bytes.size());
+      std::vector<float> out(values.size(), 0.0f);
+      CopyFloats(chunks, out.data());
+      EXPECT_EQ(Bytes(out), bytes) << a << "," << b;
+      std::vector<float> acc = {1, 1, 1, 1, 1, 1};
+      AddFloats(chunks, acc.data());
+      for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(acc[i], 1.0f + values[i]);
+      EXPECT_EQ(FirstNonFinite(chunks), -1);
+    }
+  }
+}
+
+TEST(TensorWireTest, FirstNonFiniteFindsTheFirstNanOrInfWhereverItIs) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {0u, 1u, 1023u, 1024u, 3000u}) {
+      std::vector<float> v(3001, 0.5f);
+      v[at] = bad;
+      if (at + 5 < v.size()) v[at + 5] = bad;  // a later one is not reported
+      const std::string bytes = Bytes(v);
+      EXPECT_EQ(FirstNonFinite(Cut(bytes, {4 * at + 2})), static_cast<int64_t>(at));
+      EXPECT_EQ(FirstNonFinite(ByteChunks(bytes)), static_cast<int64_t>(at));
+    }
+  }
+  // The largest finite float and denormals are finite.
+  const std::vector<float> edge = {std::numeric_limits<float>::max(), 1e-45f, -1e-45f};
+  EXPECT_EQ(FirstNonFinite(ByteChunks(Bytes(edge))), -1);
+}
+
+TEST(TensorWireTest, OurFramingIsProtobufsAndBothParsersAgree) {
+  const std::vector<float> g0 = {1, 2, 3};
+  const std::vector<float> g1 = {-4, 5e-3f};
+  std::string message;
+  EncodePushHeader(7, 123456789012, &message);
+  EncodeTensorHeader(3, "layer/kernel", 0, 12, &message);
+  message += Bytes(g0);
+  EncodeTensorHeader(3, "b", 0, 8, &message);
+  message += Bytes(g1);
+  PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(message));
+  EXPECT_EQ(parsed.worker_id(), 7);
+  EXPECT_EQ(parsed.step(), 123456789012);
+  ASSERT_EQ(parsed.gradients_size(), 2);
+  EXPECT_EQ(parsed.gradients(0).name(), "layer/kernel");
+  EXPECT_EQ(parsed.gradients(0).data(), Bytes(g0));
+  EXPECT_EQ(parsed.gradients(1).data(), Bytes(g1));
+
+  WirePush ours;
+  ASSERT_TRUE(ParsePushRequest(Cut(message, {3, 20, 21}), 10, &ours).ok());
+  EXPECT_EQ(ours.worker_id, 7);
+  EXPECT_EQ(ours.step, 123456789012);
+  ASSERT_EQ(ours.gradients.size(), 2u);
+  EXPECT_EQ(ours.gradients[0].name, "layer/kernel");
+  EXPECT_EQ(ours.gradients[0].data.Flatten(), Bytes(g0));
+  EXPECT_EQ(ours.gradients[1].name, "b");
+  EXPECT_EQ(ours.gradients[1].data.Flatten(), Bytes(g1));
+
+  // A pull answer with versions, written by protobuf, read by us.
+  PullResponse response;
+  TensorValue* v = response.add_tensors();
+  v->set_name("w");
+  v->set_version(42);
+  v->set_data(Bytes(g0));
+  response.add_tensors()->set_name("empty");
+  std::vector<WireTensor> tensors;
+  const std::string serialized = response.SerializeAsString();  // the views point into it
+  ASSERT_TRUE(ParsePullResponse(ByteChunks(serialized), 2, &tensors).ok());
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_EQ(tensors[0].name, "w");
+  EXPECT_EQ(tensors[0].version, 42);
+  EXPECT_EQ(tensors[0].data.Flatten(), Bytes(g0));
+  EXPECT_EQ(tensors[1].name, "empty");
+  EXPECT_TRUE(tensors[1].data.empty());
+  // And our framing with a version, read by protobuf.
+  std::string ours_pull;
+  EncodeTensorHeader(1, "w", 42, 12, &ours_pull);
+  ours_pull += Bytes(g0);
+  PullResponse back;
+  ASSERT_TRUE(back.ParseFromString(ours_pull));
+  EXPECT_EQ(back.tensors(0).version(), 42);
+  EXPECT_EQ(back.tensors(0).data(), Bytes(g0));
+}
+
+TEST(TensorWireTest, NegativeWorkerIdsUnknownFieldsAndRepeatsFollowProtobuf) {
+  PushRequest p;
+  p.set_worker_id(-3);
+  p.set_step(5);
+  std::string message = p.SerializeAsString();
+  // Unknown fields of every wire type, including a group, and field 2 repeated (the last wins).
+  message += std::string("\x78\x01", 2);                        // field 15, varint
+  message += std::string("\x81\x01", 2) + std::string(8, 'x');  // field 16, fixed64
+  message += std::string("\x8d\x01", 2) + std::string(4, 'y');  // field 17, fixed32
+  message += std::string("\x93\x01\x08\x01\x94\x01", 6);        // group 18 { field 1 }
+  message += std::string("\x10\x09", 2);                        // step = 9
+  PushRequest reference;
+  ASSERT_TRUE(reference.ParseFromString(message));
+  WirePush ours;
+  ASSERT_TRUE(ParsePushRequest(ByteChunks(message), 10, &ours).ok());
+  EXPECT_EQ(ours.worker_id, reference.worker_id());
+  EXPECT_EQ(ours.worker_id, -3);
+  EXPECT_EQ(ours.step, reference.step());
+  EXPECT_EQ(ours.step, 9);
+  // The same encoder as protobuf for a negative id.
+  std::string header;
+  EncodePushHeader(-3, 5, &header);
+  EXPECT_EQ(header, p.SerializeAsString());
+}
+
+TEST(TensorWireTest, MalformedMessagesAreRefusedAsProtobufRefusesThem) {
+  std::string good;
+  EncodePushHeader(1, 2, &good);
+  EncodeTensorHeader(3, "w", 0, 8, &good);
+  good += std::string(8, '\0');
+  const std::vector<std::string> bad = {
+      good.substr(0, good.size() - 1),  // truncated data
+      good.substr(0, 5),                // truncated inside a header
+      std::string("\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12),  // 11-byte varint
+      std::string("\x00", 1),                                               // field 0
+      std::string("\x0c", 1),              // end of a group never started
+      std::string("\x0b\x08\x01", 3),      // group never ended
+      std::string("\x1a\x05\x0a\x09", 4),  // nested length past its end
+      std::string("\x0e", 1),              // wire type 6
+  };
+  for (const std::string& m : bad) {
+    PushRequest reference;
+    EXPECT_FALSE(reference.ParseFromString(m)) << absl::CEscape(m);
+    WirePush ours;
+    EXPECT_FALSE(ParsePushRequest(ByteChunks(m), 10, &ours).ok()) << absl::CEscape(m);
+  }
+  // More tensors than allowed is refused before they are all parsed.
+  std::string many;
+  for (int i = 0; i < 5; ++i) EncodeTensorHeader(3, "t", 0, 0, &many);
+  WirePush ours;
+  EXPECT_TRUE(ParsePushRequest(ByteChunks(many), 5, &ours).ok());
+  absl::Status s = ParsePushRequest(ByteChunks(many), 4, &ours);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("more than 4 tensors"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace rubato
