@@ -82,7 +82,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms",
                  "max_message_mb")
 # Flags given to servers only.
-SERVER_FLAGS = ("update_threads", "memory_budget_mb")
+SERVER_FLAGS = ("update_threads", "apply_threads", "memory_budget_mb")
 # Flags given to workers only.
 WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",

@@ -5,6 +5,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
+#include "common/tensor_wire.h"
 
 namespace rubato {
 namespace {
@@ -17,6 +19,32 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
   if (result.ok()) *response = std::move(*result);
   reactor->Finish(ToGrpcStatus(result.status()));
   return reactor;
+}
+
+grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Releases the reference to a version's weights that a pull answer's slice held.
+void ReleaseWeights(void* held) {
+  delete static_cast<std::shared_ptr<const std::vector<float>>*>(held);
+}
+
+// A PullResponse as slices: each tensor's framing, then its weights in place.
+grpc::ByteBuffer EncodePullResponse(const std::vector<PulledTensor>& tensors) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(2 * tensors.size());
+  for (const PulledTensor& t : tensors) {
+    const std::vector<float>& values = *t.snapshot.values;
+    const size_t bytes = values.size() * sizeof(float);
+    std::string header;
+    EncodeTensorHeader(1, *t.name, t.snapshot.version, bytes, &header);
+    slices.emplace_back(std::move(header));
+    slices.emplace_back(const_cast<float*>(values.data()), bytes, &ReleaseWeights,
+                        new std::shared_ptr<const std::vector<float>>(t.snapshot.values));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -37,12 +65,36 @@ grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* context,
-                                                 const PushRequest* request,
-                                                 PushResponse* response) {
-  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  // The received slices (referenced, not copied) and the parse that points into them live as long
+  // as the shard holds any of the gradients.
+  struct Received {
+    std::vector<grpc::Slice> slices;
+    WirePush push;
+  };
+  auto received = std::make_shared<Received>();
+  if (!request->Dump(&received->slices).ok()) {
+    return Refuse(context, absl::InvalidArgumentError("unreadable push message"));
+  }
+  ByteChunks message;
+  for (const grpc::Slice& slice : received->slices) {
+    message.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
+  }
+  if (absl::Status s = ParsePushRequest(message, kMaxTensors, &received->push); !s.ok()) {
     return Refuse(context, s);
   }
-  return Answer(context, shard_->Push(*request), response);
+  if (absl::Status s = security_.CheckCall(*context, received->push.worker_id); !s.ok()) {
+    return Refuse(context, s);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const WirePush& push = received->push;
+  shard_->Push(push, std::move(received),
+               [reactor, response](absl::StatusOr<PushResponse> result) {
+                 if (result.ok()) *response = Serialized(*result);
+                 reactor->Finish(ToGrpcStatus(result.status()));
+               });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterService::Heartbeat(grpc::CallbackServerContext* context,
@@ -73,19 +125,27 @@ grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* ParameterService::Pull(grpc::CallbackServerContext* context,
-                                                 const PullRequest* request,
-                                                 PullResponse* response) {
-  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  PullRequest pull;
+  grpc::Slice whole;
+  if (!request->DumpToSingleSlice(&whole).ok() ||
+      !pull.ParseFromArray(whole.begin(), static_cast<int>(whole.size()))) {
+    return Refuse(context, absl::InvalidArgumentError("malformed PullRequest"));
+  }
+  if (absl::Status s = security_.CheckCall(*context, pull.worker_id()); !s.ok()) {
     return Refuse(context, s);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The client's deadline, if any; the shard caps it with the cluster's wait timeout. A cancelled
   // call stays queued until that deadline, which is bounded; finishing it then is harmless.
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  shard_->Pull(*request, deadline, [reactor, response](absl::Status status, PullResponse result) {
-    if (status.ok()) *response = std::move(result);
-    reactor->Finish(ToGrpcStatus(status));
-  });
+  shard_->Pull(pull, deadline,
+               ParameterShard::SharedPullDone(
+                   [reactor, response](absl::Status status, std::vector<PulledTensor> tensors) {
+                     if (status.ok()) *response = EncodePullResponse(tensors);
+                     reactor->Finish(ToGrpcStatus(status));
+                   }));
   return reactor;
 }
 

@@ -18,7 +18,14 @@
 
 namespace rubato {
 
-class ParameterService final : public ParameterServer::CallbackService {
+// Push and Pull are raw methods (ByteBuffer in, ByteBuffer out) so that tensor bytes are never
+// copied by the service: a push is parsed over the received slices (common/tensor_wire.h) and its
+// gradients are added into the shard's accumulators from them; a pull is answered with slices
+// that reference the shard's copy-on-write weights, shared by every pull of that version.
+using ParameterServiceBase = ParameterServer::WithRawCallbackMethod_Pull<
+    ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>>;
+
+class ParameterService final : public ParameterServiceBase {
  public:
   // `shard` must outlive the service.
   explicit ParameterService(ParameterShard* shard, ServerSecurity security = ServerSecurity())
@@ -27,10 +34,12 @@ class ParameterService final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
                                      RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const PullRequest* request,
-                                 PullResponse* response) override;
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const PushRequest* request,
-                                 PushResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const HeartbeatRequest* request,
                                       HeartbeatResponse* response) override;

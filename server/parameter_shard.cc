@@ -1,11 +1,14 @@
 #include "server/parameter_shard.h"
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 #include "common/limits.h"
@@ -27,14 +30,118 @@ absl::Status CheckStep(absl::string_view field, int64_t step) {
 
 absl::Status CheckTensorName(absl::string_view name) {
   if (name.empty() || name.size() > static_cast<size_t>(kMaxTensorNameBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("a tensor name must be 1 to ",
-                                                   kMaxTensorNameBytes, " bytes, got ",
-                                                   name.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a tensor name must be 1 to ", kMaxTensorNameBytes, " bytes, got ", name.size()));
   }
   return absl::OkStatus();
 }
 
+// A name as it may be echoed in an error: printable ASCII as is, anything else escaped.
+std::string Printable(absl::string_view name) { return absl::CHexEscape(name); }
+
 }  // namespace
+
+// A fixed set of threads that run tasks in order of submission.
+class ParameterShard::UpdatePool {
+ public:
+  explicit UpdatePool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  // Runs what is queued, then stops.
+  ~UpdatePool() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+  void Post(std::function<void()> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::function<void()> task;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](UpdatePool* p)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->tasks_.empty(); },
+            this));
+        if (tasks_.empty()) return;  // stop_
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// A pull in progress: which tensors, and the snapshots they have given it so far.
+class ParameterShard::PullState final : public PullWaiter {
+ public:
+  PullState(int worker, int64_t step, std::vector<int> tensors, absl::Time deadline,
+            SharedPullDone done)
+      : worker_(worker),
+        step_(step),
+        tensors_(std::move(tensors)),
+        deadline_(deadline),
+        done_(std::move(done)),
+        got_(tensors_.size()),
+        missing_(static_cast<int>(tensors_.size())) {}
+
+  bool Fill(int slot, TensorSnapshot snapshot) override {
+    absl::MutexLock lock(&mu_);
+    if (over_) return false;
+    got_[slot] = std::move(snapshot);
+    if (--missing_ > 0) return false;
+    over_ = true;
+    return true;
+  }
+  bool Over() const override {
+    absl::MutexLock lock(&mu_);
+    return over_;
+  }
+  // Ends the pull without an answer; false if it was already over.
+  bool End() {
+    absl::MutexLock lock(&mu_);
+    if (over_) return false;
+    over_ = true;
+    return true;
+  }
+  bool Overlaps(const PullState& other) const {
+    for (int a : tensors_) {
+      if (std::find(other.tensors_.begin(), other.tensors_.end(), a) != other.tensors_.end()) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const int worker_;
+  const int64_t step_;
+  const std::vector<int> tensors_;
+  const absl::Time deadline_;
+  SharedPullDone done_;
+  bool armed_ = false;  // Under the shard's lock: the tensors have been asked.
+
+  mutable absl::Mutex mu_;
+  std::vector<TensorSnapshot> got_ ABSL_GUARDED_BY(mu_);
+  int missing_ ABSL_GUARDED_BY(mu_);
+  bool over_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::vector<TensorSnapshot> TakeSnapshots() {
+    absl::MutexLock lock(&mu_);
+    return std::move(got_);
+  }
+};
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     const ShardOptions& options) {
@@ -47,6 +154,10 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("update_threads must be >= 1, got ", options.update_threads));
   }
+  if (options.apply_threads < 1 || options.apply_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("apply_threads must be in [1, 256], got ", options.apply_threads));
+  }
   if (options.cluster.consistency().mode() == ALLREDUCE) {
     return absl::InvalidArgumentError("mode allreduce runs without parameter servers");
   }
@@ -57,63 +168,76 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
 
 ParameterShard::ParameterShard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer)
     : options_(options),
+      policy_(options.cluster.consistency()),
       optimizer_(std::move(optimizer)),
       max_wait_(absl::Milliseconds(options.cluster.wait_timeout_ms())),
-      workers_(options.cluster.num_workers()) {
+      members_(options.shard_id, options.cluster.num_workers(), options.cluster.lease_ms()) {
+  auto view = std::make_shared<TensorAggregator::Members>();
+  view->member.assign(options.cluster.num_workers(), 0);
+  member_view_ = std::move(view);
   if (options.update_threads > 1) pool_ = std::make_unique<ThreadPool>(options.update_threads);
+  update_pool_ = std::make_unique<UpdatePool>(options.apply_threads);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
 ParameterShard::~ParameterShard() {
   Shutdown();
   deadline_thread_.join();
+  update_pool_.reset();  // Applies what was queued; pulls it completes fail as shut down.
+  Shutdown();
 }
 
 void ParameterShard::Shutdown() {
-  std::vector<Completion> failed;
+  std::vector<PullStatePtr> failed;
   {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
-    for (PendingPull& p : waiting_) {
-      failed.push_back({std::move(p.done),
-                        absl::UnavailableError(absl::StrCat(
-                            "parameter server shard ", options_.shard_id, " is shutting down")),
-                        PullResponse()});
+    for (PullStatePtr& p : parked_) {
+      if (p->End()) failed.push_back(std::move(p));
     }
-    waiting_.clear();
-    waiting_changed_.SignalAll();
+    parked_.clear();
+    parked_changed_.SignalAll();
   }
-  Run(&failed);
+  for (const PullStatePtr& p : failed) {
+    p->done_(absl::UnavailableError(
+                 absl::StrCat("parameter server shard ", options_.shard_id, " is shutting down")),
+             {});
+  }
 }
 
-void ParameterShard::Run(std::vector<Completion>* completions) {
-  for (Completion& c : *completions) c.done(std::move(c.status), std::move(c.response));
-  completions->clear();
+TensorAggregator::Context ParameterShard::Context() const {
+  TensorAggregator::Context ctx;
+  ctx.policy = &policy_;
+  ctx.optimizer = optimizer_.get();
+  ctx.pool = pool_.get();
+  ctx.members = &member_view_;
+  ctx.schedule = schedule_ptr_.load(std::memory_order_acquire);
+  return ctx;
 }
 
-int ParameterShard::RegisteredCount() const {
-  int n = 0;
-  for (const Worker& w : workers_) n += w.registered ? 1 : 0;
-  return n;
-}
-
-absl::Status ParameterShard::CheckMember(int id) const {
-  if (id >= 0 && id < options_.cluster.num_workers()) {
-    if (workers_[id].registered) return absl::OkStatus();
-    if (workers_[id].dropped) {
-      return absl::AbortedError(absl::StrCat(
-          "worker ", id, " was dropped by shard ", options_.shard_id, " after more than ",
-          options_.cluster.lease_ms(), " ms of silence; register again to rejoin"));
+void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready) {
+  auto view = std::make_shared<TensorAggregator::Members>();
+  view->member = members_.member();
+  view->count = members_.members();
+  std::atomic_store(&member_view_, std::shared_ptr<const TensorAggregator::Members>(view));
+  if (schedule_ptr_.load() == nullptr) return;
+  const TensorAggregator::Context ctx = Context();
+  for (auto& t : tensors_) {
+    std::vector<std::shared_ptr<PullWaiter>> released;
+    double lr = 0;
+    if (t->ApplyIfComplete(ctx, &released, &lr)) {
+      ++applied_updates_;
+      last_learning_rate_ = lr;
     }
+    for (auto& w : released) ready->push_back(std::static_pointer_cast<PullState>(w));
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
+  ArmParked(ready);
 }
 
 int64_t ParameterShard::MinVersion() const {
-  int64_t v = tensors_.empty() ? 0 : tensors_[0].version;
-  for (const Tensor& t : tensors_) v = std::min(v, t.version);
-  return v;
+  int64_t v = kMaxStep;
+  for (const auto& t : tensors_) v = std::min(v, t->version());
+  return tensors_.empty() ? 0 : v;
 }
 
 absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest& request) {
@@ -145,8 +269,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   }
   if (request.batch_size() < 1 || request.batch_size() > kMaxBatchSize) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": batch_size must be in [1, ",
-                                                   kMaxBatchSize, "], got ",
-                                                   request.batch_size()));
+                                                   kMaxBatchSize, "], got ", request.batch_size()));
   }
   // Validate the request on its own before looking at the shard's state.
   absl::flat_hash_map<std::string, int> model_index;
@@ -154,8 +277,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     const TensorSpec& spec = request.model(i);
     RETURN_IF_ERROR(CheckTensorName(spec.name()));
     if (absl::StatusOr<int64_t> n = CheckedElementCount(spec.shape()); !n.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("worker ", id, ": tensor '", spec.name(),
-                                                     "': ", n.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", id, ": tensor '", spec.name(), "': ", n.status().message()));
     }
     if (!model_index.emplace(spec.name(), i).second) {
       return absl::InvalidArgumentError(
@@ -180,13 +303,13 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
                                     *CheckedElementCount(spec.shape())));
   }
 
-  std::vector<Completion> ready;
+  std::vector<PullStatePtr> ready;
   RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
     for (int other = 0; other < options_.cluster.num_workers(); ++other) {
-      const Worker& w = workers_[other];
+      const Membership::Worker& w = members_.worker(other);
       if (other == id || !w.registered) continue;
       if (w.steps_per_epoch != request.steps_per_epoch() ||
           w.total_steps != request.total_steps()) {
@@ -198,40 +321,43 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     }
     if (!initialised_) {
       if (request.initial_values().empty()) {
-        return absl::FailedPreconditionError(absl::StrCat("shard ", options_.shard_id,
-                                                          " has no weights yet and worker ", id,
-                                                          " sent no initial values"));
+        // Ask for them: the first registrant sends its values once, the others never.
+        response.set_shard_id(options_.shard_id);
+        response.set_num_shards(options_.num_shards);
+        *response.mutable_consistency() = options_.cluster.consistency();
+        response.set_num_workers(options_.cluster.num_workers());
+        response.set_lease_ms(options_.cluster.lease_ms());
+        response.set_needs_initial_values(true);
+        return response;
       }
-      tensors_.resize(request.model_size());
       for (int i = 0; i < request.model_size(); ++i) {
-        Tensor& t = tensors_[i];
-        t.name = request.model(i).name();
-        t.shape.assign(request.model(i).shape().begin(), request.model(i).shape().end());
-        t.weights.resize(ElementCount(t.shape));
-        BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(t.weights));
-        t.role = optimizer_->RoleOf(t.name, t.shape);
-        t.pending.assign(options_.cluster.num_workers(), {});
-        t.received.assign(options_.cluster.num_workers(), false);
-        t.last_pushed.assign(options_.cluster.num_workers(), -1);
-        t.pulled_version.assign(options_.cluster.num_workers(), 0);
-        index_[t.name] = i;
+        const TensorSpec& spec = request.model(i);
+        std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
+        std::vector<float> values(ElementCount(shape));
+        BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(values));
+        const TensorRole role = optimizer_->RoleOf(spec.name(), shape);
+        tensors_.push_back(std::make_unique<TensorAggregator>(spec.name(), std::move(shape),
+                                                              std::move(values), role,
+                                                              options_.cluster.num_workers()));
+        index_[spec.name()] = i;
       }
+      members_.SetTensorCount(static_cast<int>(tensors_.size()));
       initialised_ = true;
     } else {
       // The model must match the adopted one exactly.
-      for (const Tensor& t : tensors_) {
-        auto it = model_index.find(t.name);
+      for (const auto& t : tensors_) {
+        auto it = model_index.find(t->name());
         if (it == model_index.end()) {
           return absl::FailedPreconditionError(
               absl::StrCat("model mismatch on shard ", options_.shard_id, ": worker ", id,
-                           " has no tensor '", t.name, "' ", ShapeString(t.shape)));
+                           " has no tensor '", t->name(), "' ", ShapeString(t->shape())));
         }
         const TensorSpec& theirs = request.model(it->second);
-        if (!std::equal(t.shape.begin(), t.shape.end(), theirs.shape().begin(),
+        if (!std::equal(t->shape().begin(), t->shape().end(), theirs.shape().begin(),
                         theirs.shape().end())) {
           return absl::FailedPreconditionError(
-              absl::StrCat("model mismatch on shard ", options_.shard_id, ": tensor '", t.name,
-                           "' is ", ShapeString(t.shape), " on the server but ",
+              absl::StrCat("model mismatch on shard ", options_.shard_id, ": tensor '", t->name(),
+                           "' is ", ShapeString(t->shape()), " on the server but ",
                            ShapeString(theirs.shape()), " on worker ", id));
         }
       }
@@ -245,9 +371,9 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         }
       }
     }
-    Worker& w = workers_[id];
-    const Worker before = w;
-    w.registered = true;
+    Membership::Worker& w = members_.worker(id);
+    const Membership::Worker before = w;
+    members_.SetMember(id, true);
     w.finished = false;
     w.batch_size = request.batch_size();
     w.steps_per_epoch = request.steps_per_epoch();
@@ -255,12 +381,12 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     w.last_step = request.resume_step() - 1;
     w.last_seen = absl::Now();
     if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
+      members_.SetMember(id, before.registered);
       w = before;
       return s;
     }
-
-    CollectReady(&ready);       // The last registrant may release the step-0 pulls.
-    waiting_changed_.Signal();  // Leases may start (or restart) running.
+    MembersChanged(&ready);    // The last registrant may release the step-0 pulls.
+    parked_changed_.Signal();  // Leases may start (or restart) running.
     response.set_shard_id(options_.shard_id);
     response.set_num_shards(options_.num_shards);
     *response.mutable_consistency() = options_.cluster.consistency();
@@ -270,21 +396,22 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     // Where this worker goes on: the job's step under bsp and backup; its own clock under async
     // and ssp, whose versions count every worker's updates (a rejoined worker that took the version
     // would skip steps it never computed and, under ssp, wait on a clock no one will reach).
-    const ConsistencyMode mode = options_.cluster.consistency().mode();
-    response.set_resume_step(mode == BSP || mode == BACKUP ? MinVersion() : Clock(id));
+    response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
   }
-  Run(&ready);
+  for (const PullStatePtr& p : ready) Complete(p);
   return response;
 }
 
 absl::Status ParameterShard::StartTrainingIfComplete() {
-  if (schedule_.has_value() || RegisteredCount() < options_.cluster.num_workers()) {
+  if (schedule_.has_value() || members_.members() < options_.cluster.num_workers()) {
     return absl::OkStatus();
   }
   ScheduleContext context;
-  for (const Worker& w : workers_) context.global_batch += w.batch_size;
-  context.steps_per_epoch = workers_[0].steps_per_epoch;
-  context.total_steps = workers_[0].total_steps;
+  for (int w = 0; w < members_.num_workers(); ++w) {
+    context.global_batch += members_.worker(w).batch_size;
+  }
+  context.steps_per_epoch = members_.worker(0).steps_per_epoch;
+  context.total_steps = members_.worker(0).total_steps;
   absl::StatusOr<LearningRateScheduler> schedule = LearningRateScheduler::Create(
       options_.cluster.optimizer().learning_rate(), options_.cluster.lr_schedule(), context);
   if (!schedule.ok()) {
@@ -292,6 +419,7 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
                         absl::StrCat("cannot start training: ", schedule.status().message()));
   }
   schedule_ = std::move(*schedule);
+  schedule_ptr_.store(&*schedule_, std::memory_order_release);
   RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()
                    << " workers registered; optimizer " << optimizer_->config().type()
                    << "; learning-rate schedule:\n"
@@ -300,135 +428,189 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
 }
 
 absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
-  std::vector<Completion> ready;
-  PushResponse response;
-  {
+  WirePush wire;
+  wire.worker_id = request.worker_id();
+  wire.step = request.step();
+  for (const TensorValue& g : request.gradients()) {
+    WireTensor t;
+    t.name = g.name();
+    t.data = ByteChunks(g.data());
+    wire.gradients.push_back(std::move(t));
+  }
+  absl::Notification done;
+  absl::StatusOr<PushResponse> result;
+  Push(wire, nullptr, [&](absl::StatusOr<PushResponse> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> keepalive,
+                          PushDone done) {
+  const int id = request.worker_id;
+  const int64_t step = request.step;
+  std::vector<int> which;  // The tensor of each gradient.
+  // Checks that need the shard's state.
+  absl::Status status = [&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
-    // Runs at once, under the lock (which the annotation tells the thread-safety analysis).
-    absl::Status status = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-      const int id = request.worker_id();
-      RETURN_IF_ERROR(CheckMember(id));
-      if (!schedule_.has_value()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("training has not started: ", RegisteredCount(), " of ",
-                         options_.cluster.num_workers(), " workers registered"));
-      }
-      RETURN_IF_ERROR(CheckStep("step", request.step()));
-      if (request.gradients_size() > static_cast<int>(tensors_.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("a push of ", request.gradients_size(),
-                                                       " gradients to a shard of ",
-                                                       tensors_.size(), " tensors"));
-      }
-      const ConsistencyMode mode = options_.cluster.consistency().mode();
-      // A gradient is computed on pulled weights: under async and ssp a push for a step this
-      // worker has not pulled is from the future (under bsp and backup the versions say so).
-      if ((mode == ASYNC || mode == SSP) && request.step() > workers_[id].pulled_step) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", request.step(), " from worker ", id, " is from the future: it has pulled ",
-            workers_[id].pulled_step < 0 ? std::string("nothing")
-                                         : absl::StrCat("up to step ", workers_[id].pulled_step),
-            " from shard ", options_.shard_id));
-      }
-      absl::flat_hash_set<absl::string_view> seen;
-      for (const TensorValue& g : request.gradients()) {
-        RETURN_IF_ERROR(CheckTensorName(g.name()));  // Before it is echoed in an error.
-        auto it = index_.find(g.name());
+    RETURN_IF_ERROR(members_.CheckMember(id));
+    if (!schedule_.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("training has not started: ", members_.members(), " of ",
+                       options_.cluster.num_workers(), " workers registered"));
+    }
+    RETURN_IF_ERROR(CheckStep("step", step));
+    if (request.gradients.size() > tensors_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("a push of ", request.gradients.size(),
+                                                     " gradients to a shard of ", tensors_.size(),
+                                                     " tensors"));
+    }
+    // A gradient is computed on pulled weights: under async and ssp a push for a step this
+    // worker has not pulled is from the future (under bsp and backup the versions say so).
+    const int64_t pulled = members_.worker(id).pulled_step;
+    if (!policy_.Synchronous() && step > pulled) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step, " from worker ", id, " is from the future: it has pulled ",
+                       pulled < 0 ? std::string("nothing") : absl::StrCat("up to step ", pulled),
+                       " from shard ", options_.shard_id));
+    }
+    return absl::OkStatus();
+  }();
+  // Checks of the request alone, and of each tensor's version, without the shard's lock.
+  if (status.ok()) {
+    status = [&]() -> absl::Status {
+      absl::flat_hash_set<int> seen;
+      for (const WireTensor& g : request.gradients) {
+        RETURN_IF_ERROR(CheckTensorName(g.name));  // Before it is echoed in an error.
+        auto it = index_.find(g.name);
         if (it == index_.end()) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "unknown tensor '", g.name(), "' (not on shard ", options_.shard_id, ")"));
+              "unknown tensor '", Printable(g.name), "' (not on shard ", options_.shard_id, ")"));
         }
-        if (!seen.insert(g.name()).second) {
+        if (!seen.insert(it->second).second) {
           return absl::InvalidArgumentError(
-              absl::StrCat("tensor '", g.name(), "' appears twice in one push"));
+              absl::StrCat("tensor '", g.name, "' appears twice in one push"));
         }
-        const Tensor& t = tensors_[it->second];
-        RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat("gradient '", g.name(), "'"), g.data(),
-                                        static_cast<int64_t>(t.weights.size())));
-        if ((mode == BSP || mode == BACKUP) && request.step() > t.version) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("step ", request.step(), " from worker ", id,
-                           " is from the future: tensor '", t.name, "' is at version ", t.version));
+        const TensorAggregator& t = *tensors_[it->second];
+        if (g.data.size() % 4 != 0 || static_cast<int64_t>(g.data.size() / 4) != t.elements()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("gradient '", g.name, "' has ", g.data.size(), " bytes, expected ",
+                           t.elements() * 4, " (", t.elements(), " float32 values)"));
         }
+        which.push_back(it->second);
+      }
+      for (size_t k = 0; k < request.gradients.size(); ++k) {
+        const WireTensor& g = request.gradients[k];
+        if (const int64_t bad = FirstNonFinite(g.data); bad >= 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("gradient '", g.name, "' has a non-finite value at element ", bad));
+        }
+        RETURN_IF_ERROR(tensors_[which[k]]->CheckStep(Context(), id, step));
       }
       return absl::OkStatus();
     }();
-    if (!status.ok()) {
-      ++rejected_pushes_;
-      return status;
+  }
+  if (!status.ok()) {
+    ++rejected_pushes_;
+    done(status);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // A worker dropped meanwhile is refused; nothing was applied.
+    status = members_.CheckMember(id);
+    if (status.ok()) {
+      Membership::Worker& worker = members_.worker(id);
+      worker.last_seen = absl::Now();
+      worker.last_step = std::max(worker.last_step, step);
     }
-    // Everything checked: apply.
-    const int id = request.worker_id();
-    Worker& worker = workers_[id];
-    worker.last_seen = absl::Now();
-    worker.last_step = std::max(worker.last_step, request.step());
-    const ConsistencyMode mode = options_.cluster.consistency().mode();
-    bool any_applied = false;
-    for (const TensorValue& g : request.gradients()) {
-      Tensor& t = tensors_[index_.at(g.name())];
-      if (request.step() <= t.last_pushed[id]) {  // (worker, step, tensor) seen before.
-        response.set_duplicates(response.duplicates() + 1);
-        ++duplicate_gradients_;
-        continue;
+  }
+  if (!status.ok()) {
+    ++rejected_pushes_;
+    done(status);
+    return;
+  }
+  ++pushes_;
+  if (request.gradients.empty()) {
+    done(PushResponse());
+    return;
+  }
+  // One task per gradient on the update pool; the last to finish answers.
+  struct Progress {
+    absl::Mutex mu;
+    int left;
+    std::vector<GradientOutcome> outcomes;
+    PushDone done;
+    std::shared_ptr<const void> keepalive;
+  };
+  auto progress = std::make_shared<Progress>();
+  progress->left = static_cast<int>(which.size());
+  progress->outcomes.resize(which.size());
+  progress->done = std::move(done);
+  progress->keepalive = keepalive;
+  for (size_t k = 0; k < which.size(); ++k) {
+    const ByteChunks* data = &request.gradients[k].data;
+    const int tensor = which[k];
+    update_pool_->Post([this, progress, k, id, step, tensor, data, keepalive] {
+      ApplyGradient(id, step, tensor, data, keepalive, &progress->outcomes[k]);
+      {
+        absl::MutexLock lock(&progress->mu);
+        if (--progress->left > 0) return;
       }
-      t.last_pushed[id] = request.step();
-      if (mode == BSP || mode == BACKUP) {
-        if (request.step() < t.version) {  // backup: its step was applied without it.
-          response.set_dropped(response.dropped() + 1);
-          ++dropped_gradients_;
-          continue;
+      PushResponse response;
+      for (const GradientOutcome& o : progress->outcomes) {
+        switch (o.kind) {
+          case GradientOutcome::kAccepted:
+            response.set_accepted(response.accepted() + 1);
+            response.set_max_staleness(std::max(response.max_staleness(), o.staleness));
+            break;
+          case GradientOutcome::kDuplicate:
+            response.set_duplicates(response.duplicates() + 1);
+            break;
+          case GradientOutcome::kDropped:
+            response.set_dropped(response.dropped() + 1);
+            break;
         }
-        t.pending[id].resize(t.weights.size());
-        BytesToFloats(g.data(), absl::MakeSpan(t.pending[id]));
-        t.received[id] = true;
-        ++t.received_count;
-        RecordStaleness(0);
-      } else {
-        // async, ssp: applied now, alone.
-        const int64_t tau = std::max<int64_t>(0, t.version - t.pulled_version[id]);
-        RecordStaleness(tau);
-        response.set_max_staleness(std::max(response.max_staleness(), tau));
-        t.pending[id].resize(t.weights.size());
-        BytesToFloats(g.data(), absl::MakeSpan(t.pending[id]));
-        t.received[id] = true;
-        t.received_count = 1;
-        const int members = std::max(1, RegisteredCount());
-        double lr = schedule_->At(t.version / members);
-        if (options_.cluster.consistency().staleness_aware_lr() && tau > 1) lr /= tau;
-        ApplyUpdate(&t, lr);
       }
-      response.set_accepted(response.accepted() + 1);
-      any_applied = true;
-    }
-    ++pushes_;
-    if (any_applied) {
-      ApplyCompleteSteps();
-      CollectReady(&ready);
-    }
+      progress->done(response);
+    });
   }
-  Run(&ready);
-  return response;
+  // The views in `request` must stay valid until the tasks have read them: wait, unless the
+  // caller's keepalive holds them (then the tasks hold it).
+  if (keepalive == nullptr) {
+    absl::MutexLock lock(&progress->mu);
+    progress->mu.Await(absl::Condition(
+        +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->left == 0; },
+        progress.get()));
+  }
 }
 
-bool ParameterShard::StepComplete(const Tensor& t) const {
-  if (t.received_count == 0) return false;
-  bool all = true;
-  for (int w = 0; w < options_.cluster.num_workers() && all; ++w) {
-    all = !workers_[w].registered || t.received[w];
+void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, const ByteChunks* data,
+                                   std::shared_ptr<const void> keepalive,
+                                   GradientOutcome* outcome) {
+  std::vector<std::shared_ptr<PullWaiter>> released;
+  const double lr = tensors_[tensor]->Add(Context(), worker, step, {data, std::move(keepalive)},
+                                          outcome, &released);
+  if (outcome->kind == GradientOutcome::kDuplicate) {
+    ++duplicate_gradients_;
+    return;
   }
-  if (all) return true;
-  if (options_.cluster.consistency().mode() == BACKUP) {
-    const int needed = RegisteredCount() - options_.cluster.consistency().backup_workers();
-    return t.received_count >= std::max(1, needed);
+  if (outcome->kind == GradientOutcome::kDropped) ++dropped_gradients_;
+  if (outcome->kind == GradientOutcome::kAccepted) RecordStaleness(outcome->staleness);
+  if (outcome->applied) {
+    ++applied_updates_;
+    last_learning_rate_ = lr;
   }
-  return false;
-}
-
-void ParameterShard::ApplyCompleteSteps() {
-  const ConsistencyMode mode = options_.cluster.consistency().mode();
-  if (mode != BSP && mode != BACKUP) return;  // async and ssp apply on arrival.
-  for (Tensor& t : tensors_) {
-    if (StepComplete(t)) ApplyUpdate(&t, schedule_->At(t.version));
+  std::vector<PullStatePtr> ready;
+  for (auto& w : released) ready.push_back(std::static_pointer_cast<PullState>(w));
+  {
+    absl::MutexLock lock(&mu_);
+    // A clock tick may release ssp pulls.
+    if (members_.Pushed(worker, tensor, step) && policy_.mode() == SSP) ArmParked(&ready);
   }
+  for (const PullStatePtr& p : ready) Complete(p);
 }
 
 void ParameterShard::RecordStaleness(int64_t tau) {
@@ -447,284 +629,242 @@ void ParameterShard::RecordStaleness(int64_t tau) {
   ++staleness_histogram_[bucket];
 }
 
-int64_t ParameterShard::Clock(int w) const {
-  int64_t clock = tensors_.empty() ? 0 : tensors_[0].last_pushed[w] + 1;
-  for (const Tensor& t : tensors_) clock = std::min(clock, t.last_pushed[w] + 1);
-  return clock;
-}
-
-void ParameterShard::RecordPulled(const PullRequest& request) {
-  const int id = request.worker_id();
-  workers_[id].pulled_step = std::max(workers_[id].pulled_step, request.step());
-  if (request.names().empty()) {
-    for (Tensor& t : tensors_) t.pulled_version[id] = t.version;
-  } else {
-    for (const std::string& name : request.names()) {
-      Tensor& t = tensors_[index_.at(name)];
-      t.pulled_version[id] = t.version;
-    }
-  }
-}
-
-void ParameterShard::ApplyUpdate(Tensor* t, double learning_rate) {
-  const size_t n = t->weights.size();
-  const int workers = options_.cluster.num_workers();
-  // The mean over the gradients received for this step (all members', plus any from a worker
-  // dropped since), summed in double in worker-id order, into the first contributor's buffer.
-  std::vector<int> from;
-  for (int w = 0; w < workers; ++w) {
-    if (t->received[w]) from.push_back(w);
-  }
-  std::vector<float>& mean = t->pending[from[0]];
-  // A single contributor (async, ssp, or one member left) is its own mean: skip the pass.
-  if (from.size() > 1) {
-    const double inv = 1.0 / static_cast<double>(from.size());
-    for (size_t i = 0; i < n; ++i) {
-      double sum = 0;
-      for (int w : from) sum += t->pending[w][i];
-      mean[i] = static_cast<float>(sum * inv);
-    }
-  }
-  last_learning_rate_ = learning_rate;
-  optimizer_->Update(static_cast<float>(last_learning_rate_), mean, absl::MakeSpan(t->weights),
-                     t->role, &t->optimizer_state, pool_.get());
-  ++t->version;
-  ++applied_updates_;
-  std::fill(t->received.begin(), t->received.end(), false);
-  t->received_count = 0;
-}
-
-absl::Status ParameterShard::CheckPull(const PullRequest& request) const {
+absl::StatusOr<std::vector<int>> ParameterShard::CheckPull(const PullRequest& request) const {
   const int id = request.worker_id();
   if (shutdown_) {
     return absl::UnavailableError(
         absl::StrCat("parameter server shard ", options_.shard_id, " is shutting down"));
   }
-  RETURN_IF_ERROR(CheckMember(id));
+  RETURN_IF_ERROR(members_.CheckMember(id));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
   if (request.names_size() > static_cast<int>(tensors_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("a pull of ", request.names_size(),
                                                    " tensors from a shard of ", tensors_.size()));
   }
+  std::vector<int> which;
+  if (request.names().empty()) {
+    for (size_t i = 0; i < tensors_.size(); ++i) which.push_back(static_cast<int>(i));
+    return which;
+  }
   // Each name once: a name repeated n times would make the response n tensors large.
-  absl::flat_hash_set<absl::string_view> seen;
+  absl::flat_hash_set<int> seen;
   for (const std::string& name : request.names()) {
     RETURN_IF_ERROR(CheckTensorName(name));  // Before it is echoed in an error.
-    if (!index_.contains(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown tensor '", name, "' (not on shard ", options_.shard_id, ")"));
+    auto it = index_.find(name);
+    if (it == index_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown tensor '", Printable(name),
+                                                     "' (not on shard ", options_.shard_id, ")"));
     }
-    if (!seen.insert(name).second) {
+    if (!seen.insert(it->second).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", name, "' appears twice in one pull"));
     }
+    which.push_back(it->second);
   }
-  return absl::OkStatus();
+  return which;
 }
 
-bool ParameterShard::PullReady(const PullRequest& request) const {
-  if (!schedule_.has_value()) return false;  // Training has not started.
-  const ConsistencyConfig& c = options_.cluster.consistency();
-  if (c.mode() == ASYNC) return true;
-  if (c.mode() == SSP) {
-    // The SSP bound, enforced here: step c may start once every member has pushed step c - s - 1.
-    const int64_t need = request.step() - c.staleness();
-    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
-      if (workers_[w].registered && Clock(w) < need) return false;
+bool ParameterShard::Arm(const PullStatePtr& pull) {
+  pull->armed_ = true;
+  const int64_t need = policy_.NeededVersion(pull->step_);
+  bool complete = false;
+  for (size_t k = 0; k < pull->tensors_.size(); ++k) {
+    complete = tensors_[pull->tensors_[k]]->Pull(pull->worker_, need, pull, static_cast<int>(k)) ||
+               complete;
+  }
+  return complete;
+}
+
+void ParameterShard::ArmParked(std::vector<PullStatePtr>* ready) {
+  if (!schedule_.has_value()) return;
+  const int64_t min_clock = policy_.mode() == SSP ? members_.MinMemberClock() : 0;
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    PullState& p = **it;
+    if (p.Over()) {
+      it = parked_.erase(it);
+      continue;
     }
-    return true;
+    if (!p.armed_ && (policy_.mode() != SSP || min_clock >= policy_.SspNeededClock(p.step_))) {
+      if (Arm(*it)) {
+        ready->push_back(*it);
+        it = parked_.erase(it);
+        continue;
+      }
+    }
+    ++it;
   }
-  if (request.names().empty()) return MinVersion() >= request.step();
-  for (const std::string& name : request.names()) {
-    if (tensors_[index_.at(name)].version < request.step()) return false;
-  }
-  return true;
 }
 
-PullResponse ParameterShard::Snapshot(const PullRequest& request) const {
-  PullResponse response;
-  auto add = [&response](const Tensor& t) {
-    TensorValue* v = response.add_tensors();
-    v->set_name(t.name);
-    v->set_version(t.version);
-    FloatsToBytes(t.weights, v->mutable_data());
-  };
-  if (request.names().empty()) {
-    for (const Tensor& t : tensors_) add(t);
-  } else {
-    for (const std::string& name : request.names()) add(tensors_[index_.at(name)]);
-  }
-  return response;
-}
-
-std::string ParameterShard::DescribeWait(const PullRequest& request) const {
-  const int registered = RegisteredCount();
+std::string ParameterShard::DescribeWait(const PullState& pull) const {
   if (!schedule_.has_value()) {
     std::vector<int> missing;
     for (int w = 0; w < options_.cluster.num_workers(); ++w) {
-      if (!workers_[w].registered) missing.push_back(w);
+      if (!members_.worker(w).registered) missing.push_back(w);
     }
     return absl::StrCat("waiting for worker(s) ", absl::StrJoin(missing, ", "), " to register (",
-                        registered, " of ", options_.cluster.num_workers(), " registered)");
+                        members_.members(), " of ", options_.cluster.num_workers(), " registered)");
   }
-  if (options_.cluster.consistency().mode() == SSP) {
-    const int64_t need = request.step() - options_.cluster.consistency().staleness();
+  if (policy_.mode() == SSP) {
+    const int64_t need = policy_.SspNeededClock(pull.step_);
     std::vector<std::string> behind;
     for (int w = 0; w < options_.cluster.num_workers(); ++w) {
-      if (workers_[w].registered && Clock(w) < need) {
-        behind.push_back(absl::StrCat(w, " (clock ", Clock(w), ")"));
+      if (members_.worker(w).registered && members_.Clock(w) < need) {
+        behind.push_back(absl::StrCat(w, " (clock ", members_.Clock(w), ")"));
       }
     }
-    return absl::StrCat("ssp: step ", request.step(), " needs every worker at clock >= ", need,
+    return absl::StrCat("ssp: step ", pull.step_, " needs every worker at clock >= ", need,
                         "; waiting for worker(s) ", absl::StrJoin(behind, ", "));
   }
   // The first tensor that is behind, and whose gradients it lacks.
-  for (const Tensor& t : tensors_) {
-    if (t.version >= request.step()) continue;
-    if (!request.names().empty() && std::find(request.names().begin(), request.names().end(),
-                                              t.name) == request.names().end()) {
-      continue;
-    }
-    std::vector<int> missing;
-    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
-      if (workers_[w].registered && !t.received[w]) missing.push_back(w);
-    }
-    return absl::StrCat("tensor '", t.name, "' is at version ", t.version, "; waiting for step ",
-                        t.version, " gradients from worker(s) ", absl::StrJoin(missing, ", "));
+  for (int i : pull.tensors_) {
+    const TensorAggregator& t = *tensors_[i];
+    const int64_t version = t.version();
+    if (version >= pull.step_) continue;
+    return absl::StrCat("tensor '", t.name(), "' is at version ", version, "; waiting for step ",
+                        version, " gradients from worker(s) ",
+                        absl::StrJoin(t.Missing(members_.member()), ", "));
   }
   return "nothing (ready)";
 }
 
-void ParameterShard::CollectReady(std::vector<Completion>* out) {
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (PullReady(it->request)) {
-      RecordPulled(it->request);
-      out->push_back({std::move(it->done), absl::OkStatus(), Snapshot(it->request)});
-      it = waiting_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
+  Pull(request, deadline,
+       SharedPullDone(
+           [done = std::move(done)](absl::Status status, std::vector<PulledTensor> tensors) {
+             PullResponse response;
+             for (const PulledTensor& t : tensors) {
+               TensorValue* v = response.add_tensors();
+               v->set_name(*t.name);
+               v->set_version(t.snapshot.version);
+               FloatsToBytes(*t.snapshot.values, v->mutable_data());
+             }
+             done(std::move(status), std::move(response));
+           }));
 }
 
-void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
-  absl::Status status;
-  PullResponse response;
-  std::vector<Completion> superseded;
-  bool parked = false;
+void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, SharedPullDone done) {
+  std::vector<std::function<void()>> superseded;
+  PullStatePtr complete;
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    status = CheckPull(request);
-    if (status.ok()) {
-      workers_[request.worker_id()].last_seen = absl::Now();
-      if (PullReady(request)) {
-        RecordPulled(request);
-        response = Snapshot(request);
+    absl::StatusOr<std::vector<int>> which = CheckPull(request);
+    if (!which.ok()) {
+      refused = which.status();
+    } else {
+      members_.worker(request.worker_id()).last_seen = absl::Now();
+      auto pull =
+          std::make_shared<PullState>(request.worker_id(), request.step(), std::move(*which),
+                                      std::min(deadline, absl::Now() + max_wait_), std::move(done));
+      SupersedePulls(*pull, &superseded);
+      const bool may_start = schedule_.has_value() &&
+                             (policy_.mode() != SSP ||
+                              members_.MinMemberClock() >= policy_.SspNeededClock(request.step()));
+      if (may_start && Arm(pull)) {
+        complete = std::move(pull);
       } else {
-        SupersedePulls(request, &superseded);
-        waiting_.push_back({request, std::min(deadline, absl::Now() + max_wait_), std::move(done)});
-        waiting_changed_.Signal();
-        parked = true;
+        parked_.push_back(std::move(pull));
+        parked_changed_.Signal();
       }
     }
   }
-  Run(&superseded);
-  if (!parked) done(std::move(status), std::move(response));
+  if (!refused.ok()) {
+    done(refused, {});
+    return;
+  }
+  for (auto& f : superseded) f();
+  if (complete != nullptr) Complete(complete);
 }
 
-void ParameterShard::SupersedePulls(const PullRequest& request, std::vector<Completion>* out) {
-  auto overlaps = [&request](const PullRequest& other) {
-    if (request.names().empty() || other.names().empty()) return true;
-    for (const std::string& a : request.names()) {
-      for (const std::string& b : other.names()) {
-        if (a == b) return true;
-      }
+void ParameterShard::SupersedePulls(const PullState& pull,
+                                    std::vector<std::function<void()>>* out) {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    PullStatePtr& p = *it;
+    if (p->Over()) {
+      it = parked_.erase(it);
+      continue;
     }
-    return false;
-  };
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (it->request.worker_id() == request.worker_id() && overlaps(it->request)) {
-      out->push_back({std::move(it->done),
-                      absl::AbortedError(absl::StrCat(
-                          "pull for step ", it->request.step(), " by worker ",
-                          request.worker_id(), " superseded by its pull for step ", request.step())),
-                      PullResponse()});
-      it = waiting_.erase(it);
+    if (p->worker_ == pull.worker_ && p->Overlaps(pull) && p->End()) {
+      out->push_back([p = std::move(p), step = pull.step_] {
+        p->done_(
+            absl::AbortedError(absl::StrCat("pull for step ", p->step_, " by worker ", p->worker_,
+                                            " superseded by its pull for step ", step)),
+            {});
+      });
+      it = parked_.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+void ParameterShard::Complete(const PullStatePtr& pull) {
+  {
+    absl::MutexLock lock(&mu_);
+    Membership::Worker& w = members_.worker(pull->worker_);
+    w.pulled_step = std::max(w.pulled_step, pull->step_);
+  }
+  std::vector<TensorSnapshot> got = pull->TakeSnapshots();
+  std::vector<PulledTensor> answer;
+  answer.reserve(got.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    answer.push_back({&tensors_[pull->tensors_[k]]->name(), std::move(got[k])});
+  }
+  pull->done_(absl::OkStatus(), std::move(answer));
 }
 
 void ParameterShard::DeadlineLoop() {
   absl::MutexLock lock(&mu_);
   while (!shutdown_) {
     // Leases first, then pull deadlines; sleep until the earliest of what is left, or a change.
-    std::vector<Completion> expired;
-    absl::Time next = ExpireLeases(&expired);
+    std::vector<PullStatePtr> ready;
+    std::vector<std::pair<PullStatePtr, absl::Status>> expired;
+    absl::Time next = absl::InfiniteFuture();
+    // Leases run only once training has started: before that, pulls wait for registration with
+    // their own deadline.
+    if (schedule_.has_value()) {
+      std::vector<int> dropped;
+      next = members_.ExpireLeases(absl::Now(), &dropped);
+      if (!dropped.empty()) {
+        dropped_workers_ += static_cast<int64_t>(dropped.size());
+        MembersChanged(&ready);
+      }
+    }
     const absl::Time now = absl::Now();
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (it->deadline <= now) {
-        expired.push_back(
-            {std::move(it->done),
-             absl::DeadlineExceededError(absl::StrCat(
-                 "pull for step ", it->request.step(), " by worker ", it->request.worker_id(),
-                 " timed out on shard ", options_.shard_id, ": ", DescribeWait(it->request))),
-             PullResponse()});
-        it = waiting_.erase(it);
+    for (auto it = parked_.begin(); it != parked_.end();) {
+      PullState& p = **it;
+      if (p.Over()) {
+        it = parked_.erase(it);
+      } else if (p.deadline_ <= now) {
+        absl::Status status = absl::DeadlineExceededError(
+            absl::StrCat("pull for step ", p.step_, " by worker ", p.worker_,
+                         " timed out on shard ", options_.shard_id, ": ", DescribeWait(p)));
+        if (p.End()) expired.emplace_back(*it, std::move(status));
+        it = parked_.erase(it);
       } else {
-        next = std::min(next, it->deadline);
+        next = std::min(next, p.deadline_);
         ++it;
       }
     }
-    if (!expired.empty()) {
+    if (!expired.empty() || !ready.empty()) {
       mu_.Unlock();
-      Run(&expired);
+      for (const PullStatePtr& p : ready) Complete(p);
+      for (auto& [p, status] : expired) p->done_(std::move(status), {});
       mu_.Lock();
       continue;
     }
-    waiting_changed_.WaitWithDeadline(&mu_, next);
+    parked_changed_.WaitWithDeadline(&mu_, next);
   }
-}
-
-absl::Time ParameterShard::ExpireLeases(std::vector<Completion>* ready) {
-  // Leases run only once training has started: before that, pulls wait for registration with
-  // their own deadline.
-  if (!schedule_.has_value()) return absl::InfiniteFuture();
-  const absl::Duration lease = absl::Milliseconds(options_.cluster.lease_ms());
-  const absl::Time now = absl::Now();
-  absl::Time next = absl::InfiniteFuture();
-  bool dropped = false;
-  for (int id = 0; id < options_.cluster.num_workers(); ++id) {
-    Worker& w = workers_[id];
-    if (!w.registered || w.finished) continue;  // A finished worker no longer heartbeats.
-    if (now - w.last_seen > lease) {
-      w.registered = false;
-      w.dropped = true;
-      dropped = true;
-      ++dropped_workers_;
-      RUBATO_LOG(WARNING) << "shard " << options_.shard_id << ": dropped worker " << id
-                          << ", silent for " << absl::FormatDuration(now - w.last_seen)
-                          << " (lease " << absl::FormatDuration(lease) << "); " << RegisteredCount()
-                          << " member(s) left";
-    } else {
-      next = std::min(next, w.last_seen + lease + absl::Milliseconds(1));
-    }
-  }
-  if (dropped) {
-    ApplyCompleteSteps();
-    CollectReady(ready);
-  }
-  return next;
 }
 
 absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   const int id = request.worker_id();
-  RETURN_IF_ERROR(CheckMember(id));
+  RETURN_IF_ERROR(members_.CheckMember(id));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
-  workers_[id].last_seen = absl::Now();
-  workers_[id].last_step = std::max(workers_[id].last_step, request.step());
+  Membership::Worker& w = members_.worker(id);
+  w.last_seen = absl::Now();
+  w.last_step = std::max(w.last_step, request.step());
   HeartbeatResponse response;
   response.set_min_version(MinVersion());
   return response;
@@ -734,12 +874,12 @@ absl::StatusOr<FinishResponse> ParameterShard::Finish(const FinishRequest& reque
   absl::MutexLock lock(&mu_);
   const int id = request.worker_id();
   if (id < 0 || id >= options_.cluster.num_workers() ||
-      !(workers_[id].registered || workers_[id].dropped)) {
+      !(members_.worker(id).registered || members_.worker(id).dropped)) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
   }
   RETURN_IF_ERROR(CheckStep("step", request.step()));
-  Worker& w = workers_[id];
+  Membership::Worker& w = members_.worker(id);
   if (!w.finished) {
     RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": worker " << id << " finished after "
                      << request.step() << " steps";
@@ -748,8 +888,10 @@ absl::StatusOr<FinishResponse> ParameterShard::Finish(const FinishRequest& reque
   w.last_step = std::max(w.last_step, request.step() - 1);
   w.last_seen = absl::Now();
   FinishResponse response;
-  for (const Worker& other : workers_) response.set_finished_workers(
-      response.finished_workers() + (other.finished ? 1 : 0));
+  for (int other = 0; other < members_.num_workers(); ++other) {
+    response.set_finished_workers(response.finished_workers() +
+                                  (members_.worker(other).finished ? 1 : 0));
+  }
   return response;
 }
 
@@ -759,7 +901,8 @@ absl::StatusOr<bool> ParameterShard::JobFinished(absl::Duration idle_timeout) {
   const absl::Duration lease = absl::Milliseconds(options_.cluster.lease_ms());
   int finished = 0;
   int live = 0;
-  for (const Worker& w : workers_) {
+  for (int id = 0; id < members_.num_workers(); ++id) {
+    const Membership::Worker& w = members_.worker(id);
     if (w.finished) {
       ++finished;
     } else if (w.registered && now - w.last_seen <= lease) {
@@ -775,18 +918,28 @@ absl::StatusOr<bool> ParameterShard::JobFinished(absl::Duration idle_timeout) {
   if (now - last_live_ < idle_timeout) return false;
   std::vector<int> never, gone;
   for (int id = 0; id < options_.cluster.num_workers(); ++id) {
-    (workers_[id].registered || workers_[id].dropped ? gone : never).push_back(id);
+    const Membership::Worker& w = members_.worker(id);
+    (w.registered || w.dropped ? gone : never).push_back(id);
   }
   std::string who;
   if (!never.empty()) absl::StrAppend(&who, "never registered: ", absl::StrJoin(never, ","));
   if (!gone.empty()) {
-    absl::StrAppend(&who, who.empty() ? "" : "; ", "registered, then silent: ",
-                    absl::StrJoin(gone, ","));
+    absl::StrAppend(&who, who.empty() ? "" : "; ",
+                    "registered, then silent: ", absl::StrJoin(gone, ","));
   }
   return absl::DeadlineExceededError(
       absl::StrCat("shard ", options_.shard_id, ": no worker has been live for ",
-                   absl::FormatDuration(now - last_live_), " and none has finished (", who,
-                   ")"));
+                   absl::FormatDuration(now - last_live_), " and none has finished (", who, ")"));
+}
+
+int64_t ParameterShard::AggregationBytes() const {
+  int64_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!initialised_) return 0;
+  }
+  for (const auto& t : tensors_) bytes += t->ExtraBytes();
+  return bytes;
 }
 
 GetStatsResponse ParameterShard::Stats() const {
@@ -797,12 +950,12 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_num_workers(options_.cluster.num_workers());
   s.set_min_version(MinVersion());
   int64_t bytes = 0;
-  for (const Tensor& t : tensors_) {
-    bytes += static_cast<int64_t>(t.weights.size() * sizeof(float));
+  for (const auto& t : tensors_) {
+    bytes += t->elements() * static_cast<int64_t>(sizeof(float));
     TensorStats* ts = s.add_tensors();
-    ts->set_name(t.name);
-    ts->set_elements(static_cast<int64_t>(t.weights.size()));
-    ts->set_version(t.version);
+    ts->set_name(t->name());
+    ts->set_elements(t->elements());
+    ts->set_version(t->version());
   }
   s.set_bytes(bytes);
   s.set_pushes(pushes_);
@@ -811,14 +964,18 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_applied_updates(applied_updates_);
   s.set_dropped_workers(dropped_workers_);
   s.set_dropped_gradients(dropped_gradients_);
-  for (const Worker& w : workers_) s.set_finished_workers(s.finished_workers() + (w.finished ? 1 : 0));
-  for (int64_t n : staleness_histogram_) s.add_staleness_histogram(n);
+  for (int id = 0; id < members_.num_workers(); ++id) {
+    s.set_finished_workers(s.finished_workers() + (members_.worker(id).finished ? 1 : 0));
+  }
+  for (const auto& n : staleness_histogram_) s.add_staleness_histogram(n);
   s.set_learning_rate(last_learning_rate_);
   if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());
-  s.set_pending_pulls(static_cast<int64_t>(waiting_.size()));
+  int64_t pending = 0;
+  for (const PullStatePtr& p : parked_) pending += p->Over() ? 0 : 1;
+  s.set_pending_pulls(pending);
   const absl::Time now = absl::Now();
-  for (int id = 0; id < static_cast<int>(workers_.size()); ++id) {
-    const Worker& w = workers_[id];
+  for (int id = 0; id < members_.num_workers(); ++id) {
+    const Membership::Worker& w = members_.worker(id);
     if (!w.registered) continue;
     WorkerStats* ws = s.add_workers();
     ws->set_worker_id(id);

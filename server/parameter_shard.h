@@ -3,12 +3,22 @@
 // Pure logic with no network inside: server/parameter_service.cc adapts it to gRPC, and tests drive
 // it directly. Thread-safe; every public method may be called from any thread.
 //
+// Parts, each readable and tested alone:
+//   server/membership.h          who is a member, leases, clocks (under the shard's lock);
+//   server/consistency_policy.h  what each consistency mode decides;
+//   server/tensor_aggregator.h   one tensor: its lock, gradients gathered in worker-id order, the
+//                                optimizer step, copy-on-write weights that pulls share.
+// The shard validates each call, keeps membership and the parked pulls under its one lock, and
+// runs each pushed gradient on its update pool, so that the tensors of one push (and of
+// concurrent pushes) are updated in parallel, off gRPC's threads.
+//
 // Each tensor has a version, the number of updates applied to it. A worker's clock is its step.
 // Consistency models (ClusterSpec.consistency), all tracked per tensor, not per push message:
 //   bsp       The gradient pushed for step t was computed on version t. When every member has
-//             pushed its gradient of tensor T for step t, their mean (summed in double in worker-id
-//             order, so the result does not depend on arrival order) is handed to the optimizer
-//             once, and T's version becomes t + 1. A pull for step t waits for version t.
+//             pushed its gradient of tensor T for step t, their mean (summed in float in worker-id
+//             order, so the result does not depend on arrival order; server/tensor_aggregator.h)
+//             is handed to the optimizer once, and T's version becomes t + 1. A pull for step t
+//             waits for version t.
 //   backup:b  As bsp, but step t of T is applied as soon as (members - b) gradients are in (Chen et
 //             al. 2016); gradients for step t that arrive later are dropped and counted.
 //   async     Every gradient is applied on arrival, alone (Downpour, Dean et al. 2012); pulls
@@ -31,10 +41,10 @@
 #ifndef RUBATO_SERVER_PARAMETER_SHARD_H_
 #define RUBATO_SERVER_PARAMETER_SHARD_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,9 +59,13 @@
 #include "absl/time/time.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
+#include "common/tensor_wire.h"
 #include "common/thread_pool.h"
 #include "proto/cluster.pb.h"
 #include "proto/parameter_server.pb.h"
+#include "server/consistency_policy.h"
+#include "server/membership.h"
+#include "server/tensor_aggregator.h"
 
 namespace rubato {
 
@@ -63,17 +77,28 @@ struct ShardOptions {
   ClusterSpec cluster;
   // Threads that share one tensor's update (large tensors only); 1 = the calling thread alone.
   int update_threads = 1;
+  // Threads that apply pushed gradients, one tensor each at a time (>= 1).
+  int apply_threads = 2;
+};
+
+// One tensor of a pull's answer: its name and the shared weights of one version.
+struct PulledTensor {
+  const std::string* name;  // Owned by the shard.
+  TensorSnapshot snapshot;
 };
 
 class ParameterShard {
  public:
   // Called exactly once per Pull, possibly on another thread, never with the shard's lock held.
   using PullDone = std::function<void(absl::Status, PullResponse)>;
+  using SharedPullDone = std::function<void(absl::Status, std::vector<PulledTensor>)>;
+  using PushDone = std::function<void(absl::StatusOr<PushResponse>)>;
 
   // InvalidArgument for a bad spec.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardOptions& options);
 
-  // Fails every waiting pull with UNAVAILABLE and stops the deadline thread.
+  // Fails every waiting pull with UNAVAILABLE, finishes the pushes being applied, and stops the
+  // deadline thread.
   ~ParameterShard();
 
   ParameterShard(const ParameterShard&) = delete;
@@ -82,6 +107,9 @@ class ParameterShard {
   // Adds the worker to the job. The request's num_workers and consistency must be the shard's
   // (FAILED_PRECONDITION otherwise). The first registrant's model and initial values are adopted; a
   // later registrant's model must match exactly (FAILED_PRECONDITION naming the first difference).
+  // A registration without initial values to a shard that has no weights yet registers nothing
+  // and answers needs_initial_values: the worker sends them then (so that only the first
+  // registrant of a job sends its model's values, once).
   // Registering again (a restarted worker) is allowed and changes nothing but its bookkeeping.
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
 
@@ -89,12 +117,21 @@ class ParameterShard {
   // unknown tensor, a repeated tensor, a wrong byte size, a NaN or Inf, a negative step;
   // FAILED_PRECONDITION for an unregistered worker, a push before all workers registered, or a step
   // from the future). A gradient whose (worker, step, tensor) was already received is acknowledged
-  // as a duplicate and ignored.
+  // as a duplicate and ignored. The gradients are then applied on the update pool, and `done` is
+  // called (on a pool thread, or at once for an error) when all are.
+  //
+  // The gradients' bytes are views (common/tensor_wire.h) that `keepalive` keeps valid for as long
+  // as the shard holds it; with a null keepalive they must stay valid until `done` is called, and
+  // are copied if they must be held longer (an early arrival under bsp).
+  void Push(const WirePush& request, std::shared_ptr<const void> keepalive, PushDone done);
+  // The same, waiting for the answer.
   absl::StatusOr<PushResponse> Push(const PushRequest& request);
 
   // Answers with the requested tensors once each has version >= request.step, or fails at
   // `deadline` (capped by the cluster's wait_timeout_ms) with DEADLINE_EXCEEDED naming whom it
-  // waited for. Bad requests fail at once.
+  // waited for. Bad requests fail at once. The answer shares the weights: nothing is copied.
+  void Pull(const PullRequest& request, absl::Time deadline, SharedPullDone done);
+  // The same, with the values copied into a PullResponse.
   void Pull(const PullRequest& request, absl::Time deadline, PullDone done);
 
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
@@ -114,86 +151,53 @@ class ParameterShard {
 
   GetStatsResponse Stats() const;
 
+  // Bytes the shard holds beyond the weights and optimizer slots: accumulators and gradients held
+  // for their turn (bsp).
+  int64_t AggregationBytes() const;
+
   // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
   void Shutdown();
 
  private:
-  struct Tensor {
-    std::string name;
-    std::vector<int64_t> shape;
-    std::vector<float> weights;  // (elements)
-    int64_t version = 0;         // Updates applied.
-    TensorRole role;             // Weight decay / layer adaptation, from the exclusion rules.
-    TensorOptimizerState optimizer_state;
-    // Gradients received for step == version, indexed by worker id; (num_workers, elements).
-    std::vector<std::vector<float>> pending;
-    std::vector<bool> received;  // (num_workers)
-    int received_count = 0;
-    std::vector<int64_t> last_pushed;     // (num_workers) Highest step pushed by each worker.
-    std::vector<int64_t> pulled_version;  // (num_workers) Version each worker last pulled.
-  };
-  struct Worker {
-    bool registered = false;  // A member: counted in barriers.
-    bool dropped = false;     // Was a member, then silent for longer than the lease.
-    bool finished = false;    // Said it has finished (Finish); no longer heartbeats.
-    int32_t batch_size = 0;
-    int64_t steps_per_epoch = 0;
-    int64_t total_steps = 0;
-    int64_t last_step = -1;
-    int64_t pulled_step = -1;  // Highest step this worker has pulled (async, ssp: pushes up to it).
-    absl::Time last_seen;
-  };
-  struct PendingPull {
-    PullRequest request;
-    absl::Time deadline;
-    PullDone done;
-  };
-  struct Completion {
-    PullDone done;
-    absl::Status status;
-    PullResponse response;
-  };
+  class PullState;
+  class UpdatePool;
+  using PullStatePtr = std::shared_ptr<PullState>;
 
   ParameterShard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer);
 
-  // Checks names and the worker; InvalidArgument / FailedPrecondition, or OK.
-  absl::Status CheckPull(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool PullReady(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PullResponse Snapshot(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string DescribeWait(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves every satisfied waiter into `out`.
-  void CollectReady(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Averages the pending gradients, applies the optimizer and bumps the version.
-  void ApplyUpdate(Tensor* tensor, double learning_rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether step `version` of `t` can be applied now (bsp, backup).
-  bool StepComplete(const Tensor& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Number of steps worker `w` has pushed to every tensor of this shard.
-  int64_t Clock(int w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordStaleness(int64_t tau) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails (ABORTED) the same worker's parked pulls that share a tensor with `request`: an honest
-  // worker has one pull per tensor in flight, and a retry replaces a pull whose call broke. This
-  // bounds a worker's parked pulls, and the snapshots they cost, by the shard's tensors.
-  void SupersedePulls(const PullRequest& request, std::vector<Completion>* out)
+  // The tensors a pull names (all of them for none), after checking names and the worker.
+  absl::StatusOr<std::vector<int>> CheckPull(const PullRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Remembers which versions a worker was given (async, ssp staleness).
-  void RecordPulled(const PullRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int RegisteredCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DescribeWait(const PullState& pull) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks each tensor of `pull` for its snapshot (queueing where the version is not there yet);
+  // true if that completed it.
+  bool Arm(const PullStatePtr& pull) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Arms the parked pulls that may start now (training started, ssp clocks); completed ones go
+  // to *ready.
+  void ArmParked(std::vector<PullStatePtr>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends (ABORTED) the same worker's parked pulls that share a tensor with `pull`: an honest
+  // worker has one pull per tensor in flight, and a retry replaces a pull whose call broke. This
+  // bounds a worker's parked pulls by the shard's tensors.
+  void SupersedePulls(const PullState& pull, std::vector<std::function<void()>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers a pull whose every tensor is filled. No lock held.
+  void Complete(const PullStatePtr& pull);
+  int64_t MinVersion() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the schedule once every worker has registered. An error here (e.g. a warmup longer than
   // the job) refuses the last registration.
   absl::Status StartTrainingIfComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t MinVersion() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops members silent for longer than the lease, completes the steps they held up, and returns
-  // the earliest time another member's lease can run out.
-  absl::Time ExpireLeases(std::vector<Completion>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies every tensor whose current step every member has pushed.
-  void ApplyCompleteSteps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK for a member; ABORTED for a dropped worker; FAILED_PRECONDITION for an unknown one.
-  absl::Status CheckMember(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes the current members to the tensors, then completes the steps they no longer wait
+  // for.
+  void MembersChanged(std::vector<PullStatePtr>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TensorAggregator::Context Context() const;
+  void ApplyGradient(int worker, int64_t step, int tensor, const ByteChunks* data,
+                     std::shared_ptr<const void> keepalive, GradientOutcome* outcome);
+  void RecordStaleness(int64_t tau);
   void DeadlineLoop();
-  static void Run(std::vector<Completion>* completions);
 
   // Constant after construction.
   const ShardOptions options_;
+  const ConsistencyPolicy policy_;
   const std::unique_ptr<Optimizer> optimizer_;
   const absl::Duration max_wait_;
   std::unique_ptr<ThreadPool> pool_;  // Null with update_threads == 1.
@@ -201,25 +205,31 @@ class ParameterShard {
   mutable absl::Mutex mu_;
   bool initialised_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, size_t> index_ ABSL_GUARDED_BY(mu_);  // name -> tensors_ slot
-  std::vector<Worker> workers_ ABSL_GUARDED_BY(mu_);                     // (num_workers)
-  std::list<PendingPull> waiting_ ABSL_GUARDED_BY(mu_);
-  absl::CondVar waiting_changed_;
-  // Counters for GetStats.
-  int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t rejected_pushes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t duplicate_gradients_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t applied_updates_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t dropped_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set once, at the first registration, and constant after (read without the lock by pushes that
+  // passed the checks made under it).
+  std::vector<std::unique_ptr<TensorAggregator>> tensors_;
+  absl::flat_hash_map<std::string, int> index_;  // name -> tensors_ slot
+  Membership members_ ABSL_GUARDED_BY(mu_);
+  // members_'s member set, published for the tensors (std::atomic_load / atomic_store).
+  std::shared_ptr<const TensorAggregator::Members> member_view_;
+  std::list<PullStatePtr> parked_ ABSL_GUARDED_BY(mu_);  // Pulls not yet answered.
+  absl::CondVar parked_changed_;
+  std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
+  std::atomic<const LearningRateScheduler*> schedule_ptr_{nullptr};  // &*schedule_ once built
   // When some worker was last live (JobFinished); the shard's creation at first.
   absl::Time last_live_ ABSL_GUARDED_BY(mu_) = absl::Now();
-  int64_t dropped_gradients_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<int64_t> staleness_histogram_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(8, 0);
-  std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
-  double last_learning_rate_ ABSL_GUARDED_BY(mu_) = 0;
+  // Counters for GetStats.
+  std::atomic<int64_t> pushes_{0};
+  std::atomic<int64_t> rejected_pushes_{0};
+  std::atomic<int64_t> duplicate_gradients_{0};
+  std::atomic<int64_t> applied_updates_{0};
+  std::atomic<int64_t> dropped_workers_{0};
+  std::atomic<int64_t> dropped_gradients_{0};
+  std::atomic<int64_t> staleness_histogram_[8] = {};
+  std::atomic<double> last_learning_rate_{0};
 
-  std::thread deadline_thread_;  // Last member: started when everything else is ready.
+  std::unique_ptr<UpdatePool> update_pool_;
+  std::thread deadline_thread_;  // Last members: started when everything else is ready.
 };
 
 }  // namespace rubato

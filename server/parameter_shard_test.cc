@@ -116,14 +116,15 @@ PullResponse PullNow(ParameterShard* shard, int worker, int64_t step) {
   return r->response;
 }
 
-// Reference: the mean summed in double in worker-id order, then one SGD step in float.
+// Reference: the mean summed in float in worker-id order and divided by the count in float, then
+// one SGD step in float.
 std::vector<float> ExpectedSgd(const std::vector<float>& w0,
                                const std::vector<std::vector<float>>& grads) {
   std::vector<float> w = w0;
   for (size_t i = 0; i < w.size(); ++i) {
-    double sum = 0;
-    for (const auto& g : grads) sum += g[i];
-    const float mean = static_cast<float>(sum * (1.0 / grads.size()));
+    float sum = grads[0][i];
+    for (size_t k = 1; k < grads.size(); ++k) sum += grads[k][i];
+    const float mean = grads.size() > 1 ? sum / static_cast<float>(grads.size()) : sum;
     w[i] -= static_cast<float>(kLr) * mean;
   }
   return w;

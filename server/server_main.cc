@@ -56,6 +56,8 @@ ABSL_FLAG(int64_t, idle_timeout_ms, 600000,
           "Exit with an error when no worker has been live (registered and heard from within its "
           "lease) for this long and none has finished: workers that never came, or all died.");
 ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
+ABSL_FLAG(int, apply_threads, 2,
+          "Threads that apply pushed gradients, different tensors in parallel, off gRPC's threads.");
 ABSL_FLAG(int64_t, memory_budget_mb, 0,
           "Cap on the memory gRPC may use for connections and calls in flight, in MiB (a "
           "grpc::ResourceQuota). 0: 4 x --max_message_mb + 256.");
@@ -125,6 +127,7 @@ int main(int argc, char** argv) {
   options.num_shards = num_shards;
   options.cluster = *spec;
   options.update_threads = absl::GetFlag(FLAGS_update_threads);
+  options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   auto shard = rubato::ParameterShard::Create(options);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
 

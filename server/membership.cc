@@ -1,0 +1,90 @@
+#include "server/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/limits.h"
+#include "common/log.h"
+
+namespace rubato {
+
+Membership::Membership(int shard_id, int num_workers, int64_t lease_ms)
+    : shard_id_(shard_id),
+      lease_ms_(lease_ms),
+      workers_(num_workers),
+      member_(num_workers, 0),
+      clock_(num_workers, 0),
+      past_clock_(num_workers, 0) {}
+
+absl::Status Membership::CheckMember(int id) const {
+  if (id >= 0 && id < num_workers()) {
+    if (workers_[id].registered) return absl::OkStatus();
+    if (workers_[id].dropped) {
+      return absl::AbortedError(absl::StrCat("worker ", id, " was dropped by shard ", shard_id_,
+                                             " after more than ", lease_ms_,
+                                             " ms of silence; register again to rejoin"));
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker ", id, " is not registered with shard ", shard_id_));
+}
+
+void Membership::SetMember(int id, bool member) {
+  Worker& w = workers_[id];
+  if (w.registered != member) members_ += member ? 1 : -1;
+  w.registered = member;
+  member_[id] = member ? 1 : 0;
+}
+
+absl::Time Membership::ExpireLeases(absl::Time now, std::vector<int>* dropped) {
+  const absl::Duration lease = absl::Milliseconds(lease_ms_);
+  absl::Time next = absl::InfiniteFuture();
+  for (int id = 0; id < num_workers(); ++id) {
+    Worker& w = workers_[id];
+    if (!w.registered || w.finished) continue;  // A finished worker no longer heartbeats.
+    if (now - w.last_seen > lease) {
+      SetMember(id, false);
+      w.dropped = true;
+      dropped->push_back(id);
+      RUBATO_LOG(WARNING) << "shard " << shard_id_ << ": dropped worker " << id << ", silent for "
+                          << absl::FormatDuration(now - w.last_seen) << " (lease "
+                          << absl::FormatDuration(lease) << "); " << members_ << " member(s) left";
+    } else {
+      next = std::min(next, w.last_seen + lease + absl::Milliseconds(1));
+    }
+  }
+  return next;
+}
+
+void Membership::SetTensorCount(int tensors) {
+  tensors_ = tensors;
+  pushed_.assign(num_workers(), std::vector<int64_t>(tensors, -1));
+  std::fill(clock_.begin(), clock_.end(), 0);
+  std::fill(past_clock_.begin(), past_clock_.end(), 0);
+}
+
+bool Membership::Pushed(int w, int t, int64_t step) {
+  int64_t& last = pushed_[w][t];
+  if (step <= last) return false;
+  const bool was_past = last + 1 > clock_[w];
+  last = step;
+  if (was_past || step + 1 <= clock_[w]) return false;
+  if (++past_clock_[w] < tensors_) return false;
+  // Every tensor is past the clock: it advances to the new minimum.
+  int64_t clock = kMaxStep;
+  for (int64_t p : pushed_[w]) clock = std::min(clock, p + 1);
+  clock_[w] = clock;
+  past_clock_[w] = 0;
+  for (int64_t p : pushed_[w]) past_clock_[w] += p + 1 > clock ? 1 : 0;
+  return true;
+}
+
+int64_t Membership::MinMemberClock() const {
+  int64_t c = kMaxStep;
+  for (int w = 0; w < num_workers(); ++w) {
+    if (member_[w]) c = std::min(c, clock_[w]);
+  }
+  return c;
+}
+
+}  // namespace rubato

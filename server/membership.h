@@ -1,0 +1,77 @@
+// Membership: who is in the job on one shard, their leases, and their clocks. Not thread-safe: the
+// shard (server/parameter_shard.h) holds it under its lock.
+//
+// A member is a worker that registered and has not been dropped: it counts in barriers. A member
+// silent for longer than the lease is dropped; registering again makes it a member again. A
+// worker that said it finished no longer heartbeats and is never dropped for its silence.
+//
+// Clocks (ssp): a worker's clock is the number of steps it has pushed to every tensor of the
+// shard, min over tensors of (last step pushed + 1). It is kept incrementally: per worker, the
+// clock and how many tensors are past it; the minimum is taken again only when all are, so a push
+// costs O(1) and a clock tick O(tensors), instead of O(tensors x workers) per waiting pull.
+#ifndef RUBATO_SERVER_MEMBERSHIP_H_
+#define RUBATO_SERVER_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace rubato {
+
+class Membership {
+ public:
+  struct Worker {
+    bool registered = false;  // A member.
+    bool dropped = false;     // Was a member, then silent for longer than the lease.
+    bool finished = false;    // Said it has finished (Finish); no longer heartbeats.
+    int32_t batch_size = 0;
+    int64_t steps_per_epoch = 0;
+    int64_t total_steps = 0;
+    int64_t last_step = -1;
+    int64_t pulled_step = -1;  // Highest step this worker has pulled (async, ssp: pushes up to it).
+    absl::Time last_seen;
+  };
+
+  Membership(int shard_id, int num_workers, int64_t lease_ms);
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  Worker& worker(int id) { return workers_[id]; }
+  const Worker& worker(int id) const { return workers_[id]; }
+  int members() const { return members_; }
+  // member()[w] != 0 for each member.
+  const std::vector<char>& member() const { return member_; }
+
+  // OK for a member; ABORTED for a dropped worker; FAILED_PRECONDITION for an unknown one.
+  absl::Status CheckMember(int id) const;
+  void SetMember(int id, bool member);
+
+  // Drops members silent for longer than the lease (into *dropped) and returns the earliest time
+  // another member's lease can run out. `shard_id` names the shard in the log.
+  absl::Time ExpireLeases(absl::Time now, std::vector<int>* dropped);
+
+  // Clocks, over `tensors` tensors (set once the model is known).
+  void SetTensorCount(int tensors);
+  // Worker `w` pushed `step` to tensor `t`; true if its clock advanced.
+  bool Pushed(int w, int t, int64_t step);
+  int64_t Clock(int w) const { return clock_[w]; }
+  // The smallest clock among members (kMaxStep with none).
+  int64_t MinMemberClock() const;
+
+ private:
+  const int shard_id_;
+  const int64_t lease_ms_;
+  std::vector<Worker> workers_;
+  std::vector<char> member_;
+  int members_ = 0;
+  int tensors_ = 0;
+  std::vector<std::vector<int64_t>> pushed_;  // (workers, tensors) last step pushed
+  std::vector<int64_t> clock_;                // (workers)
+  std::vector<int> past_clock_;               // (workers) tensors with pushed + 1 > clock
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_SERVER_MEMBERSHIP_H_

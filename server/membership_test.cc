@@ -1,0 +1,70 @@
+#include "server/membership.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace rubato {
+namespace {
+
+TEST(MembershipTest, IncrementalClocksEqualTheMinimumOverTensors) {
+  // Random pushes (steps only grow per worker and tensor, some tensors jump ahead): after each one,
+  // the incremental clock is min over tensors of (last step + 1), recomputed from scratch.
+  constexpr int kWorkers = 3;
+  constexpr int kTensors = 5;
+  Membership m(0, kWorkers, 1000);
+  m.SetTensorCount(kTensors);
+  std::vector<std::vector<int64_t>> last(kWorkers, std::vector<int64_t>(kTensors, -1));
+  std::mt19937 rng(7);
+  for (int i = 0; i < 5000; ++i) {
+    const int w = static_cast<int>(rng() % kWorkers);
+    const int t = static_cast<int>(rng() % kTensors);
+    const int64_t step = last[w][t] + 1 + (rng() % 4 == 0 ? static_cast<int64_t>(rng() % 3) : 0);
+    const int64_t before = m.Clock(w);
+    const bool advanced = m.Pushed(w, t, step);
+    last[w][t] = std::max(last[w][t], step);
+    const int64_t expected = *std::min_element(last[w].begin(), last[w].end()) + 1;
+    ASSERT_EQ(m.Clock(w), expected) << "push " << i;
+    ASSERT_EQ(advanced, expected > before);
+  }
+  // A repeated or older step changes nothing.
+  const int64_t clock = m.Clock(0);
+  EXPECT_FALSE(m.Pushed(0, 0, 0));
+  EXPECT_EQ(m.Clock(0), clock);
+}
+
+TEST(MembershipTest, MinMemberClockSkipsNonMembers) {
+  Membership m(0, 2, 1000);
+  m.SetTensorCount(1);
+  m.SetMember(0, true);
+  m.SetMember(1, true);
+  m.Pushed(0, 0, 4);
+  EXPECT_EQ(m.MinMemberClock(), 0);  // worker 1 has pushed nothing
+  m.SetMember(1, false);
+  EXPECT_EQ(m.members(), 1);
+  EXPECT_EQ(m.MinMemberClock(), 5);
+}
+
+TEST(MembershipTest, SilentMembersAreDroppedAndFinishedOnesAreNot) {
+  Membership m(3, 3, 100);
+  const absl::Time t0 = absl::Now();
+  for (int w = 0; w < 3; ++w) {
+    m.SetMember(w, true);
+    m.worker(w).last_seen = t0;
+  }
+  m.worker(1).finished = true;
+  m.worker(2).last_seen = t0 + absl::Milliseconds(80);
+  std::vector<int> dropped;
+  const absl::Time next = m.ExpireLeases(t0 + absl::Milliseconds(150), &dropped);
+  EXPECT_EQ(dropped, std::vector<int>({0}));
+  EXPECT_EQ(m.members(), 2);
+  EXPECT_EQ(next, t0 + absl::Milliseconds(181));  // worker 2's lease ends next
+  EXPECT_EQ(m.CheckMember(0).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(m.CheckMember(1).ok());
+  EXPECT_EQ(m.CheckMember(7).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace rubato

@@ -1,0 +1,161 @@
+// TensorAggregator: one tensor of a parameter shard, with its own lock. It gathers the workers'
+// gradients for the tensor's current step, hands their mean to the optimizer when the consistency
+// policy says the step is complete, and answers the pulls that wait for a version.
+//
+// Gradients arrive as views into the receive buffers (common/tensor_wire.h) and are added into one
+// float accumulator straight from them, with no copy of their own. Under bsp the sum is taken in
+// worker-id order whatever the arrival order, so that the result is bit-exact in every order: a
+// gradient that arrives before those of lower-numbered workers is held (the view, and what keeps
+// its buffer alive) until their turn. So the tensor costs its weights, one accumulator and the
+// optimizer's slots, plus the held early arrivals, which are the received messages themselves.
+// Under backup:b the set of contributors depends on the order of arrival anyway, and gradients are
+// added as they come.
+//
+// Weights are copy-on-write: a pull takes a reference to the current weights, shared by every pull
+// of that version and sent from by the gRPC layer without a copy; an update writes in place unless
+// such a reference is still alive, and then into a fresh copy.
+//
+// Thread-safe. Lock order: the shard's lock, then a tensor's; never two tensors' at once.
+#ifndef RUBATO_SERVER_TENSOR_AGGREGATOR_H_
+#define RUBATO_SERVER_TENSOR_AGGREGATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/optimizer.h"
+#include "common/tensor_wire.h"
+#include "common/thread_pool.h"
+#include "server/consistency_policy.h"
+
+namespace rubato {
+
+// The weights of one version, shared by the pulls that read it.
+struct TensorSnapshot {
+  std::shared_ptr<const std::vector<float>> values;
+  int64_t version = 0;
+};
+
+// A pull in progress, shared by the tensors it waits on (defined by the shard).
+class PullWaiter {
+ public:
+  virtual ~PullWaiter() = default;
+  // Gives slot `slot` its snapshot; true when that was the last missing one (the caller then
+  // completes the pull, outside the tensor's lock). Ignored (false) once the pull is over.
+  virtual bool Fill(int slot, TensorSnapshot snapshot) = 0;
+  virtual bool Over() const = 0;
+};
+
+// What one gradient did.
+struct GradientOutcome {
+  enum Kind { kAccepted, kDuplicate, kDropped } kind = kAccepted;
+  int64_t staleness = 0;
+  bool applied = false;  // An update was applied (this gradient completed a step, or async).
+};
+
+class TensorAggregator {
+ public:
+  // A gradient's bytes (already checked: right size, all finite) and what keeps them alive while
+  // it is held; with a null keepalive the bytes are copied if they must be held.
+  struct Gradient {
+    const ByteChunks* data = nullptr;
+    std::shared_ptr<const void> keepalive;
+  };
+  // The job's members: member[w] != 0 for each, and how many.
+  struct Members {
+    std::vector<char> member;
+    int count = 0;
+  };
+  // What the shard lends each call: the policy, the optimizer, the schedule, and where it
+  // publishes its members. The members are read under the tensor's lock, so that a change of
+  // membership published before the shard re-checks this tensor is seen by every later push.
+  struct Context {
+    const ConsistencyPolicy* policy = nullptr;
+    const Optimizer* optimizer = nullptr;
+    ThreadPool* pool = nullptr;  // Splits one large update; may be null.
+    const std::shared_ptr<const Members>* members = nullptr;  // std::atomic_load it
+    const LearningRateScheduler* schedule = nullptr;
+  };
+
+  TensorAggregator(std::string name, std::vector<int64_t> shape, std::vector<float> initial,
+                   TensorRole role, int num_workers);
+
+  const std::string& name() const { return name_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t elements() const { return elements_; }
+
+  int64_t version() const;
+  // FailedPrecondition if `step` is from the future for this tensor (bsp, backup).
+  absl::Status CheckStep(const Context& ctx, int worker, int64_t step) const;
+
+  // Takes worker `worker`'s gradient for `step`. `ready` receives the pulls this completes.
+  // Returns the learning rate used if an update was applied (outcome->applied).
+  double Add(const Context& ctx, int worker, int64_t step, Gradient gradient,
+             GradientOutcome* outcome, std::vector<std::shared_ptr<PullWaiter>>* ready);
+
+  // Applies the current step if it is complete with the given members (after a member left).
+  bool ApplyIfComplete(const Context& ctx, std::vector<std::shared_ptr<PullWaiter>>* ready,
+                       double* learning_rate);
+
+  // Fills `slot` of `waiter` now if the tensor is at version >= `need` (recording what `worker`
+  // pulled, for staleness), or queues it until then. Returns true if that filled the waiter's
+  // last slot.
+  bool Pull(int worker, int64_t need, const std::shared_ptr<PullWaiter>& waiter, int slot);
+
+  // The workers (among members) whose gradient for the current step is missing.
+  std::vector<int> Missing(const std::vector<char>& member) const;
+
+  // Bytes held beyond the weights: accumulator and held early arrivals (for Stats).
+  int64_t ExtraBytes() const;
+  TensorSnapshot Snapshot() const;
+
+ private:
+  struct Held {
+    ByteChunks data;
+    std::shared_ptr<const void> keepalive;
+    std::string owned;  // When there was no keepalive: a copy.
+  };
+
+  // Adds the held gradients that are next in worker-id order, skipping non-members (bsp).
+  void DrainInOrder(const Members& members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Accumulate(const ByteChunks& data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool StepComplete(const Context& ctx, const Members& members) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Mean of the accumulated gradients, one optimizer step, version + 1, waiters released.
+  void Apply(const Context& ctx, double learning_rate,
+             std::vector<std::shared_ptr<PullWaiter>>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string name_;
+  const std::vector<int64_t> shape_;
+  const int64_t elements_;
+  const TensorRole role_;
+  const int num_workers_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  TensorOptimizerState optimizer_state_ ABSL_GUARDED_BY(mu_);
+  // The current step's gradients: the sum of those added so far (allocated at first use).
+  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  int added_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_worker_ ABSL_GUARDED_BY(mu_) = 0;         // bsp: lower ids are added or skipped.
+  std::vector<char> received_ ABSL_GUARDED_BY(mu_);  // (workers) for the current step
+  int received_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);               // (workers) early arrivals, bsp
+  std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);     // (workers)
+  std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(mu_);  // (workers)
+  struct Waiting {
+    std::shared_ptr<PullWaiter> waiter;
+    int slot;
+    int64_t need;
+    int worker;
+  };
+  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_SERVER_TENSOR_AGGREGATOR_H_

@@ -1,0 +1,185 @@
+#include "server/tensor_aggregator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/lr_schedule.h"
+#include "gtest/gtest.h"
+
+namespace rubato {
+namespace {
+
+// A waiter with one slot that records what it got.
+class OneSlot : public PullWaiter {
+ public:
+  bool Fill(int, TensorSnapshot s) override {
+    got = std::move(s);
+    over = true;
+    return true;
+  }
+  bool Over() const override { return over; }
+  TensorSnapshot got;
+  bool over = false;
+};
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// SGD at rate 1 (w -= mean), with `workers` members.
+struct Fixture {
+  explicit Fixture(ConsistencyMode mode, int workers, int backup = 0)
+      : policy([&] {
+          ConsistencyConfig c;
+          c.set_mode(mode);
+          c.set_backup_workers(backup);
+          return c;
+        }()) {
+    OptimizerConfig config;
+    config.set_type("sgd");
+    config.set_learning_rate(1.0);
+    optimizer = std::move(*Optimizer::Create(config));
+    schedule.emplace(*LearningRateScheduler::Create(1.0, LearningRateSchedule(), {1, 1, 100}));
+    auto m = std::make_shared<TensorAggregator::Members>();
+    m->member.assign(workers, 1);
+    m->count = workers;
+    members = m;
+    ctx.policy = &policy;
+    ctx.optimizer = optimizer.get();
+    ctx.members = &members;
+    ctx.schedule = &*schedule;
+  }
+  void SetMember(int w, bool on) {
+    auto m = std::make_shared<TensorAggregator::Members>(*members);
+    m->member[w] = on ? 1 : 0;
+    m->count += on ? 1 : -1;
+    members = m;
+  }
+  ConsistencyPolicy policy;
+  std::unique_ptr<Optimizer> optimizer;
+  std::optional<LearningRateScheduler> schedule;
+  std::shared_ptr<const TensorAggregator::Members> members;
+  TensorAggregator::Context ctx;
+};
+
+GradientOutcome Add(TensorAggregator* t, const Fixture& f, int worker, int64_t step,
+                    const std::string& bytes,
+                    std::vector<std::shared_ptr<PullWaiter>>* ready = nullptr) {
+  std::vector<std::shared_ptr<PullWaiter>> sink;
+  GradientOutcome outcome;
+  ByteChunks chunks(bytes);
+  t->Add(f.ctx, worker, step, {&chunks, nullptr}, &outcome, ready ? ready : &sink);
+  return outcome;
+}
+
+TEST(TensorAggregatorTest, BspSumIsTheSameInAll24ArrivalOrders) {
+  // Values whose float sum depends on the order of addition.
+  const std::vector<std::vector<float>> g = {
+      {1e8f, 0.1f}, {1.0f, 3e-8f}, {-1e8f, 0.2f}, {0.5f, -0.3f}};
+  std::vector<float> expected(2);
+  for (int i = 0; i < 2; ++i) {
+    float sum = g[0][i];
+    for (int w = 1; w < 4; ++w) sum += g[w][i];
+    expected[i] = 0.0f - sum / 4.0f;
+  }
+  std::vector<int> order = {0, 1, 2, 3};
+  int orders = 0;
+  do {
+    Fixture f(BSP, 4);
+    TensorAggregator t("w", {2}, {0.0f, 0.0f}, TensorRole(), 4);
+    for (int k = 0; k < 4; ++k) {
+      const GradientOutcome o = Add(&t, f, order[k], 0, Bytes(g[order[k]]));
+      EXPECT_EQ(o.kind, GradientOutcome::kAccepted);
+      EXPECT_EQ(o.applied, k == 3);
+    }
+    const TensorSnapshot s = t.Snapshot();
+    EXPECT_EQ(s.version, 1);
+    EXPECT_EQ(Bytes(*s.values), Bytes(expected)) << "order " << order[0] << order[1] << order[2]
+                                                 << order[3];
+    // Nothing is held after the step: the accumulator alone.
+    EXPECT_EQ(t.ExtraBytes(), 2 * static_cast<int64_t>(sizeof(float)));
+    ++orders;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(orders, 24);
+}
+
+TEST(TensorAggregatorTest, OnlyEarlyArrivalsAreHeld) {
+  Fixture f(BSP, 3);
+  TensorAggregator t("w", {1000}, std::vector<float>(1000, 0.0f), TensorRole(), 3);
+  const std::string g = Bytes(std::vector<float>(1000, 1.0f));
+  Add(&t, f, 2, 0, g);  // early: held (copied, no keepalive)
+  EXPECT_EQ(t.ExtraBytes(), 4000);
+  Add(&t, f, 0, 0, g);  // its turn: into the accumulator
+  EXPECT_EQ(t.ExtraBytes(), 4000 + 4000);
+  Add(&t, f, 1, 0, g);  // completes the step, and the held one is added
+  EXPECT_EQ(t.ExtraBytes(), 4000);
+  EXPECT_EQ(t.version(), 1);
+}
+
+TEST(TensorAggregatorTest, WeightsAreCopiedOnWriteOnlyWhileAPullHoldsThem) {
+  Fixture f(ASYNC, 1);
+  TensorAggregator t("w", {3}, {1, 2, 3}, TensorRole(), 1);
+  const std::string g = Bytes({1, 1, 1});
+  const float* before = t.Snapshot().values->data();
+  Add(&t, f, 0, 0, g);
+  EXPECT_EQ(t.Snapshot().values->data(), before) << "nobody held version 0: updated in place";
+  const TensorSnapshot held = t.Snapshot();
+  Add(&t, f, 0, 1, g);
+  EXPECT_EQ(*held.values, std::vector<float>({0, 1, 2})) << "a held version never changes";
+  EXPECT_EQ(held.version, 1);
+  EXPECT_EQ(*t.Snapshot().values, std::vector<float>({-1, 0, 1}));
+  EXPECT_NE(t.Snapshot().values->data(), held.values->data());
+}
+
+TEST(TensorAggregatorTest, PullsWaitForTheirVersionAndStalenessIsCounted) {
+  Fixture f(BSP, 2);
+  TensorAggregator t("w", {1}, {0}, TensorRole(), 2);
+  auto waiter = std::make_shared<OneSlot>();
+  EXPECT_FALSE(t.Pull(1, 1, waiter, 0));
+  EXPECT_FALSE(waiter->over);
+  std::vector<std::shared_ptr<PullWaiter>> ready;
+  Add(&t, f, 1, 0, Bytes({2}), &ready);
+  EXPECT_TRUE(ready.empty());
+  Add(&t, f, 0, 0, Bytes({4}), &ready);
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(waiter->got.version, 1);
+  EXPECT_EQ((*waiter->got.values)[0], -3.0f);
+  // A duplicate and a step from the future.
+  EXPECT_EQ(Add(&t, f, 0, 0, Bytes({4})).kind, GradientOutcome::kDuplicate);
+  EXPECT_EQ(t.CheckStep(f.ctx, 0, 2).code(), absl::StatusCode::kFailedPrecondition);
+
+  Fixture a(ASYNC, 2);
+  TensorAggregator u("u", {1}, {0}, TensorRole(), 2);
+  Add(&u, a, 0, 0, Bytes({1}));
+  Add(&u, a, 0, 1, Bytes({1}));
+  // Worker 1 pulled nothing since version 0: its gradient is two updates stale.
+  EXPECT_EQ(Add(&u, a, 1, 0, Bytes({1})).staleness, 2);
+}
+
+TEST(TensorAggregatorTest, AStepWaitingOnAMemberWhoLeftCompletesWithoutIt) {
+  Fixture f(BSP, 3);
+  TensorAggregator t("w", {1}, {0}, TensorRole(), 3);
+  Add(&t, f, 2, 0, Bytes({6}));
+  Add(&t, f, 1, 0, Bytes({3}));
+  std::vector<std::shared_ptr<PullWaiter>> ready;
+  double lr = 0;
+  EXPECT_FALSE(t.ApplyIfComplete(f.ctx, &ready, &lr));
+  EXPECT_EQ(t.Missing(f.members->member), std::vector<int>({0}));
+  f.SetMember(0, false);
+  EXPECT_TRUE(t.ApplyIfComplete(f.ctx, &ready, &lr));
+  EXPECT_EQ((*t.Snapshot().values)[0], -4.5f);  // mean of 3 and 6
+}
+
+TEST(TensorAggregatorTest, BackupAppliesAfterNMinusBAndDropsTheRest) {
+  Fixture f(BACKUP, 3, /*backup=*/1);
+  TensorAggregator t("w", {1}, {0}, TensorRole(), 3);
+  EXPECT_FALSE(Add(&t, f, 1, 0, Bytes({2})).applied);
+  EXPECT_TRUE(Add(&t, f, 2, 0, Bytes({4})).applied);
+  EXPECT_EQ(Add(&t, f, 0, 0, Bytes({100})).kind, GradientOutcome::kDropped);
+  EXPECT_EQ((*t.Snapshot().values)[0], -3.0f);
+}
+
+}  // namespace
+}  // namespace rubato
