@@ -15,8 +15,11 @@
 #include "common/net_diagnose.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
+#include "common/log.h"
 #include "common/tensor_bytes.h"
+#include "common/tensor_wire.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/parameter_server.grpc.pb.h"
 
 namespace rubato {
@@ -41,6 +44,54 @@ constexpr int64_t kMessageOverheadBytes = int64_t{1} << 20;
 // (common/malloc_tuning.h): with one call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
 constexpr int64_t kTargetCallBytes = int64_t{8} << 20;
 
+constexpr char kPushMethod[] = "/rubato.ParameterServer/Push";
+constexpr char kPullMethod[] = "/rubato.ParameterServer/Pull";
+
+// Slices that alias the caller's memory (gradients sent in place). gRPC releases each once it no
+// longer reads it; the caller's memory may change only after WaitReleased.
+class BorrowedSlices {
+ public:
+  BorrowedSlices() = default;
+  BorrowedSlices(const BorrowedSlices&) = delete;
+  BorrowedSlices& operator=(const BorrowedSlices&) = delete;
+  ~BorrowedSlices() { WaitReleased(); }
+
+  grpc::Slice Borrow(const void* data, size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    ++out_;
+    return grpc::Slice(const_cast<void*>(data), bytes, &Release, this);
+  }
+
+  // gRPC lets go of a call's slices when the call is over, so this returns at once after the
+  // calls; the deadline is a guard against a bug, which would otherwise let gRPC read memory that
+  // the caller reuses: it ends the process, naming the cause.
+  void WaitReleased() {
+    absl::MutexLock lock(&mu_);
+    auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return out_ == 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(60))) {
+      RUBATO_LOG(ERROR) << "gRPC still holds " << out_
+                        << " gradient slice(s) 60 s after their calls ended; stopping rather "
+                           "than let it read reused memory";
+      std::abort();
+    }
+  }
+
+ private:
+  static void Release(void* self) {
+    auto* b = static_cast<BorrowedSlices*>(self);
+    absl::MutexLock lock(&b->mu_);
+    --b->out_;
+  }
+
+  absl::Mutex mu_;
+  int out_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
 // One RPC's worth of tensors on one shard.
 struct CallGroup {
   int shard = 0;
@@ -52,9 +103,11 @@ class GrpcPsClient final : public PsClient {
   GrpcPsClient(const PsClientOptions& options, Placement placement, std::vector<CallGroup> groups)
       : options_(options), placement_(std::move(placement)), groups_(std::move(groups)) {
     for (const std::string& address : options_.servers) {
-      stubs_.push_back(ParameterServer::NewStub(
+      std::shared_ptr<grpc::Channel> channel =
           grpc::CreateCustomChannel(address, options_.security.credentials(),
-                                    RubatoChannelArguments(options_.max_message_bytes))));
+                                    RubatoChannelArguments(options_.max_message_bytes));
+      stubs_.push_back(ParameterServer::NewStub(channel));
+      generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
     }
     for (const TensorSpec& spec : options_.model) elements_.push_back(ElementCount(spec.shape()));
     for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
@@ -78,16 +131,33 @@ class GrpcPsClient final : public PsClient {
       requests[s].set_total_steps(options_.total_steps);
     }
     for (size_t i = 0; i < options_.model.size(); ++i) {
-      RegisterRequest& r = requests[placement_.shard_of[i]];
-      *r.add_model() = options_.model[i];
-      TensorValue* v = r.add_initial_values();
-      v->set_name(options_.model[i].name());
-      FloatsToBytes(initial[i], v->mutable_data());
+      *requests[placement_.shard_of[i]].add_model() = options_.model[i];
     }
+    // Without initial values first: only a shard that has no weights yet asks for them, and only
+    // the first worker to reach it sends them.
     RETURN_IF_ERROR(FanOut(
         call_shards, options_.connect_timeout, Retry::kWaitForReady,
         [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
             Done done) { async->Register(context, &requests[call], &responses[call], done); }));
+    std::vector<int> again;
+    for (int s = 0; s < shards; ++s) {
+      if (responses[s].needs_initial_values()) again.push_back(s);
+    }
+    if (!again.empty()) {
+      for (size_t i = 0; i < options_.model.size(); ++i) {
+        RegisterRequest& r = requests[placement_.shard_of[i]];
+        if (!responses[placement_.shard_of[i]].needs_initial_values()) continue;
+        TensorValue* v = r.add_initial_values();
+        v->set_name(options_.model[i].name());
+        FloatsToBytes(initial[i], v->mutable_data());
+      }
+      RETURN_IF_ERROR(FanOut(again, options_.connect_timeout, Retry::kWaitForReady,
+                             [&](ParameterServer::Stub::async_interface* async, int call,
+                                 grpc::ClientContext* context, Done done) {
+                               const int s = again[call];
+                               async->Register(context, &requests[s], &responses[s], done);
+                             }));
+    }
     for (int s = 0; s < shards; ++s) {
       if (responses[s].num_shards() != shards || responses[s].shard_id() != s) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -109,17 +179,16 @@ class GrpcPsClient final : public PsClient {
           absl::StrCat("pull into ", params.size(), " tensors, model has ", options_.model.size()));
     }
     const size_t n = groups_.size();
-    std::vector<PullRequest> requests(n);
-    std::vector<PullResponse> responses(n);
-    for (size_t g = 0; g < n; ++g) {
-      requests[g].set_worker_id(options_.worker_id);
-      requests[g].set_step(step);
-      for (int i : groups_[g].tensors) requests[g].add_names(options_.model[i].name());
-    }
-    RETURN_IF_ERROR(FanOut(
-        group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
-        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
-            Done done) { async->Pull(context, &requests[call], &responses[call], done); }));
+    std::vector<grpc::ByteBuffer> requests(n);
+    std::vector<grpc::ByteBuffer> responses(n);
+    for (size_t g = 0; g < n; ++g) requests[g] = PullRequestFor(step, groups_[g].tensors);
+    RETURN_IF_ERROR(FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
+                           [&](ParameterServer::Stub::async_interface*, int call,
+                               grpc::ClientContext* context, Done done) {
+                             generic_[group_shards_[call]]->UnaryCall(
+                                 context, kPullMethod, grpc::StubOptions(), &requests[call],
+                                 &responses[call], std::move(done));
+                           }));
     bool first = true;
     for (size_t g = 0; g < n; ++g) {
       RETURN_IF_ERROR(StoreTensors(groups_[g].shard, groups_[g].tensors, responses[g], params,
@@ -132,21 +201,27 @@ class GrpcPsClient final : public PsClient {
                     PushResult* result) override {
     RETURN_IF_ERROR(CheckSizes(grads, "gradient"));
     const size_t n = groups_.size();
-    std::vector<PushRequest> requests(n);
+    BorrowedSlices borrowed;  // Declared first: destroyed last, after waiting for gRPC.
+    std::vector<grpc::ByteBuffer> requests(n);
+    std::vector<grpc::ByteBuffer> raw(n);
+    for (size_t g = 0; g < n; ++g) {
+      requests[g] = PushRequestFor(step, groups_[g].tensors, grads, &borrowed);
+    }
+    absl::Status status =
+        FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
+               [&](ParameterServer::Stub::async_interface*, int call,
+                   grpc::ClientContext* context, Done done) {
+                 generic_[group_shards_[call]]->UnaryCall(context, kPushMethod,
+                                                          grpc::StubOptions(), &requests[call],
+                                                          &raw[call], std::move(done));
+               });
+    requests.clear();
+    borrowed.WaitReleased();
+    RETURN_IF_ERROR(status);
     std::vector<PushResponse> responses(n);
     for (size_t g = 0; g < n; ++g) {
-      requests[g].set_worker_id(options_.worker_id);
-      requests[g].set_step(step);
-      for (int i : groups_[g].tensors) {
-        TensorValue* v = requests[g].add_gradients();
-        v->set_name(options_.model[i].name());
-        FloatsToBytes(grads[i], v->mutable_data());
-      }
+      RETURN_IF_ERROR(ParseAnswer(group_shards_[g], raw[g], &responses[g]));
     }
-    RETURN_IF_ERROR(FanOut(
-        group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
-        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
-            Done done) { async->Push(context, &requests[call], &responses[call], done); }));
     if (result != nullptr) {
       *result = PushResult();
       for (const PushResponse& r : responses) {
@@ -187,43 +262,46 @@ class GrpcPsClient final : public PsClient {
                                                        " elements, expected ", elements_[i]));
       }
       const int shard = placement_.shard_of[i];
-      auto [it, added] = call_of_shard.emplace(shard, pending->requests.size());
+      auto [it, added] = call_of_shard.emplace(shard, pending->call_shards.size());
       if (added) {
         pending->call_shards.push_back(shard);
         pending->call_tensors.emplace_back();
-        pending->requests.emplace_back();
-        pending->requests.back().set_worker_id(options_.worker_id);
-        pending->requests.back().set_step(step);
       }
       pending->call_tensors[it->second].push_back(i);
-      TensorValue* v = pending->requests[it->second].add_gradients();
-      v->set_name(options_.model[i].name());
-      FloatsToBytes(grads[i], v->mutable_data());
     }
-    pending->responses.resize(pending->requests.size());
+    // The gradients are sent from `grads` in place, so they must not change until WaitPush.
+    for (const std::vector<int>& call : pending->call_tensors) {
+      pending->requests.push_back(PushRequestFor(step, call, grads, &pending->borrowed));
+    }
+    pending->raw.resize(pending->requests.size());
     PendingPush* p = pending.get();
     p->thread = std::thread([this, p, step, pull_into] {
-      p->status = FanOut(
-          p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
-          [p](ParameterServer::Stub::async_interface* async, int call,
-              grpc::ClientContext* context, Done done) {
-            async->Push(context, &p->requests[call], &p->responses[call], done);
-          });
+      p->status = FanOut(p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+                         [this, p](ParameterServer::Stub::async_interface*, int call,
+                                   grpc::ClientContext* context, Done done) {
+                           generic_[p->call_shards[call]]->UnaryCall(
+                               context, kPushMethod, grpc::StubOptions(), &p->requests[call],
+                               &p->raw[call], std::move(done));
+                         });
+      p->requests.clear();
+      p->borrowed.WaitReleased();
+      p->responses.resize(p->raw.size());
+      for (size_t c = 0; c < p->raw.size() && p->status.ok(); ++c) {
+        p->status = ParseAnswer(p->call_shards[c], p->raw[c], &p->responses[c]);
+      }
       p->timing.acknowledged = p->timing.pulled = absl::Now();
       if (!p->status.ok() || pull_into == nullptr) return;
       // The same tensors for the next step, from the same shards.
       const size_t calls = p->call_shards.size();
-      std::vector<PullRequest> pulls(calls);
-      std::vector<PullResponse> pulled(calls);
-      for (size_t c = 0; c < calls; ++c) {
-        pulls[c].set_worker_id(options_.worker_id);
-        pulls[c].set_step(step + 1);
-        for (int i : p->call_tensors[c]) pulls[c].add_names(options_.model[i].name());
-      }
+      std::vector<grpc::ByteBuffer> pulls(calls);
+      std::vector<grpc::ByteBuffer> pulled(calls);
+      for (size_t c = 0; c < calls; ++c) pulls[c] = PullRequestFor(step + 1, p->call_tensors[c]);
       p->status = FanOut(p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
-                         [&](ParameterServer::Stub::async_interface* async, int call,
+                         [&](ParameterServer::Stub::async_interface*, int call,
                              grpc::ClientContext* context, Done done) {
-                           async->Pull(context, &pulls[call], &pulled[call], done);
+                           generic_[p->call_shards[call]]->UnaryCall(
+                               context, kPullMethod, grpc::StubOptions(), &pulls[call],
+                               &pulled[call], std::move(done));
                          });
       bool first = true;
       for (size_t c = 0; c < calls && p->status.ok(); ++c) {
@@ -295,9 +373,11 @@ class GrpcPsClient final : public PsClient {
 
   // One StartPush: its calls, run by `thread`, and what they returned.
   struct PendingPush {
+    BorrowedSlices borrowed;  // First: destroyed last.
     std::vector<int> call_shards;
     std::vector<std::vector<int>> call_tensors;  // the model indices each call carries
-    std::vector<PushRequest> requests;
+    std::vector<grpc::ByteBuffer> requests;
+    std::vector<grpc::ByteBuffer> raw;
     std::vector<PushResponse> responses;
     std::thread thread;
     absl::Status status;
@@ -305,30 +385,86 @@ class GrpcPsClient final : public PsClient {
     int64_t min_version = -1;  // of the tensors pulled after the push, if any
   };
 
+  // A PullRequest for `tensors` (model indices) at `step`.
+  grpc::ByteBuffer PullRequestFor(int64_t step, const std::vector<int>& tensors) const {
+    PullRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_step(step);
+    for (int i : tensors) request.add_names(options_.model[i].name());
+    return SerializedMessage(request);
+  }
+
+  // A PushRequest of `tensors` (model indices): the framing in small slices, each gradient's
+  // bytes as a slice of `grads` itself.
+  grpc::ByteBuffer PushRequestFor(int64_t step, const std::vector<int>& tensors,
+                                  absl::Span<const std::vector<float>> grads,
+                                  BorrowedSlices* borrowed) const {
+    std::vector<grpc::Slice> slices;
+    slices.reserve(2 * tensors.size());
+    std::string header;
+    EncodePushHeader(options_.worker_id, step, &header);
+    for (int i : tensors) {
+      const size_t bytes = grads[i].size() * sizeof(float);
+      EncodeTensorHeader(3, options_.model[i].name(), 0, bytes, &header);
+      slices.emplace_back(header);
+      header.clear();
+      slices.push_back(borrowed->Borrow(grads[i].data(), bytes));
+    }
+    return grpc::ByteBuffer(slices.data(), slices.size());
+  }
+
+  // A small answer (PushResponse) from its bytes; INTERNAL naming the shard if malformed.
+  absl::Status ParseAnswer(int shard, const grpc::ByteBuffer& raw,
+                           google::protobuf::MessageLite* message) const {
+    grpc::Slice whole;
+    if (!raw.DumpToSingleSlice(&whole).ok() ||
+        !message->ParseFromArray(whole.begin(), static_cast<int>(whole.size()))) {
+      return absl::InternalError(absl::StrCat("server ", options_.servers[shard],
+                                              " sent a malformed ", message->GetTypeName()));
+    }
+    return absl::OkStatus();
+  }
+
   // Copies the values of shard `shard`'s answer to a pull of `want` (model indices, in request
-  // order) into params, lowering *min_version (if given) to each tensor's version, or setting it
-  // for the first tensor while *first. INTERNAL for a malformed answer.
-  absl::Status StoreTensors(int shard, const std::vector<int>& want, const PullResponse& response,
+  // order) into params, straight from the received slices, lowering *min_version (if given) to
+  // each tensor's version, or setting it for the first tensor while *first. INTERNAL for a
+  // malformed answer.
+  absl::Status StoreTensors(int shard, const std::vector<int>& want, const grpc::ByteBuffer& raw,
                             absl::Span<std::vector<float>> params, int64_t* min_version,
                             bool* first) const {
-    if (response.tensors_size() != static_cast<int>(want.size())) {
-      return absl::InternalError(absl::StrCat("shard ", shard, " returned ",
-                                              response.tensors_size(), " tensors for ",
-                                              want.size(), " requested"));
+    std::vector<grpc::Slice> slices;
+    std::vector<WireTensor> tensors;
+    ByteChunks message;
+    absl::Status parsed = absl::InternalError("unreadable");
+    if (raw.Dump(&slices).ok()) {
+      for (const grpc::Slice& slice : slices) {
+        message.Append(
+            absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
+      }
+      parsed = ParsePullResponse(message, static_cast<int>(want.size()), &tensors);
+    }
+    if (!parsed.ok()) {
+      return absl::InternalError(absl::StrCat("shard ", shard, " at ", options_.servers[shard],
+                                              " sent a malformed pull answer: ",
+                                              parsed.message()));
+    }
+    if (tensors.size() != want.size()) {
+      return absl::InternalError(absl::StrCat("shard ", shard, " returned ", tensors.size(),
+                                              " tensors for ", want.size(), " requested"));
     }
     for (size_t k = 0; k < want.size(); ++k) {
-      const TensorValue& v = response.tensors(static_cast<int>(k));
+      const WireTensor& v = tensors[k];
       const int i = want[k];
-      if (v.name() != options_.model[i].name() ||
-          static_cast<int64_t>(v.data().size()) != 4 * elements_[i]) {
+      if (v.name != options_.model[i].name() ||
+          static_cast<int64_t>(v.data.size()) != 4 * elements_[i]) {
         return absl::InternalError(absl::StrCat("shard ", shard,
                                                 " returned a malformed value for '",
                                                 options_.model[i].name(), "'"));
       }
       params[i].resize(elements_[i]);
-      BytesToFloats(v.data(), absl::MakeSpan(params[i]));
+      CopyFloats(v.data, params[i].data());
       if (min_version != nullptr) {
-        *min_version = *first ? v.version() : std::min(*min_version, v.version());
+        *min_version = *first ? v.version : std::min(*min_version, v.version);
         *first = false;
       }
     }
@@ -482,6 +618,8 @@ class GrpcPsClient final : public PsClient {
   const Placement placement_;
   const std::vector<CallGroup> groups_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
+  // The same channels, for Push and Pull as raw bytes (common/tensor_wire.h).
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
   std::vector<int64_t> elements_;
   std::vector<int> group_shards_;  // Shard of each entry of groups_.
   // Pushes started and not yet waited for, by ticket. Used by the training thread only.

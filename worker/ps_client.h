@@ -6,6 +6,10 @@
 // (asynchronous RPCs, one channel per shard) and return when every shard has answered; the first
 // error, prefixed with the shard and its address, is returned.
 //
+// Tensor bytes are not copied on the way: a push sends each gradient's memory as a gRPC slice, and
+// a pull copies the received slices straight into the parameters (common/tensor_wire.h); the
+// framing is protobuf's, so the servers see ordinary PushRequest and PullResponse messages.
+//
 // Network faults: a pull or push whose call fails with UNAVAILABLE (connection refused, reset or
 // cut) is retried with backoff (100 ms doubling to 2 s) for up to `retry_timeout` from its first
 // failure; then it fails naming the shard.
@@ -58,8 +62,9 @@ class PsClient {
 
   // An asynchronous push of some of the tensors computed at `step` (indices into the model, each
   // at most once per step), for pushing each layer's gradient as soon as the backward pass has
-  // produced it. StartPush copies the values before it returns, so the caller may overwrite
-  // `grads` at once; it returns a ticket, or InvalidArgument for a bad index or size.
+  // produced it. The gradients are sent from `grads` in place (no copy), so the pushed tensors'
+  // vectors must not change until WaitPush returns; StartPush returns a ticket, or
+  // InvalidArgument for a bad index or size.
   //
   // If `pull_into` is given (one vector per tensor, as for Pull), then as soon as the shards have
   // acknowledged the push, the same ticket pulls those tensors for step + 1 (the weights the next
