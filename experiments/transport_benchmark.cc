@@ -264,10 +264,26 @@ std::optional<Security> MakeTlsAndTokens() {
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Tune malloc as rubato_server and rubato_worker do (common/malloc_tuning.h).");
 
+ABSL_FLAG(std::string, only, "",
+          "MB,shards,workers: measure only this configuration (for perf record), nothing else.");
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
   const double seconds = absl::GetFlag(FLAGS_seconds);
+  if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
+    int mb = 0, shards = 0, workers = 0;
+    if (std::sscanf(only.c_str(), "%d,%d,%d", &mb, &shards, &workers) != 3 || mb < 1 ||
+        shards < 1 || workers < 1) {
+      std::fprintf(stderr, "--only wants MB,shards,workers (e.g. 64,1,1), got '%s'\n",
+                   only.c_str());
+      return 2;
+    }
+    const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds);
+    std::printf("%d MB, %d shard(s), %d worker(s): %.3f GB/s per worker\n", mb, shards, workers,
+                rate / 1e9);
+    return rate < 0 ? 1 : 0;
+  }
   const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
   std::printf("loopback TCP stream (1 connection): %.2f GB/s\n\n", tcp / 1e9);
   for (int64_t mb : {1, 16, 64}) {
