@@ -18,6 +18,42 @@ std::string ByteChunks::Flatten() const {
   return s;
 }
 
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t more = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c >> 5) == 0x6) {
+      more = 1;
+      cp = c & 0x1f;
+    } else if ((c >> 4) == 0xe) {
+      more = 2;
+      cp = c & 0x0f;
+    } else if ((c >> 3) == 0x1e) {
+      more = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + more >= s.size()) return false;
+    for (size_t k = 1; k <= more; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((more == 1 && cp < 0x80) || (more == 2 && cp < 0x800) || (more == 3 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += more + 1;
+  }
+  return true;
+}
+
 namespace {
 
 // Calls run(first, p, count) for runs of whole float32 values: value `first` + k is at p + 4k
@@ -84,10 +120,11 @@ class WireReader {
     return true;
   }
 
-  // At most 10 bytes, as protobuf: a longer one is malformed.
-  bool ReadVarint(uint64_t* v) {
+  // At most `max_bytes` bytes (10 for a value, 5 for a tag or a length, as protobuf reads them): a
+  // longer one is malformed. Bits beyond 64 are dropped, as protobuf drops them.
+  bool ReadVarint(uint64_t* v, int max_bytes = 10) {
     uint64_t result = 0;
-    for (int i = 0; i < 10; ++i) {
+    for (int i = 0; i < max_bytes; ++i) {
       uint8_t b;
       if (!ReadByte(&b)) return false;
       result |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
@@ -150,13 +187,24 @@ absl::Status Malformed(absl::string_view what, const WireReader& r, absl::string
 
 absl::Status ReadTag(WireReader* r, absl::string_view what, Tag* tag) {
   uint64_t v = 0;
-  if (!r->ReadVarint(&v)) return Malformed(what, *r, "truncated or overlong tag");
-  if (v > 0xffffffffu) return Malformed(what, *r, "tag out of range");
-  tag->field = static_cast<uint32_t>(v >> 3);
-  tag->type = static_cast<int>(v & 7);
+  // protobuf reads a tag as at most five bytes and keeps the low 32 bits.
+  if (!r->ReadVarint(&v, 5)) return Malformed(what, *r, "truncated or overlong tag");
+  const uint32_t t = static_cast<uint32_t>(v);
+  tag->field = t >> 3;
+  tag->type = static_cast<int>(t & 7);
   if (tag->field == 0) return Malformed(what, *r, "field number 0");
   if (tag->type > kFixed32) {
     return Malformed(what, *r, absl::StrCat("wire type ", tag->type, " of field ", tag->field));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadLength(WireReader* r, absl::string_view what, ByteChunks* out) {
+  uint64_t n = 0;
+  // protobuf reads a length as at most five bytes and refuses one that does not fit in int32.
+  if (!r->ReadVarint(&n, 5)) return Malformed(what, *r, "truncated or overlong length");
+  if (n > 0x7fffffffu || !r->ReadBytes(n, out)) {
+    return Malformed(what, *r, "length past the end");
   }
   return absl::OkStatus();
 }
@@ -190,20 +238,8 @@ absl::Status SkipValue(WireReader* r, absl::string_view what, const Tag& tag, in
       if (!r->ReadBytes(4, nullptr)) return Malformed(what, *r, "truncated fixed32");
       return absl::OkStatus();
     default:
-      if (!r->ReadVarint(&v)) return Malformed(what, *r, "truncated length");
-      if (!r->ReadBytes(v, nullptr)) return Malformed(what, *r, "length past the end");
-      return absl::OkStatus();
+      return ReadLength(r, what, nullptr);
   }
-}
-
-absl::Status ReadLength(WireReader* r, absl::string_view what, ByteChunks* out) {
-  uint64_t n = 0;
-  if (!r->ReadVarint(&n)) return Malformed(what, *r, "truncated length");
-  // protobuf refuses a length that does not fit in int32.
-  if (n > 0x7fffffffu || !r->ReadBytes(n, out)) {
-    return Malformed(what, *r, "length past the end");
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ParseTensorValue(const ByteChunks& bytes, WireTensor* out) {
@@ -217,6 +253,8 @@ absl::Status ParseTensorValue(const ByteChunks& bytes, WireTensor* out) {
       ByteChunks name;
       if (s = ReadLength(&r, kWhat, &name); !s.ok()) return s;
       out->name = name.Flatten();
+      // proto3 strings must be UTF-8; protobuf checks every occurrence, so this does too.
+      if (!IsValidUtf8(out->name)) return Malformed(kWhat, r, "a name that is not UTF-8");
     } else if (tag.field == 2 && tag.type == kLengthDelimited) {
       out->data = ByteChunks();
       if (s = ReadLength(&r, kWhat, &out->data); !s.ok()) return s;

@@ -9,12 +9,11 @@
 // own memory as further pieces, the way the ring (worker/ring_peer.cc) already sends blocks.
 //
 // The parsers accept exactly what protobuf's own parser accepts for these messages (fields in any
-// order, repeated scalars where the last wins, unknown fields skipped, a known field with the wrong
-// wire type treated as unknown) and reject what it rejects (truncation, an overlong varint, an
-// end-group tag, a length past the end), with an InvalidArgument that says where. They differ in
-// one respect: a tensor name is not checked to be valid UTF-8 here (a name that matches no tensor
-// is refused by the shard anyway, and is hex-escaped before it is echoed). fuzz/wire_fuzzer.cc
-// checks the two parsers against each other on arbitrary input cut at arbitrary places.
+// order, repeated scalars where the last wins, unknown fields and groups skipped, a known field
+// with the wrong wire type treated as unknown) and reject what it rejects (truncation, an overlong
+// varint, tag or length, a stray end-group tag, a length past the end, a name that is not UTF-8),
+// with an InvalidArgument that says where. fuzz/wire_fuzzer.cc checks the two parsers against
+// each other on arbitrary input cut at arbitrary places.
 #ifndef RUBATO_COMMON_TENSOR_WIRE_H_
 #define RUBATO_COMMON_TENSOR_WIRE_H_
 
@@ -50,6 +49,10 @@ class ByteChunks {
   std::vector<absl::string_view> pieces_;
   size_t size_ = 0;
 };
+
+// Well-formed UTF-8 (no overlong forms, no surrogates, at most U+10FFFF), as protobuf requires of
+// proto3 strings.
+bool IsValidUtf8(absl::string_view s);
 
 // Float32 values held in ByteChunks (little-endian; size() must be a multiple of 4). A float may
 // straddle two pieces.

@@ -155,16 +155,31 @@ TEST(TensorWireTest, MalformedMessagesAreRefusedAsProtobufRefusesThem) {
       good.substr(0, 5),                // truncated inside a header
       std::string("\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12),  // 11-byte varint
       std::string("\x00", 1),                                               // field 0
-      std::string("\x0c", 1),              // end of a group never started
-      std::string("\x0b\x08\x01", 3),      // group never ended
-      std::string("\x1a\x05\x0a\x09", 4),  // nested length past its end
-      std::string("\x0e", 1),              // wire type 6
+      std::string("\x0c", 1),                      // end of a group never started
+      std::string("\x0b\x08\x01", 3),              // group never ended
+      std::string("\x1a\x05\x0a\x09", 4),          // nested length past its end
+      std::string("\x0e", 1),                      // wire type 6
+      std::string("\x1a\x03\x0a\x01\xff", 5),      // a name that is not UTF-8
+      std::string("\x1a\x04\x0a\x02\xc0\x80", 6),  // overlong UTF-8 (NUL in two bytes)
   };
   for (const std::string& m : bad) {
     PushRequest reference;
     EXPECT_FALSE(reference.ParseFromString(m)) << absl::CEscape(m);
     WirePush ours;
     EXPECT_FALSE(ParsePushRequest(ByteChunks(m), 10, &ours).ok()) << absl::CEscape(m);
+  }
+  // protobuf reads a tag as five bytes at most and keeps its low 32 bits, and a length as five
+  // bytes at most: both parsers agree on those edges.
+  const std::vector<std::string> edges = {
+      std::string("\xe1\xe1\xe1\xe1\x72", 5) + std::string(8, 'z'),  // tag bits past 32
+      std::string("\x88\x80\x80\x80\x80\x00\x01", 7),                // six-byte tag
+      std::string("\x1a\x80\x80\x80\x80\x00", 6),                    // six-byte length
+  };
+  for (const std::string& m : edges) {
+    PushRequest reference;
+    WirePush ours;
+    EXPECT_EQ(ParsePushRequest(ByteChunks(m), 10, &ours).ok(), reference.ParseFromString(m))
+        << absl::CEscape(m);
   }
   // More tensors than allowed is refused before they are all parsed.
   std::string many;
