@@ -28,6 +28,10 @@ absl::Status CheckStep(absl::string_view field, int64_t step) {
   return absl::OkStatus();
 }
 
+// How long the registrant asked for a shard's initial values has to send them before another is
+// asked.
+constexpr absl::Duration kInitialValuesGrant = absl::Seconds(10);
+
 absl::Status CheckTensorName(absl::string_view name) {
   if (name.empty() || name.size() > static_cast<size_t>(kMaxTensorNameBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -189,9 +193,15 @@ ParameterShard::~ParameterShard() {
 
 void ParameterShard::Shutdown() {
   std::vector<PullStatePtr> failed;
+  Released released;
   {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
+    for (auto& t : tensors_) {
+      t->ReleaseHeld(absl::UnavailableError(absl::StrCat("parameter server shard ",
+                                                         options_.shard_id, " is shutting down")),
+                     &released);
+    }
     for (PullStatePtr& p : parked_) {
       if (p->End()) failed.push_back(std::move(p));
     }
@@ -203,6 +213,7 @@ void ParameterShard::Shutdown() {
                  absl::StrCat("parameter server shard ", options_.shard_id, " is shutting down")),
              {});
   }
+  Finish(&released);
 }
 
 TensorAggregator::Context ParameterShard::Context() const {
@@ -215,7 +226,7 @@ TensorAggregator::Context ParameterShard::Context() const {
   return ctx;
 }
 
-void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready) {
+void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready, Released* released) {
   auto view = std::make_shared<TensorAggregator::Members>();
   view->member = members_.member();
   view->count = members_.members();
@@ -223,13 +234,11 @@ void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready) {
   if (schedule_ptr_.load() == nullptr) return;
   const TensorAggregator::Context ctx = Context();
   for (auto& t : tensors_) {
-    std::vector<std::shared_ptr<PullWaiter>> released;
     double lr = 0;
-    if (t->ApplyIfComplete(ctx, &released, &lr)) {
+    if (t->ApplyIfComplete(ctx, released, &lr)) {
       ++applied_updates_;
       last_learning_rate_ = lr;
     }
-    for (auto& w : released) ready->push_back(std::static_pointer_cast<PullState>(w));
   }
   ArmParked(ready);
 }
@@ -304,6 +313,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   }
 
   std::vector<PullStatePtr> ready;
+  Released released;
   RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
@@ -321,13 +331,22 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     }
     if (!initialised_) {
       if (request.initial_values().empty()) {
-        // Ask for them: the first registrant sends its values once, the others never.
+        // Ask one registrant for the values; the others come back once they are in. Another
+        // is asked if the first has not sent them within kInitialValuesGrant (it may have died).
         response.set_shard_id(options_.shard_id);
         response.set_num_shards(options_.num_shards);
         *response.mutable_consistency() = options_.cluster.consistency();
         response.set_num_workers(options_.cluster.num_workers());
         response.set_lease_ms(options_.cluster.lease_ms());
-        response.set_needs_initial_values(true);
+        const absl::Time now = absl::Now();
+        if (values_asked_of_ < 0 || values_asked_of_ == id ||
+            now - values_asked_at_ > kInitialValuesGrant) {
+          values_asked_of_ = id;
+          values_asked_at_ = now;
+          response.set_needs_initial_values(true);
+        } else {
+          response.set_initialising(true);
+        }
         return response;
       }
       for (int i = 0; i < request.model_size(); ++i) {
@@ -385,8 +404,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
       w = before;
       return s;
     }
-    MembersChanged(&ready);    // The last registrant may release the step-0 pulls.
-    parked_changed_.Signal();  // Leases may start (or restart) running.
+    MembersChanged(&ready, &released);  // The last registrant may release the step-0 pulls.
+    parked_changed_.Signal();           // Leases may start (or restart) running.
     response.set_shard_id(options_.shard_id);
     response.set_num_shards(options_.num_shards);
     *response.mutable_consistency() = options_.cluster.consistency();
@@ -399,6 +418,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
   }
   for (const PullStatePtr& p : ready) Complete(p);
+  Finish(&released);
   return response;
 }
 
@@ -537,44 +557,56 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     done(PushResponse());
     return;
   }
-  // One task per gradient on the update pool; the last to finish answers.
+  // One task per gradient on the update pool; the last gradient to be done answers. With a
+  // keepalive (the gRPC path), a bsp gradient that is held for its turn is done only once it is
+  // added, so that a worker's held gradients are bounded by the calls it has in flight.
   struct Progress {
     absl::Mutex mu;
     int left;
     std::vector<GradientOutcome> outcomes;
     PushDone done;
-    std::shared_ptr<const void> keepalive;
+    absl::Status error;
   };
   auto progress = std::make_shared<Progress>();
   progress->left = static_cast<int>(which.size());
   progress->outcomes.resize(which.size());
   progress->done = std::move(done);
-  progress->keepalive = keepalive;
+  auto gradient_done = [progress](absl::Status status) {
+    {
+      absl::MutexLock lock(&progress->mu);
+      if (!status.ok() && progress->error.ok()) progress->error = std::move(status);
+      if (--progress->left > 0) return;
+    }
+    if (!progress->error.ok()) {
+      progress->done(progress->error);
+      return;
+    }
+    PushResponse response;
+    for (const GradientOutcome& o : progress->outcomes) {
+      switch (o.kind) {
+        case GradientOutcome::kAccepted:
+          response.set_accepted(response.accepted() + 1);
+          response.set_max_staleness(std::max(response.max_staleness(), o.staleness));
+          break;
+        case GradientOutcome::kDuplicate:
+          response.set_duplicates(response.duplicates() + 1);
+          break;
+        case GradientOutcome::kDropped:
+          response.set_dropped(response.dropped() + 1);
+          break;
+      }
+    }
+    progress->done(response);
+  };
   for (size_t k = 0; k < which.size(); ++k) {
     const ByteChunks* data = &request.gradients[k].data;
     const int tensor = which[k];
-    update_pool_->Post([this, progress, k, id, step, tensor, data, keepalive] {
-      ApplyGradient(id, step, tensor, data, keepalive, &progress->outcomes[k]);
-      {
-        absl::MutexLock lock(&progress->mu);
-        if (--progress->left > 0) return;
-      }
-      PushResponse response;
-      for (const GradientOutcome& o : progress->outcomes) {
-        switch (o.kind) {
-          case GradientOutcome::kAccepted:
-            response.set_accepted(response.accepted() + 1);
-            response.set_max_staleness(std::max(response.max_staleness(), o.staleness));
-            break;
-          case GradientOutcome::kDuplicate:
-            response.set_duplicates(response.duplicates() + 1);
-            break;
-          case GradientOutcome::kDropped:
-            response.set_dropped(response.dropped() + 1);
-            break;
-        }
-      }
-      progress->done(response);
+    update_pool_->Post([this, progress, gradient_done, k, id, step, tensor, data, keepalive] {
+      std::function<void(absl::Status)> on_added;
+      if (keepalive != nullptr) on_added = gradient_done;
+      GradientOutcome& outcome = progress->outcomes[k];
+      ApplyGradient(id, step, tensor, data, keepalive, std::move(on_added), &outcome);
+      if (!outcome.held) gradient_done(absl::OkStatus());
     });
   }
   // The views in `request` must stay valid until the tasks have read them: wait, unless the
@@ -589,10 +621,12 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
 
 void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, const ByteChunks* data,
                                    std::shared_ptr<const void> keepalive,
+                                   std::function<void(absl::Status)> on_added,
                                    GradientOutcome* outcome) {
-  std::vector<std::shared_ptr<PullWaiter>> released;
-  const double lr = tensors_[tensor]->Add(Context(), worker, step, {data, std::move(keepalive)},
-                                          outcome, &released);
+  Released released;
+  const double lr =
+      tensors_[tensor]->Add(Context(), worker, step,
+                            {data, std::move(keepalive), std::move(on_added)}, outcome, &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
     ++duplicate_gradients_;
     return;
@@ -604,13 +638,19 @@ void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, const B
     last_learning_rate_ = lr;
   }
   std::vector<PullStatePtr> ready;
-  for (auto& w : released) ready.push_back(std::static_pointer_cast<PullState>(w));
   {
     absl::MutexLock lock(&mu_);
     // A clock tick may release ssp pulls.
     if (members_.Pushed(worker, tensor, step) && policy_.mode() == SSP) ArmParked(&ready);
   }
   for (const PullStatePtr& p : ready) Complete(p);
+  Finish(&released);
+}
+
+void ParameterShard::Finish(Released* released) {
+  for (auto& p : released->pulls) Complete(std::static_pointer_cast<PullState>(p));
+  for (auto& [ack, status] : released->acks) ack(std::move(status));
+  *released = Released();
 }
 
 void ParameterShard::RecordStaleness(int64_t tau) {
@@ -818,6 +858,7 @@ void ParameterShard::DeadlineLoop() {
   while (!shutdown_) {
     // Leases first, then pull deadlines; sleep until the earliest of what is left, or a change.
     std::vector<PullStatePtr> ready;
+    Released released;
     std::vector<std::pair<PullStatePtr, absl::Status>> expired;
     absl::Time next = absl::InfiniteFuture();
     // Leases run only once training has started: before that, pulls wait for registration with
@@ -827,10 +868,23 @@ void ParameterShard::DeadlineLoop() {
       next = members_.ExpireLeases(absl::Now(), &dropped);
       if (!dropped.empty()) {
         dropped_workers_ += static_cast<int64_t>(dropped.size());
-        MembersChanged(&ready);
+        MembersChanged(&ready, &released);
       }
     }
     const absl::Time now = absl::Now();
+    // bsp gradients held for their turn wait at most max_wait_ for their acknowledgement, like a
+    // pull; checked at least every second.
+    if (policy_.SumsInWorkerOrder() && initialised_ && now >= next_held_check_) {
+      absl::Time earliest = absl::InfiniteFuture();
+      const std::shared_ptr<const TensorAggregator::Members> view = std::atomic_load(&member_view_);
+      for (auto& t : tensors_) {
+        earliest = std::min(
+            earliest,
+            t->ExpireHeld(now - max_wait_, *view, absl::ToInt64Milliseconds(max_wait_), &released));
+      }
+      next_held_check_ = std::min(now + absl::Seconds(1), earliest + max_wait_);
+    }
+    if (policy_.SumsInWorkerOrder() && initialised_) next = std::min(next, next_held_check_);
     for (auto it = parked_.begin(); it != parked_.end();) {
       PullState& p = **it;
       if (p.Over()) {
@@ -846,10 +900,11 @@ void ParameterShard::DeadlineLoop() {
         ++it;
       }
     }
-    if (!expired.empty() || !ready.empty()) {
+    if (!expired.empty() || !ready.empty() || !released.pulls.empty() || !released.acks.empty()) {
       mu_.Unlock();
       for (const PullStatePtr& p : ready) Complete(p);
       for (auto& [p, status] : expired) p->done_(std::move(status), {});
+      Finish(&released);
       mu_.Lock();
       continue;
     }

@@ -107,9 +107,10 @@ class ParameterShard {
   // Adds the worker to the job. The request's num_workers and consistency must be the shard's
   // (FAILED_PRECONDITION otherwise). The first registrant's model and initial values are adopted; a
   // later registrant's model must match exactly (FAILED_PRECONDITION naming the first difference).
-  // A registration without initial values to a shard that has no weights yet registers nothing
-  // and answers needs_initial_values: the worker sends them then (so that only the first
-  // registrant of a job sends its model's values, once).
+  // A registration without initial values to a shard that has no weights yet registers nothing:
+  // the first such registrant is answered needs_initial_values (and sends them), the others
+  // initialising (and come back), so that one worker sends the model's values, once. If the one
+  // asked has not sent them within 10 s, the next registrant is asked instead.
   // Registering again (a restarted worker) is allowed and changes nothing but its bookkeeping.
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
 
@@ -118,7 +119,10 @@ class ParameterShard {
   // FAILED_PRECONDITION for an unregistered worker, a push before all workers registered, or a step
   // from the future). A gradient whose (worker, step, tensor) was already received is acknowledged
   // as a duplicate and ignored. The gradients are then applied on the update pool, and `done` is
-  // called (on a pool thread, or at once for an error) when all are.
+  // called (on a pool thread, or at once for an error) when all are. With a keepalive, a bsp
+  // gradient that arrives before a lower-numbered member's is held and counts as applied only once
+  // it is added (or fails with DEADLINE_EXCEEDED after wait_timeout_ms, naming whom it waits
+  // for), so the shard holds at most the calls each worker has in flight.
   //
   // The gradients' bytes are views (common/tensor_wire.h) that `keepalive` keeps valid for as long
   // as the shard holds it; with a null keepalive they must stay valid until `done` is called, and
@@ -188,10 +192,14 @@ class ParameterShard {
   absl::Status StartTrainingIfComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes the current members to the tensors, then completes the steps they no longer wait
   // for.
-  void MembersChanged(std::vector<PullStatePtr>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MembersChanged(std::vector<PullStatePtr>* ready, Released* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the pulls and answers the held gradients in `released`. No lock held.
+  void Finish(Released* released);
   TensorAggregator::Context Context() const;
   void ApplyGradient(int worker, int64_t step, int tensor, const ByteChunks* data,
-                     std::shared_ptr<const void> keepalive, GradientOutcome* outcome);
+                     std::shared_ptr<const void> keepalive,
+                     std::function<void(absl::Status)> on_added, GradientOutcome* outcome);
   void RecordStaleness(int64_t tau);
   void DeadlineLoop();
 
@@ -204,6 +212,9 @@ class ParameterShard {
 
   mutable absl::Mutex mu_;
   bool initialised_ ABSL_GUARDED_BY(mu_) = false;
+  // The registrant last asked for the initial values (-1: none yet), and when.
+  int values_asked_of_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time values_asked_at_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Set once, at the first registration, and constant after (read without the lock by pushes that
   // passed the checks made under it).
@@ -214,6 +225,7 @@ class ParameterShard {
   std::shared_ptr<const TensorAggregator::Members> member_view_;
   std::list<PullStatePtr> parked_ ABSL_GUARDED_BY(mu_);  // Pulls not yet answered.
   absl::CondVar parked_changed_;
+  absl::Time next_held_check_ ABSL_GUARDED_BY(mu_);  // bsp: when held gradients are next checked
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
   std::atomic<const LearningRateScheduler*> schedule_ptr_{nullptr};  // &*schedule_ once built
   // When some worker was last live (JobFinished); the shard's creation at first.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/tensor_bytes.h"
 
 namespace rubato {
@@ -52,13 +53,18 @@ void TensorAggregator::Accumulate(const ByteChunks& data) {
   ++added_;
 }
 
-void TensorAggregator::DrainInOrder(const Members& members) {
+void TensorAggregator::AddHeld(int w, Released* released) {
+  Held& h = held_[w];
+  Accumulate(h.data);
+  if (h.on_added) released->acks.emplace_back(std::move(h.on_added), absl::OkStatus());
+  h = Held();
+}
+
+void TensorAggregator::DrainInOrder(const Members& members, Released* released) {
   while (next_worker_ < num_workers_) {
     const int w = next_worker_;
     if (received_[w]) {
-      Held& h = held_[w];
-      Accumulate(h.data);
-      h = Held();
+      AddHeld(w, released);
     } else if (members.member[w]) {
       return;  // A member's gradient is still to come: later ones wait for it.
     }
@@ -73,8 +79,7 @@ bool TensorAggregator::StepComplete(const Context& ctx, const Members& members) 
 }
 
 double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradient gradient,
-                             GradientOutcome* outcome,
-                             std::vector<std::shared_ptr<PullWaiter>>* ready) {
+                             GradientOutcome* outcome, Released* released) {
   *outcome = GradientOutcome();
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<const Members> members = std::atomic_load(ctx.members);
@@ -91,7 +96,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     received_count_ = 1;
     const double lr =
         ctx.policy->LearningRate(*ctx.schedule, version_, members->count, outcome->staleness);
-    Apply(ctx, lr, ready);
+    Apply(ctx, lr, released);
     outcome->applied = true;
     return lr;
   }
@@ -111,6 +116,12 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
         h.owned = gradient.data->Flatten();
         h.data = ByteChunks(h.owned);
       }
+      h.since = absl::Now();
+      h.step = step;
+      if (gradient.on_added) {
+        h.on_added = std::move(gradient.on_added);
+        outcome->held = true;
+      }
     } else {
       // A worker that rejoined after its turn was skipped: added now, after the others.
       Accumulate(*gradient.data);
@@ -119,36 +130,65 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     Accumulate(*gradient.data);
     if (ctx.policy->SumsInWorkerOrder()) ++next_worker_;
   }
-  if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members);
+  if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members, released);
   if (!StepComplete(ctx, *members)) return 0;
   const double lr = ctx.policy->LearningRate(*ctx.schedule, version_, members->count, 0);
-  Apply(ctx, lr, ready);
+  Apply(ctx, lr, released);
   outcome->applied = true;
   return lr;
 }
 
-bool TensorAggregator::ApplyIfComplete(const Context& ctx,
-                                       std::vector<std::shared_ptr<PullWaiter>>* ready,
+bool TensorAggregator::ApplyIfComplete(const Context& ctx, Released* released,
                                        double* learning_rate) {
   if (!ctx.policy->Synchronous()) return false;
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<const Members> members = std::atomic_load(ctx.members);
-  if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members);
+  if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members, released);
   if (!StepComplete(ctx, *members)) return false;
   *learning_rate = ctx.policy->LearningRate(*ctx.schedule, version_, members->count, 0);
-  Apply(ctx, *learning_rate, ready);
+  Apply(ctx, *learning_rate, released);
   return true;
 }
 
-void TensorAggregator::Apply(const Context& ctx, double learning_rate,
-                             std::vector<std::shared_ptr<PullWaiter>>* ready) {
+absl::Time TensorAggregator::ExpireHeld(absl::Time cutoff, const Members& members,
+                                        int64_t waited_ms, Released* released) {
+  absl::MutexLock lock(&mu_);
+  absl::Time earliest = absl::InfiniteFuture();
+  for (int w = 0; w < num_workers_; ++w) {
+    Held& h = held_[w];
+    if (!h.on_added) continue;
+    if (h.since >= cutoff) {
+      earliest = std::min(earliest, h.since);
+      continue;
+    }
+    std::vector<int> before;
+    for (int v = 0; v < w; ++v) {
+      if (members.member[v] && !received_[v]) before.push_back(v);
+    }
+    released->acks.emplace_back(
+        std::move(h.on_added),
+        absl::DeadlineExceededError(
+            absl::StrCat("gradient of '", name_, "' for step ", h.step, " from worker ", w,
+                         " waited ", waited_ms, " ms for the gradients of worker(s) ",
+                         absl::StrJoin(before, ", "), " (bsp adds them in worker-id order)")));
+    h.on_added = nullptr;
+  }
+  return earliest;
+}
+
+void TensorAggregator::ReleaseHeld(const absl::Status& status, Released* released) {
+  absl::MutexLock lock(&mu_);
+  for (Held& h : held_) {
+    if (h.on_added) released->acks.emplace_back(std::move(h.on_added), status);
+    h.on_added = nullptr;
+  }
+}
+
+void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released* released) {
   // Gradients held for workers that were members when they pushed and have left since: added
   // after the rest, in worker-id order.
   for (int w = 0; w < num_workers_; ++w) {
-    if (received_[w] && !held_[w].data.empty()) {
-      Accumulate(held_[w].data);
-      held_[w] = Held();
-    }
+    if (received_[w] && !held_[w].data.empty()) AddHeld(w, released);
   }
   if (added_ > 1) {
     const float n = static_cast<float>(added_);
@@ -173,7 +213,7 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate,
     if (wt.waiter->Over()) continue;
     if (wt.need <= version_) {
       pulled_version_[wt.worker] = version_;
-      if (wt.waiter->Fill(wt.slot, snapshot)) ready->push_back(std::move(wt.waiter));
+      if (wt.waiter->Fill(wt.slot, snapshot)) released->pulls.push_back(std::move(wt.waiter));
       continue;
     }
     waiting_[kept++] = std::move(wt);

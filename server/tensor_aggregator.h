@@ -20,12 +20,16 @@
 #define RUBATO_SERVER_TENSOR_AGGREGATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/optimizer.h"
 #include "common/tensor_wire.h"
 #include "common/thread_pool.h"
@@ -54,15 +58,27 @@ struct GradientOutcome {
   enum Kind { kAccepted, kDuplicate, kDropped } kind = kAccepted;
   int64_t staleness = 0;
   bool applied = false;  // An update was applied (this gradient completed a step, or async).
+  bool held = false;     // Held for its turn; its on_added is called once it is added.
+};
+
+// What a call set free, for the caller to finish once it holds no lock: pulls whose every tensor
+// is in, and held gradients that were added (OK) or waited too long (DEADLINE_EXCEEDED).
+struct Released {
+  std::vector<std::shared_ptr<PullWaiter>> pulls;
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> acks;
 };
 
 class TensorAggregator {
  public:
   // A gradient's bytes (already checked: right size, all finite) and what keeps them alive while
-  // it is held; with a null keepalive the bytes are copied if they must be held.
+  // it is held; with a null keepalive the bytes are copied if they must be held. With on_added, a
+  // held gradient is acknowledged only once it is added (on_added(OK)), so that a worker holds at
+  // most the calls it has in flight on the shard: the sender waits, instead of the shard buffering
+  // whatever it sends meanwhile.
   struct Gradient {
     const ByteChunks* data = nullptr;
     std::shared_ptr<const void> keepalive;
+    std::function<void(absl::Status)> on_added;
   };
   // The job's members: member[w] != 0 for each, and how many.
   struct Members {
@@ -91,14 +107,21 @@ class TensorAggregator {
   // FailedPrecondition if `step` is from the future for this tensor (bsp, backup).
   absl::Status CheckStep(const Context& ctx, int worker, int64_t step) const;
 
-  // Takes worker `worker`'s gradient for `step`. `ready` receives the pulls this completes.
-  // Returns the learning rate used if an update was applied (outcome->applied).
+  // Takes worker `worker`'s gradient for `step`. Returns the learning rate used if an update was
+  // applied (outcome->applied).
   double Add(const Context& ctx, int worker, int64_t step, Gradient gradient,
-             GradientOutcome* outcome, std::vector<std::shared_ptr<PullWaiter>>* ready);
+             GradientOutcome* outcome, Released* released);
 
   // Applies the current step if it is complete with the given members (after a member left).
-  bool ApplyIfComplete(const Context& ctx, std::vector<std::shared_ptr<PullWaiter>>* ready,
-                       double* learning_rate);
+  bool ApplyIfComplete(const Context& ctx, Released* released, double* learning_rate);
+
+  // Answers (DEADLINE_EXCEEDED, naming whom they wait for) the held gradients acknowledged on
+  // addition that have waited since before `cutoff`; they stay held, to be added in their turn.
+  // Returns the earliest time a remaining one started waiting (InfiniteFuture if none).
+  absl::Time ExpireHeld(absl::Time cutoff, const Members& members, int64_t waited_ms,
+                        Released* released);
+  // Answers every held gradient's acknowledgement with `status` (shutdown).
+  void ReleaseHeld(const absl::Status& status, Released* released);
 
   // Fills `slot` of `waiter` now if the tensor is at version >= `need` (recording what `worker`
   // pulled, for staleness), or queues it until then. Returns true if that filled the waiter's
@@ -117,16 +140,21 @@ class TensorAggregator {
     ByteChunks data;
     std::shared_ptr<const void> keepalive;
     std::string owned;  // When there was no keepalive: a copy.
+    std::function<void(absl::Status)> on_added;
+    absl::Time since;
+    int64_t step = 0;
   };
 
   // Adds the held gradients that are next in worker-id order, skipping non-members (bsp).
-  void DrainInOrder(const Members& members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrainInOrder(const Members& members, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds held gradient `w` and acknowledges it.
+  void AddHeld(int w, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Accumulate(const ByteChunks& data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StepComplete(const Context& ctx, const Members& members) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Mean of the accumulated gradients, one optimizer step, version + 1, waiters released.
-  void Apply(const Context& ctx, double learning_rate,
-             std::vector<std::shared_ptr<PullWaiter>>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Apply(const Context& ctx, double learning_rate, Released* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   const std::vector<int64_t> shape_;

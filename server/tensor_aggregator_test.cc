@@ -65,12 +65,11 @@ struct Fixture {
 };
 
 GradientOutcome Add(TensorAggregator* t, const Fixture& f, int worker, int64_t step,
-                    const std::string& bytes,
-                    std::vector<std::shared_ptr<PullWaiter>>* ready = nullptr) {
-  std::vector<std::shared_ptr<PullWaiter>> sink;
+                    const std::string& bytes, Released* released = nullptr) {
+  Released sink;
   GradientOutcome outcome;
   ByteChunks chunks(bytes);
-  t->Add(f.ctx, worker, step, {&chunks, nullptr}, &outcome, ready ? ready : &sink);
+  t->Add(f.ctx, worker, step, {&chunks, nullptr, nullptr}, &outcome, released ? released : &sink);
   return outcome;
 }
 
@@ -96,8 +95,8 @@ TEST(TensorAggregatorTest, BspSumIsTheSameInAll24ArrivalOrders) {
     }
     const TensorSnapshot s = t.Snapshot();
     EXPECT_EQ(s.version, 1);
-    EXPECT_EQ(Bytes(*s.values), Bytes(expected)) << "order " << order[0] << order[1] << order[2]
-                                                 << order[3];
+    EXPECT_EQ(Bytes(*s.values), Bytes(expected))
+        << "order " << order[0] << order[1] << order[2] << order[3];
     // Nothing is held after the step: the accumulator alone.
     EXPECT_EQ(t.ExtraBytes(), 2 * static_cast<int64_t>(sizeof(float)));
     ++orders;
@@ -116,6 +115,49 @@ TEST(TensorAggregatorTest, OnlyEarlyArrivalsAreHeld) {
   Add(&t, f, 1, 0, g);  // completes the step, and the held one is added
   EXPECT_EQ(t.ExtraBytes(), 4000);
   EXPECT_EQ(t.version(), 1);
+}
+
+TEST(TensorAggregatorTest, AHeldGradientIsAcknowledgedWhenAddedOrWhenItWaitedTooLong) {
+  Fixture f(BSP, 3);
+  TensorAggregator t("w", {1}, {0}, TensorRole(), 3);
+  std::vector<absl::Status> acks;
+  auto on_added = [&acks](absl::Status s) { acks.push_back(std::move(s)); };
+  const std::string g = Bytes({1});
+  ByteChunks chunks(g);
+  auto keep = std::make_shared<std::string>(g);
+  Released released;
+  GradientOutcome o2, o1;
+  t.Add(f.ctx, 2, 0, {&chunks, keep, on_added}, &o2, &released);
+  t.Add(f.ctx, 1, 0, {&chunks, keep, on_added}, &o1, &released);
+  EXPECT_TRUE(o2.held);
+  EXPECT_TRUE(o1.held);
+  EXPECT_TRUE(released.acks.empty());
+  // Worker 0 is late: after the wait, both are answered with an error naming it, and stay held.
+  EXPECT_EQ(t.ExpireHeld(absl::Now() - absl::Hours(1), *f.members, 5, &released),
+            t.ExpireHeld(absl::Now() - absl::Hours(1), *f.members, 5, &released));
+  EXPECT_TRUE(released.acks.empty()) << "not waited long enough yet";
+  t.ExpireHeld(absl::InfiniteFuture(), *f.members, 5, &released);
+  ASSERT_EQ(released.acks.size(), 2u);
+  for (auto& [ack, status] : released.acks) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_NE(status.message().find("worker(s) 0"), std::string::npos) << status;
+  }
+  released = Released();
+  // When worker 0's gradient comes, the step completes with all three.
+  GradientOutcome o0;
+  t.Add(f.ctx, 0, 0, {&chunks, keep, on_added}, &o0, &released);
+  EXPECT_FALSE(o0.held);
+  EXPECT_TRUE(o0.applied);
+  EXPECT_TRUE(released.acks.empty()) << "the expired ones were answered already";
+  EXPECT_EQ((*t.Snapshot().values)[0], -1.0f);
+
+  // Held and then added in turn: acknowledged OK.
+  GradientOutcome a, b;
+  t.Add(f.ctx, 1, 1, {&chunks, keep, on_added}, &a, &released);
+  EXPECT_TRUE(a.held);
+  t.Add(f.ctx, 0, 1, {&chunks, keep, on_added}, &b, &released);
+  ASSERT_EQ(released.acks.size(), 1u);
+  EXPECT_TRUE(released.acks[0].second.ok());
 }
 
 TEST(TensorAggregatorTest, WeightsAreCopiedOnWriteOnlyWhileAPullHoldsThem) {
@@ -139,11 +181,11 @@ TEST(TensorAggregatorTest, PullsWaitForTheirVersionAndStalenessIsCounted) {
   auto waiter = std::make_shared<OneSlot>();
   EXPECT_FALSE(t.Pull(1, 1, waiter, 0));
   EXPECT_FALSE(waiter->over);
-  std::vector<std::shared_ptr<PullWaiter>> ready;
+  Released ready;
   Add(&t, f, 1, 0, Bytes({2}), &ready);
-  EXPECT_TRUE(ready.empty());
+  EXPECT_TRUE(ready.pulls.empty());
   Add(&t, f, 0, 0, Bytes({4}), &ready);
-  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_EQ(ready.pulls.size(), 1u);
   EXPECT_EQ(waiter->got.version, 1);
   EXPECT_EQ((*waiter->got.values)[0], -3.0f);
   // A duplicate and a step from the future.
@@ -163,7 +205,7 @@ TEST(TensorAggregatorTest, AStepWaitingOnAMemberWhoLeftCompletesWithoutIt) {
   TensorAggregator t("w", {1}, {0}, TensorRole(), 3);
   Add(&t, f, 2, 0, Bytes({6}));
   Add(&t, f, 1, 0, Bytes({3}));
-  std::vector<std::shared_ptr<PullWaiter>> ready;
+  Released ready;
   double lr = 0;
   EXPECT_FALSE(t.ApplyIfComplete(f.ctx, &ready, &lr));
   EXPECT_EQ(t.Missing(f.members->member), std::vector<int>({0}));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -43,6 +44,10 @@ constexpr int64_t kMessageOverheadBytes = int64_t{1} << 20;
 // threshold (32 MiB) are built in reused heap memory instead of freshly faulted pages
 // (common/malloc_tuning.h): with one call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
 constexpr int64_t kTargetCallBytes = int64_t{8} << 20;
+// Calls of one operation in flight to one shard at a time. A bsp shard acknowledges a gradient
+// that arrived before a lower-numbered worker's only once it is added, so this bounds what the
+// shard holds for each worker to about kCallsInFlightPerShard * kTargetCallBytes.
+constexpr int kCallsInFlightPerShard = 2;
 
 constexpr char kPushMethod[] = "/rubato.ParameterServer/Push";
 constexpr char kPullMethod[] = "/rubato.ParameterServer/Pull";
@@ -133,30 +138,48 @@ class GrpcPsClient final : public PsClient {
     for (size_t i = 0; i < options_.model.size(); ++i) {
       *requests[placement_.shard_of[i]].add_model() = options_.model[i];
     }
-    // Without initial values first: only a shard that has no weights yet asks for them, and only
-    // the first worker to reach it sends them.
-    RETURN_IF_ERROR(FanOut(
-        call_shards, options_.connect_timeout, Retry::kWaitForReady,
-        [&](ParameterServer::Stub::async_interface* async, int call, grpc::ClientContext* context,
-            Done done) { async->Register(context, &requests[call], &responses[call], done); }));
-    std::vector<int> again;
-    for (int s = 0; s < shards; ++s) {
-      if (responses[s].needs_initial_values()) again.push_back(s);
-    }
-    if (!again.empty()) {
-      for (size_t i = 0; i < options_.model.size(); ++i) {
-        RegisterRequest& r = requests[placement_.shard_of[i]];
-        if (!responses[placement_.shard_of[i]].needs_initial_values()) continue;
-        TensorValue* v = r.add_initial_values();
-        v->set_name(options_.model[i].name());
-        FloatsToBytes(initial[i], v->mutable_data());
-      }
-      RETURN_IF_ERROR(FanOut(again, options_.connect_timeout, Retry::kWaitForReady,
+    // Without initial values first: a shard that has no weights yet asks one worker for them
+    // (needs_initial_values), and tells the others to come back (initialising).
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    std::vector<int> pending = call_shards;
+    absl::Duration backoff = absl::Milliseconds(20);
+    while (!pending.empty()) {
+      RETURN_IF_ERROR(FanOut(pending, std::max(absl::Seconds(1), deadline - absl::Now()),
+                             Retry::kWaitForReady,
                              [&](ParameterServer::Stub::async_interface* async, int call,
                                  grpc::ClientContext* context, Done done) {
-                               const int s = again[call];
+                               const int s = pending[call];
                                async->Register(context, &requests[s], &responses[s], done);
                              }));
+      std::vector<int> again;
+      for (int s : pending) {
+        RegisterResponse& r = responses[s];
+        if (r.needs_initial_values() && requests[s].initial_values().empty()) {
+          for (size_t i = 0; i < options_.model.size(); ++i) {
+            if (placement_.shard_of[i] != s) continue;
+            TensorValue* v = requests[s].add_initial_values();
+            v->set_name(options_.model[i].name());
+            FloatsToBytes(initial[i], v->mutable_data());
+          }
+          again.push_back(s);
+        } else if (r.needs_initial_values() || r.initialising()) {
+          again.push_back(s);
+        }
+      }
+      if (again.empty()) break;
+      if (absl::Now() > deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "parameter server shard ", again[0], " at ", options_.servers[again[0]],
+            " has had no initial weights for ", absl::FormatDuration(options_.connect_timeout),
+            " (the worker asked for them never sent them)"));
+      }
+      bool waiting = false;
+      for (int s : again) waiting = waiting || responses[s].initialising();
+      if (waiting) {
+        absl::SleepFor(backoff);
+        backoff = std::min(2 * backoff, absl::Milliseconds(500));
+      }
+      pending = std::move(again);
     }
     for (int s = 0; s < shards; ++s) {
       if (responses[s].num_shards() != shards || responses[s].shard_id() != s) {
@@ -571,17 +594,45 @@ class GrpcPsClient final : public PsClient {
     std::vector<grpc::ClientContext> contexts(n);
     std::vector<grpc::Status> results(n);
     absl::BlockingCounter pending(static_cast<int>(n));
-    for (size_t k = 0; k < n; ++k) {
+    // At most kCallsInFlightPerShard calls per shard at once; each finished call starts the next
+    // one queued for its shard.
+    absl::Mutex mu;
+    std::map<int, std::vector<size_t>> queued;  // shard -> indices k into calls, in order
+    std::function<void(size_t)> launch = [&](size_t k) {
       const size_t c = calls[k];
       contexts[k].set_deadline(absl::ToChronoTime(deadline));
       contexts[k].set_wait_for_ready(retry == Retry::kWaitForReady);
       options_.security.Attach(&contexts[k]);
       start(stubs_[call_shards[c]]->async(), static_cast<int>(c), &contexts[k],
-            [&results, &pending, k](grpc::Status status) {
+            [&, k, shard = call_shards[c]](grpc::Status status) {
               results[k] = std::move(status);
+              std::optional<size_t> next;
+              {
+                absl::MutexLock lock(&mu);
+                std::vector<size_t>& q = queued[shard];
+                if (!q.empty()) {
+                  next = q.front();
+                  q.erase(q.begin());
+                }
+              }
+              if (next.has_value()) launch(*next);
               pending.DecrementCount();
             });
+    };
+    std::vector<size_t> first;
+    {
+      absl::MutexLock lock(&mu);
+      std::map<int, int> started;
+      for (size_t k = 0; k < n; ++k) {
+        const int shard = call_shards[calls[k]];
+        if (started[shard]++ < kCallsInFlightPerShard) {
+          first.push_back(k);
+        } else {
+          queued[shard].push_back(k);
+        }
+      }
     }
+    for (size_t k : first) launch(k);
     pending.Wait();
     return results;
   }
