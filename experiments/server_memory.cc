@@ -6,7 +6,18 @@
 // For each message limit L (--max_message_mb of the server), it sends 4 concurrent pushes of
 // L - 64 KiB of data (accepted by gRPC, then refused by the shard: nobody registered), then 4
 // concurrent pushes of 4 L (refused by gRPC for their size). "after" is read 7 s later: the server
-// returns freed memory every 5 s (common/malloc_tuning.h). It prints figures and asserts nothing.
+// returns freed memory every 5 s (common/malloc_tuning.h).
+//
+// Then training (issue 12): for 1, 3 and 8 workers (threads of this process, each a PsClient) it
+// starts a bsp server for a 64 MB model (8 tensors) with sgd (no optimizer slot) and adam (two),
+// and runs --steps steps of pull + push; the server's resident size is sampled every 5 ms. It
+// prints, in units of the model's bytes, the growth from the idle server to the peak (registration
+// included: the initial values arrive whole), and the growth during training alone (from the
+// size once every worker has pulled step 0), next to the design bound of the shard's own state:
+// weights + one accumulator + the optimizer's slots, (2 + slots) x bytes. Beyond it come what gRPC
+// holds of the calls in flight (bounded by --budget_mb, the server's --memory_budget_mb) and
+// gradients held for their turn (bsp sums in worker-id order). It prints figures and asserts
+// nothing.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,8 +41,13 @@
 #include "common/limits.h"
 #include "grpcpp/create_channel.h"
 #include "proto/parameter_server.grpc.pb.h"
+#include "worker/ps_client.h"
 
 ABSL_FLAG(std::string, limits_mb, "64,256", "Server message limits to try, in MiB.");
+ABSL_FLAG(std::string, workers, "1,3,8", "Worker counts for the training part (empty: skip it).");
+ABSL_FLAG(int, model_mb, 64, "Model size for the training part, in MiB.");
+ABSL_FLAG(int, steps, 6, "Steps of the training part.");
+ABSL_FLAG(int, budget_mb, 0, "The server's --memory_budget_mb in the training part (0: its default).");
 ABSL_FLAG(std::string, server, "server/rubato_server", "The server binary (runfiles path).");
 
 namespace {
@@ -70,10 +86,157 @@ std::string Burst(rubato::ParameterServer::Stub* stub, int count, int64_t bytes)
   return absl::StrCat(statuses[0].error_code(), " ", statuses[0].error_message().substr(0, 60));
 }
 
+// Starts rubato_server with `flags`; returns its pid and sets *address, or -1.
+pid_t StartServer(const std::vector<std::string>& flags, std::string* address) {
+  char dir_template[] = "/tmp/rubato-mem-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string port_file = dir + "/port";
+  std::vector<std::string> args = {absl::GetFlag(FLAGS_server), "--listen=127.0.0.1:0",
+                                   "--port_file=" + port_file};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  address->clear();
+  for (int i = 0; i < 200 && address->empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    std::ifstream(port_file) >> *address;
+  }
+  if (address->empty()) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
+// One bsp job of `workers` threads on a fresh server; prints one row.
+void Training(int workers, const std::string& optimizer, int slots) {
+  const int64_t model_bytes = int64_t{absl::GetFlag(FLAGS_model_mb)} << 20;
+  constexpr int kTensors = 8;
+  const int64_t elements = model_bytes / 4 / kTensors;
+  const int max_message_mb = static_cast<int>((model_bytes >> 20) + 16);
+  std::string address;
+  const pid_t pid = StartServer(
+      {absl::StrCat("--num_workers=", workers), "--mode=bsp", "--optimizer=" + optimizer,
+       "--learning_rate=0.000001", absl::StrCat("--max_message_mb=", max_message_mb),
+       absl::StrCat("--memory_budget_mb=", absl::GetFlag(FLAGS_budget_mb))},
+      &address);
+  if (pid < 0) {
+    std::fprintf(stderr, "the server did not start\n");
+    return;
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  const int64_t idle = RssBytes(pid);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> peak{idle};
+  std::thread sampler([&] {
+    while (!done) {
+      peak = std::max<int64_t>(peak, RssBytes(pid));
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  std::vector<std::string> errors(workers);
+  std::vector<std::thread> threads;
+  const int steps = absl::GetFlag(FLAGS_steps);
+  // Resident size once every worker has registered and pulled step 0 (the model is in place), and
+  // the peak from then on: training alone, without registration's transient.
+  // Workers wait after their first pull until every one has made it, and the size is read then.
+  std::atomic<int> started{0};
+  std::atomic<bool> go{false};
+  std::atomic<int64_t> registered{-1};
+  std::atomic<int64_t> training_peak{0};
+  std::thread training_sampler([&] {
+    while (!done && started < workers) absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(200));
+    registered = RssBytes(pid);
+    training_peak = registered.load();
+    go = true;
+    while (!done) {
+      training_peak = std::max<int64_t>(training_peak, RssBytes(pid));
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      rubato::PsClientOptions options;
+      options.servers = {address};
+      options.worker_id = w;
+      options.num_workers = workers;
+      options.consistency.set_mode(rubato::BSP);
+      options.steps_per_epoch = steps;
+      options.total_steps = steps;
+      options.max_message_bytes = int64_t{max_message_mb} << 20;
+      for (int i = 0; i < kTensors; ++i) {
+        rubato::TensorSpec spec;
+        spec.set_name(absl::StrCat("t", i));
+        spec.add_shape(elements);
+        options.model.push_back(spec);
+      }
+      auto client = rubato::CreateGrpcPsClient(options);
+      if (!client.ok()) {
+        errors[w] = client.status().ToString();
+        return;
+      }
+      std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
+      std::vector<std::vector<float>> grads(kTensors, std::vector<float>(elements, 0.25f));
+      if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
+        errors[w] = s.status().ToString();
+        return;
+      }
+      for (int step = 0; step < steps; ++step) {
+        absl::Status s = (*client)->Pull(step, absl::MakeSpan(values));
+        if (step == 0) {
+          ++started;
+          while (!go) absl::SleepFor(absl::Milliseconds(1));
+        }
+        if (s.ok()) s = (*client)->Push(step, grads);
+        if (!s.ok()) {
+          errors[w] = s.ToString();
+          return;
+        }
+      }
+      (void)(*client)->Finish(steps);
+    });
+  }
+  for (auto& t : threads) t.join();
+  done = true;
+  sampler.join();
+  training_sampler.join();
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  for (int w = 0; w < workers; ++w) {
+    if (!errors[w].empty()) std::fprintf(stderr, "worker %d: %s\n", w, errors[w].c_str());
+  }
+  std::printf("%-8d %-10s %8.0f M %8.0f M %8.0f M %10.2f x %10.2f x %8d x\n", workers,
+              optimizer.c_str(), MiB(idle), MiB(registered), MiB(peak),
+              static_cast<double>(peak - idle) / model_bytes,
+              static_cast<double>(training_peak - registered) / model_bytes, 2 + slots);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (const std::string list = absl::GetFlag(FLAGS_workers); !list.empty()) {
+    std::printf("bsp training, %d MB model (8 tensors), %d steps: server resident size\n",
+                absl::GetFlag(FLAGS_model_mb), absl::GetFlag(FLAGS_steps));
+    std::printf("%-8s %-10s %10s %10s %10s %12s %12s %10s\n", "workers", "optimizer", "idle",
+                "registered", "peak", "peak-idle", "training", "bound");
+    for (absl::string_view text : absl::StrSplit(list, ',')) {
+      int workers = 0;
+      if (!absl::SimpleAtoi(text, &workers) || workers < 1) return 2;
+      Training(workers, "sgd", 0);
+      Training(workers, "adam", 2);
+    }
+    std::printf("\n");
+  }
   std::printf("%-10s %-26s %10s %10s %10s  %s\n", "limit", "burst", "before", "peak", "after",
               "server's answer");
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_limits_mb), ',')) {
