@@ -22,6 +22,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/parameter_server.grpc.pb.h"
+#include "worker/call_plan.h"
 
 namespace rubato {
 
@@ -37,13 +38,10 @@ absl::Status PsClient::WaitPush(int64_t, PushResult*, PushTiming*) {
 
 namespace {
 
-// Room in a message for framing, names and the other fields, beyond the tensors' bytes.
-constexpr int64_t kMessageOverheadBytes = int64_t{1} << 20;
-// A shard's tensors are sent in calls of about this many bytes (a larger tensor goes alone). Calls
-// to one shard run concurrently over its connection, and messages below glibc's largest mmap
-// threshold (32 MiB) are built in reused heap memory instead of freshly faulted pages
-// (common/malloc_tuning.h): with one call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
-constexpr int64_t kTargetCallBytes = int64_t{8} << 20;
+// A shard's tensors are sent in calls of about kTargetCallBytes (worker/call_plan.h). Calls to one
+// shard overlap on its connection, and messages below glibc's largest mmap threshold (32 MiB) are
+// built in reused heap memory instead of freshly faulted pages (common/malloc_tuning.h): with one
+// call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
 // Calls of one operation in flight to one shard at a time. A bsp shard acknowledges a gradient
 // that arrived before a lower-numbered worker's only once it is added, so this bounds what the
 // shard holds for each worker to about kCallsInFlightPerShard * kTargetCallBytes.
@@ -97,11 +95,6 @@ grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message)
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// One RPC's worth of tensors on one shard.
-struct CallGroup {
-  int shard = 0;
-  std::vector<int> tensors;  // Indices into the model.
-};
 
 class GrpcPsClient final : public PsClient {
  public:
@@ -683,50 +676,10 @@ class GrpcPsClient final : public PsClient {
 absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptions& options) {
   if (options.servers.empty()) return absl::InvalidArgumentError("no parameter servers given");
   if (options.model.empty()) return absl::InvalidArgumentError("the model has no tensors");
-  std::vector<TensorSize> sizes;
-  for (const TensorSpec& spec : options.model) {
-    const int64_t elements = ElementCount(spec.shape());
-    if (elements < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", spec.name(), "' has invalid shape ", ShapeString(spec.shape())));
-    }
-    if (elements > kMaxTensorElements) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' has ", elements,
-                                                     " elements; at most ", kMaxTensorElements));
-    }
-    sizes.push_back({spec.name(), 4 * elements});
-  }
-  ASSIGN_OR_RETURN(Placement placement,
-                   PlaceTensors(sizes, static_cast<int>(options.servers.size())));
-  // Register sends a shard's initial values in one message; pushes and pulls send at least one
-  // whole tensor per message. Both must fit the job's limit.
-  for (size_t s = 0; s < placement.shard_bytes.size(); ++s) {
-    const int64_t needed = placement.shard_bytes[s] + kMessageOverheadBytes;
-    if (needed > options.max_message_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard ", s, " holds ", placement.shard_bytes[s], " bytes of this model, more than one ",
-          "message may carry (", options.max_message_bytes >> 20, " MiB): give every server and ",
-          "worker --max_message_mb=", (needed + (int64_t{1} << 20) - 1) >> 20, " or more"));
-    }
-  }
-  // Group each shard's tensors, in model order, into calls of about kTargetCallBytes.
-  std::vector<CallGroup> groups;
-  for (int s = 0; s < static_cast<int>(options.servers.size()); ++s) {
-    int64_t bytes = 0;
-    bool open = false;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (placement.shard_of[i] != s) continue;
-      if (!open || bytes + sizes[i].bytes > kTargetCallBytes) {
-        groups.push_back({s, {}});
-        bytes = 0;
-        open = true;
-      }
-      groups.back().tensors.push_back(static_cast<int>(i));
-      bytes += sizes[i].bytes;
-    }
-  }
+  ASSIGN_OR_RETURN(CallPlan plan, PlanCalls(options.model, static_cast<int>(options.servers.size()),
+                                            options.max_message_bytes));
   return std::unique_ptr<PsClient>(
-      new GrpcPsClient(options, std::move(placement), std::move(groups)));
+      new GrpcPsClient(options, std::move(plan.placement), std::move(plan.groups)));
 }
 
 }  // namespace rubato

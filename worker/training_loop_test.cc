@@ -1,0 +1,174 @@
+// The training loop over in-process shards (worker/in_process_ps_client.h): whole jobs of several
+// workers in one process, without sockets, checked for what the consistency modes promise.
+#include "worker/training_loop.h"
+
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/parameter_shard.h"
+#include "worker/dataset.h"
+#include "worker/in_process_ps_client.h"
+#include "worker/mlp.h"
+#include "worker/model_backend.h"
+#include "worker/model_spec.h"
+
+namespace rubato {
+namespace {
+
+constexpr int kDim = 8;
+constexpr int kClasses = 3;
+
+// Examples whose label is the argmax of a fixed linear map of the features: learnable.
+Dataset Synthetic(int n, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::mt19937 wrng(99);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> w(kDim * kClasses);
+  for (float& v : w) v = g(wrng);
+  Dataset d;
+  d.size = n;
+  d.dim = kDim;
+  d.num_classes = kClasses;
+  d.features.resize(static_cast<size_t>(n) * kDim);
+  d.labels.resize(n);
+  for (int i = 0; i < n; ++i) {
+    float best = -1e30f;
+    for (int k = 0; k < kDim; ++k) d.features[i * kDim + k] = u(rng);
+    for (int c = 0; c < kClasses; ++c) {
+      float s = 0;
+      for (int k = 0; k < kDim; ++k) s += w[k * kClasses + c] * (d.features[i * kDim + k] - 0.5f);
+      if (s > best) {
+        best = s;
+        d.labels[i] = c;
+      }
+    }
+  }
+  return d;
+}
+
+struct JobResult {
+  std::vector<std::vector<std::vector<float>>> params;  // per worker
+  std::vector<TrainingResult> results;
+  GetStatsResponse stats;
+};
+
+// One job: `workers` threads, each with its own in-process client, over `shards` shards.
+JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, int64_t steps,
+                 int64_t target_call_bytes) {
+  const Dataset train = Synthetic(512, 1);
+  const Dataset test = Synthetic(256, 2);
+  const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
+  ClusterSpec cluster;
+  cluster.set_num_workers(workers);
+  cluster.mutable_consistency()->set_mode(mode);
+  if (mode == SSP) cluster.mutable_consistency()->set_staleness(1);
+  cluster.mutable_optimizer()->set_type("sgd");
+  cluster.mutable_optimizer()->set_learning_rate(0.2);
+  cluster.set_lease_ms(30000);
+  cluster.set_wait_timeout_ms(30000);
+  std::vector<std::unique_ptr<ParameterShard>> owned;
+  std::vector<ParameterShard*> shard_ptrs;
+  for (int s = 0; s < shards; ++s) {
+    ShardOptions o;
+    o.shard_id = s;
+    o.num_shards = shards;
+    o.cluster = cluster;
+    auto shard = ParameterShard::Create(o);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    shard_ptrs.push_back(shard->get());
+    owned.push_back(std::move(*shard));
+  }
+  JobResult job;
+  job.params.resize(workers);
+  job.results.resize(workers);
+  std::vector<std::string> errors(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      PsClientOptions options;
+      options.worker_id = w;
+      options.num_workers = workers;
+      options.consistency = cluster.consistency();
+      options.steps_per_epoch = 16;
+      options.total_steps = steps;
+      for (const ParamSpec& p : ModelParamSpecs(spec)) {
+        TensorSpec t;
+        t.set_name(p.name);
+        for (int64_t d : p.shape) t.add_shape(d);
+        options.model.push_back(t);
+      }
+      auto client = CreateInProcessPsClient(options, shard_ptrs, target_call_bytes);
+      auto backend = CreateCpuBackend(spec, 1);
+      auto batcher = ShardedBatcher::Create(&train, w, workers, 16, 7);
+      if (!client.ok() || !backend.ok() || !batcher.ok()) {
+        errors[w] = "setup failed";
+        return;
+      }
+      std::vector<std::vector<float>> params = InitModelParams(spec, 5);
+      auto start = (*client)->Register(params, 16, 0);
+      if (!start.ok()) {
+        errors[w] = start.status().ToString();
+        return;
+      }
+      TrainingOptions t;
+      t.worker_id = w;
+      t.steps = steps;
+      t.start_step = *start;
+      t.overlap = overlap;
+      t.log_every = 1000;
+      std::ostringstream progress;
+      auto result =
+          RunTraining(t, spec, client->get(), backend->get(), &*batcher, test, &params, &progress);
+      if (!result.ok()) {
+        errors[w] = result.status().ToString();
+        return;
+      }
+      job.results[w] = *result;
+      job.params[w] = params;
+      (void)(*client)->Finish(steps);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < workers; ++w) EXPECT_EQ(errors[w], "") << "worker " << w;
+  job.stats = owned[0]->Stats();
+  return job;
+}
+
+TEST(TrainingLoopTest, BspIsBitExactWithAndWithoutOverlapAndLearns) {
+  // Three workers, two shards, calls of one tensor each (a tiny target): the call plan, the
+  // per-layer pushes with their pulls, and the in-order sums all take part.
+  const JobResult a = RunJob(BSP, 3, 2, /*overlap=*/true, 60, /*target_call_bytes=*/64);
+  const JobResult b = RunJob(BSP, 3, 2, /*overlap=*/false, 60, /*target_call_bytes=*/1 << 20);
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_EQ(a.params[w].size(), 4u);
+    EXPECT_EQ(a.params[w], a.params[0]) << "worker " << w << " ends on other weights";
+    EXPECT_EQ(b.params[w], a.params[0]) << "overlap changed the result (worker " << w << ")";
+    EXPECT_EQ(a.results[w].computed_steps, 60);
+  }
+  // Learned: well above chance (1/3) on held-out data.
+  EXPECT_GT(a.results[0].test.accuracy, 0.6) << a.results[0].test.accuracy;
+  // Every tensor of shard 0 went through 60 versions, one update per step.
+  for (const TensorStats& t : a.stats.tensors()) EXPECT_EQ(t.version(), 60);
+  EXPECT_EQ(a.stats.staleness_histogram(0), a.stats.applied_updates() * 3);
+}
+
+TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {
+  for (ConsistencyMode mode : {ASYNC, SSP}) {
+    const JobResult j = RunJob(mode, 3, 1, /*overlap=*/true, 40, 1 << 20);
+    for (int w = 0; w < 3; ++w) EXPECT_EQ(j.results[w].computed_steps, 40);
+    // Every gradient applied alone: 3 workers x 40 steps per tensor.
+    for (const TensorStats& t : j.stats.tensors()) EXPECT_EQ(t.version(), 120);
+    if (mode == SSP) {
+      // ssp:1 bounds how far a worker runs ahead, so staleness stays small (< 8 updates).
+      for (int b = 5; b < 8; ++b) EXPECT_EQ(j.stats.staleness_histogram(b), 0) << "bucket " << b;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rubato
