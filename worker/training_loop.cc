@@ -202,10 +202,12 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     // last step's pushes pulled them already, layer by layer.
     int64_t version = step;
     absl::Status pull_status;
+    bool pulled = false;
     if (prefetched_step == step) {
       version = prefetched_version;
     } else {
       pull_status = client->Pull(step, absl::MakeSpan(*params), &version);
+      pulled = true;
     }
     prefetched_step = -1;
     if (absl::Status s = pull_status; absl::IsAborted(s)) {
@@ -289,7 +291,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     loss_sum += *loss;
     compute_s += absl::ToDoubleSeconds(t2 - t1);
     delay_s += absl::ToDoubleSeconds(t2_delayed - t2);
-    pull_s += absl::ToDoubleSeconds(t1 - t0);  // Includes waiting at the barrier.
+    // Includes waiting at the barrier; a step whose weights came with the last pushes pulled
+    // nothing (not even the microseconds of bookkeeping counted as pulling).
+    if (pulled) pull_s += absl::ToDoubleSeconds(t1 - t0);
     push_s += absl::ToDoubleSeconds(t3 - t2_delayed);
     {
       const PushOverlap o = MeasureOverlap(pushes, t1, t2);
