@@ -91,10 +91,11 @@ int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, int up
   }
   int status = 0;
   {
+    // Before the link: it may still send from `data` until its destructor returns.
+    std::vector<float> data(bytes / 4, 1.0f + rank);
     GrpcRingLink link(rank, ranks,
                       absl::StrCat("127.0.0.1:", static_cast<int>(ports[(rank + 1) % ranks])),
                       &mailbox);
-    std::vector<float> data(bytes / 4, 1.0f + rank);
     int64_t round = 0;
     auto time_rounds = [&](int count) {
       const absl::Time start = absl::Now();

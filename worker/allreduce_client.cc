@@ -114,7 +114,11 @@ class AllReduceClient final : public PsClient {
   const AllReduceOptions options_;
   const int size_;
   const std::unique_ptr<Optimizer> optimizer_;
-  RingMailbox mailbox_;
+  // (total_) the gradients, then their mean. Declared before link_, so destroyed after it: after a
+  // failed all-reduce the link may still be sending blocks that point into it (Send does not copy),
+  // until its destructor has closed or cancelled the stream and gRPC is done with it.
+  std::vector<float> flat_;
+  RingMailbox mailbox_;  // Before service_ and link_, which use it.
   RingPeerService service_;
   GrpcRingLink link_;
   HealthService health_{{"rubato.RingPeer"}};
@@ -124,7 +128,6 @@ class AllReduceClient final : public PsClient {
   int64_t total_ = 0;
   std::vector<std::vector<float>> params_;
   std::vector<TensorOptimizerState> states_;
-  std::vector<float> flat_;  // (total_) the gradients, then their mean.
   std::optional<LearningRateScheduler> schedule_;
   const std::vector<int> no_shards_;
   const std::vector<int64_t> no_bytes_;

@@ -17,6 +17,7 @@
 #include "common/security.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -160,8 +161,10 @@ TEST(GrpcRingTest, ADeadNextRankFailsTheSenderAtOnceEvenWhileItWaitsToReceive) {
   Peer p0(1), p1(0);
   p0.Start();
   const std::string a1 = p1.Start();
-  GrpcRingLink link(0, 2, a1, &p0.mailbox, absl::Seconds(1));
+  // Before the link, so destroyed after it: the link sends from this memory without copying it,
+  // and after the failure below a block may still be on its way until the link's destructor ends.
   std::vector<float> block(1000, 1.0f);
+  GrpcRingLink link(0, 2, a1, &p0.mailbox, absl::Seconds(1));
   ASSERT_TRUE(link.Send(0, block).ok());
   ASSERT_TRUE(link.Flush(absl::Now() + absl::Seconds(10)).ok());
   // Rank 1 goes away while rank 0 waits for a block that will never come.
@@ -179,6 +182,54 @@ TEST(GrpcRingTest, ADeadNextRankFailsTheSenderAtOnceEvenWhileItWaitsToReceive) {
   EXPECT_NE(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("rank 1")) << s;
   EXPECT_FALSE(link.Send(1, block).ok());
+}
+
+// A next rank that is frozen but keeps its connection (as under SIGSTOP): it accepts the stream and
+// never reads from it, so once HTTP/2 flow control's window is full, no write completes.
+class FrozenRank final : public grpc::CallbackGenericService {
+ public:
+  std::string Start() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  ~FrozenRank() override {
+    if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+      void OnDone() override { delete this; }
+    };
+    return new Reactor;
+  }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(GrpcRingTest, TheDestructorCancelsAStreamToAFrozenRankAtItsCloseTimeout) {
+  FrozenRank frozen;
+  const std::string address = frozen.Start();
+  RingMailbox mailbox(1);
+  // 16 blocks of 256 KiB, far past the 64 KiB window (each under gRPC's default 4 MiB limit, so
+  // that nothing refuses them); declared before the link, which sends from it.
+  const std::vector<float> block(1 << 16, 1.0f);
+  const absl::Time start = absl::Now();
+  {
+    GrpcRingLink link(0, 2, address, &mailbox, /*close_timeout=*/absl::Milliseconds(500));
+    for (int64_t tag = 0; tag < 16; ++tag) ASSERT_TRUE(link.Send(tag, block).ok());
+    // The rank never ends the call, whatever the transport buffered: the destructor must cancel
+    // it at its close timeout and return once gRPC is done with the stream.
+  }
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(500)) << "gave up before the close timeout";
+  EXPECT_LT(took, absl::Seconds(5)) << "the destructor did not cancel the stream promptly";
 }
 
 // A raw client of RingPeer.Stream, to send what a GrpcRingLink never would.
@@ -398,10 +449,10 @@ TEST(GrpcRingTest, OnlyThePreviousRanksTokenOpensAStream) {
   GrpcRingLink link(0, 2, address, &own, absl::Seconds(1), *ClientSecurity::Create(config, 0));
   ASSERT_TRUE(link.Send(0, block).ok());
   ASSERT_TRUE(link.Flush(absl::Now() + absl::Seconds(10)).ok());
-  ASSERT_TRUE(receiver.mailbox
-                  .Take(0, absl::MakeSpan(out), RingLink::Combine::kCopy,
-                        absl::Now() + absl::Seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      receiver.mailbox
+          .Take(0, absl::MakeSpan(out), RingLink::Combine::kCopy, absl::Now() + absl::Seconds(10))
+          .ok());
   EXPECT_EQ(out, block);
 }
 

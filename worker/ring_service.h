@@ -1,0 +1,41 @@
+// The receiving end of the ring all-reduce's transport: the RingPeer gRPC service.
+//
+// Each rank serves RingPeer; its previous neighbour keeps one stream open to it
+// (worker/ring_link.h) and writes blocks in order. The service parses each block in place
+// (worker/ring_codec.h) and files it in the rank's RingMailbox (worker/ring_mailbox.h), where the
+// all-reduce takes it; it acknowledges the blocks read so far when the sender asks (a sync or
+// closing block), and reports a stream that breaks to the mailbox, so that a rank waiting for a
+// block learns at once that its previous rank is gone.
+#ifndef RUBATO_WORKER_RING_SERVICE_H_
+#define RUBATO_WORKER_RING_SERVICE_H_
+
+#include <utility>
+
+#include "common/security.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/server_callback.h"
+#include "proto/ring.grpc.pb.h"
+#include "worker/ring_mailbox.h"
+
+namespace rubato {
+
+// Serves RingPeer.Stream on raw messages (ParseRingBlock), so a block's floats are read once, by
+// the addition in RingMailbox::Take, straight from the buffers the transport filled. With a job
+// secret, a stream is accepted only with the previous rank's own token (common/security.h);
+// anything else ends at once with UNAUTHENTICATED or PERMISSION_DENIED and never reaches the
+// mailbox. `mailbox` must outlive the service's server.
+class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<RingPeer::Service> {
+ public:
+  explicit RingPeerService(RingMailbox* mailbox, ServerSecurity security = ServerSecurity())
+      : mailbox_(mailbox), security_(std::move(security)) {}
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  RingMailbox* const mailbox_;
+  const ServerSecurity security_;
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_WORKER_RING_SERVICE_H_
