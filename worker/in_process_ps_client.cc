@@ -147,15 +147,7 @@ class InProcessPsClient final : public PsClient {
     pending_.erase(it);
     p->thread.join();
     if (timing != nullptr) *timing = p->timing;
-    if (result != nullptr) {
-      result->dropped += p->result.dropped;
-      result->max_staleness = std::max(result->max_staleness, p->result.max_staleness);
-      if (p->result.min_version >= 0) {
-        result->min_version = result->min_version < 0
-                                  ? p->result.min_version
-                                  : std::min(result->min_version, p->result.min_version);
-      }
-    }
+    if (result != nullptr) AddPushResult(p->result, result);
     return p->status;
   }
 

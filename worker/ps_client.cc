@@ -32,6 +32,15 @@ absl::StatusOr<int64_t> PsClient::StartPush(int64_t, absl::Span<const int>,
   return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
 }
 
+void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
+  total->dropped += part.dropped;
+  total->max_staleness = std::max(total->max_staleness, part.max_staleness);
+  if (part.min_version >= 0) {
+    total->min_version = total->min_version < 0 ? part.min_version
+                                                : std::min(total->min_version, part.min_version);
+  }
+}
+
 absl::Status PsClient::WaitPush(int64_t, PushResult*, PushTiming*) {
   return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
 }
@@ -341,15 +350,13 @@ class GrpcPsClient final : public PsClient {
     p->thread.join();
     if (timing != nullptr) *timing = p->timing;
     if (result != nullptr) {
+      PushResult part;
       for (const PushResponse& r : p->responses) {
-        result->dropped += r.dropped();
-        result->max_staleness = std::max(result->max_staleness, r.max_staleness());
+        part.dropped += r.dropped();
+        part.max_staleness = std::max(part.max_staleness, r.max_staleness());
       }
-      if (p->min_version >= 0) {
-        result->min_version = result->min_version < 0
-                                  ? p->min_version
-                                  : std::min(result->min_version, p->min_version);
-      }
+      part.min_version = p->min_version;
+      AddPushResult(part, result);
     }
     return p->status;
   }

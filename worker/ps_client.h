@@ -89,6 +89,10 @@ class PsClient {
                                             std::vector<std::vector<float>>* pull_into = nullptr);
   virtual absl::Status WaitPush(int64_t ticket, PushResult* result, PushTiming* timing = nullptr);
 
+  // Adds what one ticket's shards reported (`part`) into `total`, as WaitPush does: dropped
+  // gradients summed, the largest staleness, the smallest version pulled (-1: none).
+  static void AddPushResult(const PushResult& part, PushResult* total);
+
   virtual absl::Status Heartbeat(int64_t step) = 0;
 
   // Tells every shard that this worker has finished after `steps` steps (after its last pull), so
