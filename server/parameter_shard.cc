@@ -236,7 +236,6 @@ void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready, Released* 
   for (auto& t : tensors_) {
     double lr = 0;
     if (t->ApplyIfComplete(ctx, released, &lr)) {
-      ++applied_updates_;
       last_learning_rate_ = lr;
     }
   }
@@ -634,7 +633,6 @@ void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, const B
   if (outcome->kind == GradientOutcome::kDropped) ++dropped_gradients_;
   if (outcome->kind == GradientOutcome::kAccepted) RecordStaleness(outcome->staleness);
   if (outcome->applied) {
-    ++applied_updates_;
     last_learning_rate_ = lr;
   }
   std::vector<PullStatePtr> ready;
@@ -1003,20 +1001,27 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_shard_id(options_.shard_id);
   *s.mutable_consistency() = options_.cluster.consistency();
   s.set_num_workers(options_.cluster.num_workers());
-  s.set_min_version(MinVersion());
+  // Each tensor's version is read once, so that min_version and applied_updates (every update
+  // adds one to one version) agree with the versions listed even while updates run.
   int64_t bytes = 0;
+  int64_t applied = 0;
+  int64_t min_version = tensors_.empty() ? 0 : kMaxStep;
   for (const auto& t : tensors_) {
     bytes += t->elements() * static_cast<int64_t>(sizeof(float));
+    const int64_t version = t->version();
     TensorStats* ts = s.add_tensors();
     ts->set_name(t->name());
     ts->set_elements(t->elements());
-    ts->set_version(t->version());
+    ts->set_version(version);
+    applied += version;
+    min_version = std::min(min_version, version);
   }
+  s.set_min_version(min_version);
   s.set_bytes(bytes);
   s.set_pushes(pushes_);
   s.set_rejected_pushes(rejected_pushes_);
   s.set_duplicate_gradients(duplicate_gradients_);
-  s.set_applied_updates(applied_updates_);
+  s.set_applied_updates(applied);
   s.set_dropped_workers(dropped_workers_);
   s.set_dropped_gradients(dropped_gradients_);
   for (int id = 0; id < members_.num_workers(); ++id) {

@@ -234,7 +234,6 @@ class ParameterShard {
   std::atomic<int64_t> pushes_{0};
   std::atomic<int64_t> rejected_pushes_{0};
   std::atomic<int64_t> duplicate_gradients_{0};
-  std::atomic<int64_t> applied_updates_{0};
   std::atomic<int64_t> dropped_workers_{0};
   std::atomic<int64_t> dropped_gradients_{0};
   std::atomic<int64_t> staleness_histogram_[8] = {};
