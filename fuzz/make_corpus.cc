@@ -80,6 +80,65 @@ const std::vector<std::pair<std::string, std::string>> kShardSeeds = {
        actions { finish { worker_id: 7 step: -1 } }
        actions { finish { worker_id: 1 step: 2 } }
      )pb"},
+    // Three bsp workers pushing through the service's entry point out of worker order: worker 2's
+    // gradients are held for workers 0 and 1, answered once added; worker 1's second push is held
+    // until it expires (wait_timeout_ms), and the rest answer at shutdown.
+    {"bsp-service-held", R"pb(
+       cluster {
+         num_workers: 3
+         consistency { mode: BSP }
+         optimizer { type: "sgd" learning_rate: 0.1 }
+       }
+       start_ready: true
+       actions {
+         gradient_push {
+           worker_id: 2
+           step: 0
+           tensors: [ 0, 1, 2 ]
+           values: [ 1 ]
+           as_service: true
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 0, 1 ]
+           values: [ 2 ]
+           as_service: true
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 0
+           tensors: [ 0, 1, 2 ]
+           values: [ 3 ]
+           as_service: true
+         }
+       }
+       actions { sleep_us: 2000 }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 2 ]
+           values: [ 2 ]
+           as_service: true
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 2
+           step: 1
+           tensors: [ 0 ]
+           values: [ 1 ]
+           as_service: true
+         }
+       }
+       actions { sleep_us: 2000 }
+       actions { pull { request { worker_id: 0 step: 1 } } }
+     )pb"},
     // A worker registers its own model with initial values, then sends malformed requests.
     {"register-and-refusals", R"pb(
        cluster {
