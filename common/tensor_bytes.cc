@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/limits.h"
+#include "common/tensor_wire.h"
 
 namespace rubato {
 
@@ -26,16 +27,16 @@ int64_t ElementCount(absl::Span<const int64_t> shape) {
 
 absl::StatusOr<int64_t> CheckedElementCount(absl::Span<const int64_t> shape) {
   if (shape.size() > static_cast<size_t>(kMaxTensorRank)) {
-    return absl::InvalidArgumentError(absl::StrCat("shape of rank ", shape.size(),
-                                                   " (at most ", kMaxTensorRank, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape of rank ", shape.size(), " (at most ", kMaxTensorRank, ")"));
   }
   int64_t n = 1;
   for (int64_t d : shape) {
     // n <= kMaxTensorElements and d <= kMaxTensorElements: the product fits in int64.
     if (d < 1 || d > kMaxTensorElements || (n *= d) > kMaxTensorElements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape ", ShapeString(shape), " is not a product of dimensions >= 1 of at most ",
-                       kMaxTensorElements, " elements"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape ", ShapeString(shape), " is not a product of dimensions >= 1 of at most ",
+          kMaxTensorElements, " elements"));
     }
   }
   return n;
@@ -46,27 +47,7 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 }
 
 absl::Status CheckFloatBytes(absl::string_view what, absl::string_view bytes, int64_t elements) {
-  // Compare in elements, not bytes: elements * 4 can overflow for a hostile count, bytes.size() / 4
-  // cannot.
-  if (elements < 0 || bytes.size() % 4 != 0 ||
-      static_cast<uint64_t>(bytes.size() / 4) != static_cast<uint64_t>(elements)) {
-    const std::string expected =
-        elements >= 0 && elements <= std::numeric_limits<int64_t>::max() / 4
-            ? absl::StrCat(elements * 4, " (", elements, " float32 values)")
-            : absl::StrCat(elements, " float32 values");
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", bytes.size(), " bytes, expected ", expected));
-  }
-  const char* p = bytes.data();
-  for (int64_t i = 0; i < elements; ++i) {
-    float v;
-    std::memcpy(&v, p + 4 * i, 4);
-    if (!std::isfinite(v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " has a non-finite value (", v, ") at element ", i));
-    }
-  }
-  return absl::OkStatus();
+  return CheckFloatChunks(what, ByteChunks(bytes), elements);
 }
 
 void BytesToFloats(absl::string_view bytes, absl::Span<float> out) {

@@ -1,6 +1,7 @@
 #include "common/tensor_wire.h"
 
 #include <cstring>
+#include <limits>
 
 #include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
@@ -338,6 +339,28 @@ int64_t FirstNonFinite(const ByteChunks& bytes) {
     }
   });
   return bad;
+}
+
+absl::Status CheckFloatChunks(absl::string_view what, const ByteChunks& bytes, int64_t elements) {
+  // Compare in elements, not bytes: elements * 4 can overflow for a hostile count, size() / 4
+  // cannot.
+  if (elements < 0 || bytes.size() % 4 != 0 ||
+      static_cast<uint64_t>(bytes.size() / 4) != static_cast<uint64_t>(elements)) {
+    const std::string expected =
+        elements >= 0 && elements <= std::numeric_limits<int64_t>::max() / 4
+            ? absl::StrCat(elements * 4, " (", elements, " float32 values)")
+            : absl::StrCat(elements, " float32 values");
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", bytes.size(), " bytes, expected ", expected));
+  }
+  const int64_t bad = FirstNonFinite(bytes);
+  if (bad < 0) return absl::OkStatus();
+  float value = 0;
+  ForEachFloatRun(bytes, [bad, &value](int64_t first, const char* p, int64_t count) {
+    if (bad >= first && bad < first + count) value = LoadFloat(p + 4 * (bad - first));
+  });
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " has a non-finite value (", value, ") at element ", bad));
 }
 
 void CopyFloats(const ByteChunks& bytes, float* out) {

@@ -59,6 +59,10 @@ bool IsValidUtf8(absl::string_view s);
 
 // The index of the first NaN or Inf, or -1 if every value is finite.
 int64_t FirstNonFinite(const ByteChunks& bytes);
+// OK if `bytes` holds exactly `elements` finite floats. Otherwise InvalidArgument naming `what`
+// (e.g. "gradient 'fc0.weight'") and the byte count or the first non-finite element.
+// CheckFloatBytes (common/tensor_bytes.h) is this for one contiguous string.
+absl::Status CheckFloatChunks(absl::string_view what, const ByteChunks& bytes, int64_t elements);
 // out[i] = value i, for size() / 4 values.
 void CopyFloats(const ByteChunks& bytes, float* out);
 // acc[i] += value i.

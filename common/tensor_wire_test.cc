@@ -61,6 +61,18 @@ TEST(TensorWireTest, FirstNonFiniteFindsTheFirstNanOrInfWhereverItIs) {
       EXPECT_EQ(FirstNonFinite(ByteChunks(bytes)), static_cast<int64_t>(at));
     }
   }
+  // CheckFloatChunks names the value and its index, wherever the pieces are cut.
+  std::vector<float> v(10, 1.0f);
+  v[6] = -std::numeric_limits<float>::infinity();
+  const std::string bytes = Bytes(v);
+  absl::Status s = CheckFloatChunks("gradient 'w'", Cut(bytes, {25}), 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("gradient 'w' has a non-finite value (-inf) at element 6"),
+            std::string::npos)
+      << s;
+  s = CheckFloatChunks("gradient 'w'", Cut(bytes, {3}), 11);
+  EXPECT_NE(s.message().find("has 40 bytes, expected 44 (11 float32 values)"), std::string::npos)
+      << s;
   // The largest finite float and denormals are finite.
   const std::vector<float> edge = {std::numeric_limits<float>::max(), 1e-45f, -1e-45f};
   EXPECT_EQ(FirstNonFinite(ByteChunks(Bytes(edge))), -1);

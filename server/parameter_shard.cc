@@ -512,20 +512,12 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
           return absl::InvalidArgumentError(
               absl::StrCat("tensor '", g.name, "' appears twice in one push"));
         }
-        const TensorAggregator& t = *tensors_[it->second];
-        if (g.data.size() % 4 != 0 || static_cast<int64_t>(g.data.size() / 4) != t.elements()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("gradient '", g.name, "' has ", g.data.size(), " bytes, expected ",
-                           t.elements() * 4, " (", t.elements(), " float32 values)"));
-        }
         which.push_back(it->second);
       }
       for (size_t k = 0; k < request.gradients.size(); ++k) {
         const WireTensor& g = request.gradients[k];
-        if (const int64_t bad = FirstNonFinite(g.data); bad >= 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("gradient '", g.name, "' has a non-finite value at element ", bad));
-        }
+        RETURN_IF_ERROR(CheckFloatChunks(absl::StrCat("gradient '", g.name, "'"), g.data,
+                                         tensors_[which[k]]->elements()));
         RETURN_IF_ERROR(tensors_[which[k]]->CheckStep(Context(), id, step));
       }
       return absl::OkStatus();
@@ -636,9 +628,10 @@ void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, const B
     last_learning_rate_ = lr;
   }
   std::vector<PullStatePtr> ready;
-  {
+  if (!policy_.Synchronous()) {
+    // Clocks matter only to async (a rejoining worker's resume step) and ssp, where a tick may
+    // release parked pulls: bsp and backup skip the shard's lock here.
     absl::MutexLock lock(&mu_);
-    // A clock tick may release ssp pulls.
     if (members_.Pushed(worker, tensor, step) && policy_.mode() == SSP) ArmParked(&ready);
   }
   for (const PullStatePtr& p : ready) Complete(p);
@@ -983,16 +976,6 @@ absl::StatusOr<bool> ParameterShard::JobFinished(absl::Duration idle_timeout) {
   return absl::DeadlineExceededError(
       absl::StrCat("shard ", options_.shard_id, ": no worker has been live for ",
                    absl::FormatDuration(now - last_live_), " and none has finished (", who, ")"));
-}
-
-int64_t ParameterShard::AggregationBytes() const {
-  int64_t bytes = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!initialised_) return 0;
-  }
-  for (const auto& t : tensors_) bytes += t->ExtraBytes();
-  return bytes;
 }
 
 GetStatsResponse ParameterShard::Stats() const {

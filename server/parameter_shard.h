@@ -155,10 +155,6 @@ class ParameterShard {
 
   GetStatsResponse Stats() const;
 
-  // Bytes the shard holds beyond the weights and optimizer slots: accumulators and gradients held
-  // for their turn (bsp).
-  int64_t AggregationBytes() const;
-
   // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
   void Shutdown();
 
