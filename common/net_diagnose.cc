@@ -18,9 +18,7 @@
 #include "absl/time/clock.h"
 
 namespace rubato {
-namespace {
 
-// Splits "host:port" or "[v6]:port" after stripping a gRPC URI scheme; false if malformed.
 bool SplitHostPort(absl::string_view address, std::string* host, std::string* port) {
   for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
     if (absl::StartsWith(address, scheme)) {
@@ -46,6 +44,8 @@ bool SplitHostPort(absl::string_view address, std::string* host, std::string* po
   int n = 0;
   return !host->empty() && absl::SimpleAtoi(*port, &n) && n > 0 && n < 65536;
 }
+
+namespace {
 
 // errno of a non-blocking connect to `ai` finished within `timeout`; 0 on success, ETIMEDOUT when
 // the handshake did not complete in time.

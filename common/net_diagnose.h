@@ -34,6 +34,10 @@ struct EndpointDiagnosis {
   std::string detail;
 };
 
+// Splits "host:port" or "[v6]:port" (brackets removed) after stripping a gRPC URI scheme
+// ("dns:///", "ipv4:", ...); false if malformed or the port is not 1..65535.
+bool SplitHostPort(absl::string_view address, std::string* host, std::string* port);
+
 // Resolves `address` ("host:port", "[v6]:port", optionally with gRPC's "dns:///" or "ipv4:"
 // prefix) and tries a TCP connection to each of its addresses, within `timeout` in all.
 EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration timeout);

@@ -136,6 +136,7 @@ absl::StatusOr<ClientSecurity> ClientSecurity::Create(const SecurityConfig& conf
       ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(config.tls.cert, "tls_cert"));
     }
     c.credentials_ = grpc::SslCredentials(options);
+    c.encrypts_ = true;
   }
   return c;
 }

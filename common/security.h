@@ -51,6 +51,8 @@ class ServerSecurity {
 
   const std::shared_ptr<grpc::ServerCredentials>& credentials() const { return credentials_; }
   bool authenticates() const { return auth_ != nullptr; }
+  // True with TLS: what this server receives is encrypted.
+  bool encrypts() const { return !tls_.empty(); }
 
   // OK if the call carries a valid token (or authentication is off). With `worker_id`, the token
   // must be that worker's; without, any valid token will do (read-only calls). UNAUTHENTICATED for
@@ -83,10 +85,13 @@ class ClientSecurity {
   const std::shared_ptr<grpc::ChannelCredentials>& credentials() const { return credentials_; }
   // Adds this process's token to a call, if it has one.
   void Attach(grpc::ClientContext* context) const;
+  // True with TLS: what this client sends is encrypted.
+  bool encrypts() const { return encrypts_; }
 
  private:
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   std::string token_;
+  bool encrypts_ = false;
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" (host part of host:port).

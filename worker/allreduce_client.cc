@@ -7,7 +7,9 @@
 #include "common/cluster_spec.h"
 #include "common/grpc_options.h"
 #include "common/health.h"
+#include "common/log.h"
 #include "common/lr_schedule.h"
+#include "common/net_diagnose.h"
 #include "common/optimizer.h"
 #include "common/ring_allreduce.h"
 #include "common/status_macros.h"
@@ -15,6 +17,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "worker/ring_peer.h"
+#include "worker/ring_tcp.h"
 
 namespace rubato {
 namespace {
@@ -25,10 +28,7 @@ class AllReduceClient final : public PsClient {
       : options_(options),
         size_(options.cluster.num_workers()),
         optimizer_(std::move(optimizer)),
-        mailbox_((options.rank + size_ - 1) % size_),
-        service_(&mailbox_, options.server_security),
-        link_(options.rank, size_, options.cluster.workers((options.rank + 1) % size_), &mailbox_,
-              absl::Seconds(10), options.client_security, MaxMessageBytes(options.cluster)) {
+        mailbox_((options.rank + size_ - 1) % size_) {
     for (const TensorSpec& t : options_.model) {
       elements_.push_back(ElementCount(t.shape()));
       roles_.push_back(optimizer_->RoleOf(t.name(), t.shape()));
@@ -46,11 +46,35 @@ class AllReduceClient final : public PsClient {
     const std::string& address =
         options_.listen.empty() ? options_.cluster.workers(options_.rank) : options_.listen;
     RETURN_IF_ERROR(options_.server_security.CheckListenAddress(address));
+    ASSIGN_OR_RETURN(const RingTransport transport,
+                     ResolveRingTransport(options_.transport,
+                                          options_.server_security.encrypts() ||
+                                              options_.client_security.encrypts()));
+    const std::string& next = options_.cluster.workers((options_.rank + 1) % size_);
+    if (transport == RingTransport::kTcp) {
+      std::string host, port;
+      if (!SplitHostPort(address, &host, &port)) {
+        return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
+      }
+      ASSIGN_OR_RETURN(data_, TcpRingListener::Create(host, options_.data_port, mailbox_.from_rank()));
+      link_ = std::make_unique<TcpRingLink>(options_.rank, size_, next, data_.get(),
+                                            absl::Seconds(10), options_.client_security);
+    } else {
+      link_ = std::make_unique<GrpcRingLink>(options_.rank, size_, next, &mailbox_,
+                                             absl::Seconds(10), options_.client_security,
+                                             MaxMessageBytes(options_.cluster));
+    }
+    service_ = std::make_unique<RingPeerService>(&mailbox_, options_.server_security, data_.get());
+    RUBATO_LOG(INFO) << "ring rank " << options_.rank << ": blocks travel "
+                     << (transport == RingTransport::kTcp
+                             ? absl::StrCat("on a TCP data connection (listening on port ",
+                                            data_->port(), ")")
+                             : std::string("on a gRPC stream"));
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder, MaxMessageBytes(options_.cluster));
     int port = 0;
     builder.AddListeningPort(address, options_.server_security.credentials(), &port);
-    builder.RegisterService(&service_);
+    builder.RegisterService(service_.get());
     builder.RegisterService(&health_);  // Probes of the rank's port (unauthenticated, status only).
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
@@ -91,7 +115,7 @@ class AllReduceClient final : public PsClient {
       std::copy(grads[i].begin(), grads[i].end(), flat_.begin() + offset);
       offset += elements_[i];
     }
-    RETURN_IF_ERROR(RingAllReduceMean(options_.rank, size_, step, &link_, absl::MakeSpan(flat_),
+    RETURN_IF_ERROR(RingAllReduceMean(options_.rank, size_, step, link_.get(), absl::MakeSpan(flat_),
                                       options_.timeout));
     const float lr = static_cast<float>(schedule_->At(step));
     offset = 0;
@@ -118,9 +142,10 @@ class AllReduceClient final : public PsClient {
   // failed all-reduce the link may still be sending blocks that point into it (Send does not copy),
   // until its destructor has closed or cancelled the stream and gRPC is done with it.
   std::vector<float> flat_;
-  RingMailbox mailbox_;  // Before service_ and link_, which use it.
-  RingPeerService service_;
-  GrpcRingLink link_;
+  RingMailbox mailbox_;  // Before data_, service_ and link_, which use it.
+  std::unique_ptr<TcpRingListener> data_;  // With the TCP transport.
+  std::unique_ptr<RingPeerService> service_;
+  std::unique_ptr<RingLink> link_;
   HealthService health_{{"rubato.RingPeer"}};
   std::unique_ptr<grpc::Server> server_;
   std::vector<int64_t> elements_;
@@ -134,6 +159,24 @@ class AllReduceClient final : public PsClient {
 };
 
 }  // namespace
+
+absl::StatusOr<RingTransport> ParseRingTransport(absl::string_view text) {
+  if (text == "auto") return RingTransport::kAuto;
+  if (text == "tcp") return RingTransport::kTcp;
+  if (text == "grpc") return RingTransport::kGrpc;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--ring_transport must be auto, tcp or grpc, not '", text, "'"));
+}
+
+absl::StatusOr<RingTransport> ResolveRingTransport(RingTransport requested, bool tls) {
+  if (requested == RingTransport::kAuto) return tls ? RingTransport::kGrpc : RingTransport::kTcp;
+  if (requested == RingTransport::kTcp && tls) {
+    return absl::InvalidArgumentError(
+        "--ring_transport=tcp with TLS: the TCP data plane does not encrypt the gradients; use "
+        "--ring_transport=grpc (or auto, which picks it under TLS)");
+  }
+  return requested;
+}
 
 absl::StatusOr<std::unique_ptr<PsClient>> CreateAllReduceClient(const AllReduceOptions& options) {
   const int size = options.cluster.num_workers();

@@ -11,11 +11,22 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/security.h"
 #include "proto/cluster.pb.h"
 #include "worker/ps_client.h"
 
 namespace rubato {
+
+// How blocks travel between ranks. kTcp: a plain TCP data plane set up through the authenticated
+// gRPC service (worker/ring_tcp.h), the fast one; kGrpc: a gRPC stream (worker/ring_link.h), which
+// TLS encrypts. kAuto: kTcp, or kGrpc when the job uses TLS.
+enum class RingTransport { kAuto, kTcp, kGrpc };
+
+// "auto", "tcp" or "grpc"; INVALID_ARGUMENT naming --ring_transport otherwise.
+absl::StatusOr<RingTransport> ParseRingTransport(absl::string_view text);
+// kAuto resolved as above; kTcp with TLS is INVALID_ARGUMENT (its blocks would not be encrypted).
+absl::StatusOr<RingTransport> ResolveRingTransport(RingTransport requested, bool tls);
 
 struct AllReduceOptions {
   int rank = 0;
@@ -34,6 +45,9 @@ struct AllReduceOptions {
   // token) and its link to the next rank (credentials, this rank's token).
   ServerSecurity server_security;
   ClientSecurity client_security;
+  RingTransport transport = RingTransport::kAuto;
+  // kTcp: the data listener's port on the listen address's host (0: any free port).
+  int data_port = 0;
 };
 
 // Starts this rank's RingPeer server on `listen`, else cluster.workers(rank).

@@ -13,7 +13,7 @@ namespace {
 // out (+)= the floats at `bytes` (out.size() of them, possibly unaligned), in one pass that also
 // flags non-finite values (an all-ones exponent). Returns whether all were finite. Written in
 // fixed blocks of 16 so that GCC vectorizes it at -O2 (and with AVX2 where the CPU has it).
-__attribute__((target_clones("avx2", "default"))) bool CombineFiniteFloats(
+__attribute__((target_clones("avx2", "default"))) bool CombineFiniteFloatsImpl(
     const char* __restrict bytes, absl::Span<float> out, RingLink::Combine combine) {
   constexpr uint32_t kExponent = 0x7f800000u;
   constexpr size_t kBlock = 16;
@@ -53,6 +53,10 @@ __attribute__((target_clones("avx2", "default"))) bool CombineFiniteFloats(
 }
 
 }  // namespace
+
+bool CombineFiniteFloats(const char* bytes, absl::Span<float> out, RingLink::Combine combine) {
+  return CombineFiniteFloatsImpl(bytes, out, combine);
+}
 
 grpc::ByteBuffer EncodeBlock(int from_rank, int64_t tag, absl::Span<const float> data) {
   RingBlock header;

@@ -53,6 +53,9 @@ absl::Status ParseRingBlock(const grpc::ByteBuffer& message, int* from_rank, int
 // that every value is finite. Returns whether all were; `out` is written either way.
 bool CombinePayload(const RingPayload& payload, absl::Span<float> out, RingLink::Combine combine);
 
+// The same for contiguous bytes (out.size() floats at `bytes`, any alignment).
+bool CombineFiniteFloats(const char* bytes, absl::Span<float> out, RingLink::Combine combine);
+
 // RingAck{blocks}: the receiver has read this many blocks of the stream.
 grpc::ByteBuffer EncodeAck(int64_t blocks);
 // INVALID_ARGUMENT if `message` is not a serialized RingAck.

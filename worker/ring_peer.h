@@ -6,7 +6,9 @@
 //   worker/ring_codec.h    the wire format: blocks encoded and parsed without copying the floats;
 //   worker/ring_mailbox.h  RingMailbox: received blocks by tag, and the failures that end waits;
 //   worker/ring_service.h  RingPeerService: the server end of the stream from the previous rank;
-//   worker/ring_link.h     GrpcRingLink: the client end of the stream to the next rank.
+//   worker/ring_link.h     GrpcRingLink: the client end of the stream to the next rank;
+//   worker/ring_tcp.h      TcpRingLink: the faster data plane over plain TCP, set up through this
+//                          service's OpenData (the default unless the job uses TLS).
 //
 // Failure handling, since a dead or stuck peer must not hang a job:
 //  - the next rank not up yet: the stream waits for it (wait_for_ready, reconnect backoff capped at
@@ -25,5 +27,6 @@
 #include "worker/ring_link.h"     // IWYU pragma: export
 #include "worker/ring_mailbox.h"  // IWYU pragma: export
 #include "worker/ring_service.h"  // IWYU pragma: export
+#include "worker/ring_tcp.h"      // IWYU pragma: export
 
 #endif  // RUBATO_WORKER_RING_PEER_H_

@@ -139,4 +139,32 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RingPeerService::St
   return new StreamReader(mailbox_);
 }
 
+grpc::ServerUnaryReactor* RingPeerService::OpenData(grpc::CallbackServerContext* context,
+                                                    const OpenDataRequest* request,
+                                                    OpenDataReply* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = security_.CheckCall(*context, mailbox_->from_rank());
+  if (status.ok() && request->from_rank() != mailbox_->from_rank()) {
+    status = absl::PermissionDeniedError(absl::StrCat("OpenData from rank ", request->from_rank(),
+                                                      ", but this rank receives from rank ",
+                                                      mailbox_->from_rank(), " only"));
+  }
+  if (status.ok() && data_ == nullptr) {
+    status = absl::FailedPreconditionError(
+        "this rank carries the ring over gRPC only (--ring_transport=grpc, or TLS); start every "
+        "rank with the same --ring_transport");
+  }
+  if (status.ok()) {
+    absl::StatusOr<std::string> ticket = data_->IssueTicket();
+    if (ticket.ok()) {
+      reply->set_port(data_->port());
+      reply->set_ticket(*ticket);
+    } else {
+      status = ticket.status();
+    }
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace rubato

@@ -16,6 +16,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "proto/ring.grpc.pb.h"
 #include "worker/ring_mailbox.h"
+#include "worker/ring_tcp.h"
 
 namespace rubato {
 
@@ -24,16 +25,26 @@ namespace rubato {
 // secret, a stream is accepted only with the previous rank's own token (common/security.h);
 // anything else ends at once with UNAUTHENTICATED or PERMISSION_DENIED and never reaches the
 // mailbox. `mailbox` must outlive the service's server.
-class RingPeerService final : public RingPeer::WithRawCallbackMethod_Stream<RingPeer::Service> {
+//
+// OpenData hands the previous rank (checked the same way) the port of `data`, this rank's TCP data
+// listener (worker/ring_tcp.h), and a fresh ticket for it; FAILED_PRECONDITION without one.
+class RingPeerService final
+    : public RingPeer::WithCallbackMethod_OpenData<
+          RingPeer::WithRawCallbackMethod_Stream<RingPeer::Service>> {
  public:
-  explicit RingPeerService(RingMailbox* mailbox, ServerSecurity security = ServerSecurity())
-      : mailbox_(mailbox), security_(std::move(security)) {}
+  explicit RingPeerService(RingMailbox* mailbox, ServerSecurity security = ServerSecurity(),
+                           TcpRingListener* data = nullptr)
+      : mailbox_(mailbox), security_(std::move(security)), data_(data) {}
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* OpenData(grpc::CallbackServerContext* context,
+                                     const OpenDataRequest* request,
+                                     OpenDataReply* reply) override;
 
  private:
   RingMailbox* const mailbox_;
   const ServerSecurity security_;
+  TcpRingListener* const data_;
 };
 
 }  // namespace rubato

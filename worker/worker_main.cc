@@ -76,6 +76,14 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(std::string, listen, "",
           "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
           "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
+ABSL_FLAG(std::string, ring_transport, "auto",
+          "allreduce: how blocks travel between ranks. tcp: a plain TCP data connection set up "
+          "through the authenticated gRPC service (fast; not encrypted); grpc: on a gRPC stream "
+          "(TLS encrypts it); auto: tcp, or grpc when TLS is on. Every rank must use the same.");
+ABSL_FLAG(int32_t, ring_data_port, 0,
+          "allreduce with the tcp transport: the port of this rank's data listener, on the host of "
+          "its --listen (or --peers) address; 0 picks a free one. Fix it where a firewall must "
+          "let it through.");
 ABSL_FLAG(std::string, health_listen, "",
           "Serve the gRPC health service, and nothing else, in plaintext on this host:port (for "
           "Kubernetes probes). SERVING from start-up until the worker exits.");
@@ -351,6 +359,15 @@ int main(int argc, char** argv) {
     ring.rank = worker_id;
     ring.cluster = *cluster;
     ring.listen = absl::GetFlag(FLAGS_listen);
+    absl::StatusOr<rubato::RingTransport> transport =
+        rubato::ParseRingTransport(absl::GetFlag(FLAGS_ring_transport));
+    if (!transport.ok()) return Fail(kExitUsage, std::string(transport.status().message()));
+    ring.transport = *transport;
+    ring.data_port = absl::GetFlag(FLAGS_ring_data_port);
+    if (ring.data_port < 0 || ring.data_port > 65535) {
+      return Fail(kExitUsage, absl::StrCat("--ring_data_port must be 0..65535, not ",
+                                           ring.data_port));
+    }
     if (!ring.listen.empty()) {
       if (auto s = rubato::ValidateHostPort(ring.listen, "--listen"); !s.ok()) {
         return Fail(kExitUsage, std::string(s.message()));
