@@ -1,10 +1,11 @@
-// All-reduce benchmark: algorithm bandwidth (bytes / time) of Rubato's ring all-reduce over gRPC on
-// 127.0.0.1, for 1, 16 and 64 MB of float32 with 2 and 4 ranks (one process per rank, each with
-// its own RingPeer server, forked before this process touches gRPC), next to the ring's bound
-// 2(N-1)/N * S / B, with B a loopback TCP stream measured in the same run.
+// All-reduce benchmark: algorithm bandwidth (bytes / time) of Rubato's ring all-reduce on
+// 127.0.0.1, over its TCP data plane and over gRPC streams, for 1, 16 and 64 MB of float32 with 2
+// and 4 ranks (one process per rank, each with its own RingPeer server, forked before this process
+// touches gRPC), next to the ring's bound 2(N-1)/N * S / B, with B a loopback TCP stream measured
+// in the same run.
 //
 //   bazel run //experiments:allreduce_benchmark [-- --seconds=2 --ranks=2,4 --sizes=1MB,16MB,64MB
-//                                                   --segment_kb=0]
+//                                                   --segment_kb=0 --transports=tcp,grpc]
 //
 // experiments/allreduce_peers.sh runs this next to OpenMPI and Gloo and prints one table.
 #include <sys/prctl.h>
@@ -40,6 +41,9 @@ ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"2", "4"}),
           "Ring sizes to measure.");
 ABSL_FLAG(std::vector<std::string>, sizes, std::vector<std::string>({"1MB", "16MB", "64MB"}),
           "Vector sizes (float32), each a number of KB or MB (binary units), e.g. 4KB,1MB.");
+ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "grpc"}),
+          "Ring transports to measure: tcp (the TCP data plane, worker/ring_tcp.h, the default in "
+          "jobs) and grpc (a gRPC stream, what TLS jobs use).");
 ABSL_FLAG(int64_t, segment_kb, 0,
           "Segment size in KiB (0: the default, DefaultRingSegmentElements).");
 
@@ -74,9 +78,20 @@ bool ReadAll(int fd, void* data, size_t size) {
 // One rank, in its own process: serve RingPeer on a free port and tell the parent (`up`), learn
 // every rank's port (`down`), run 3 warm-up rounds (connections, first-touch pages) and report
 // their mean, learn how many rounds to time, time them and report the mean. Messages are doubles.
-int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, int up, int down) {
+int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, bool tcp, int up,
+            int down) {
   RingMailbox mailbox((rank + ranks - 1) % ranks);
-  RingPeerService service(&mailbox);
+  std::unique_ptr<TcpRingListener> listener;
+  if (tcp) {
+    absl::StatusOr<std::unique_ptr<TcpRingListener>> l =
+        TcpRingListener::Create("127.0.0.1", 0, mailbox.from_rank());
+    if (!l.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, l.status().ToString().c_str());
+      return 1;
+    }
+    listener = std::move(*l);
+  }
+  RingPeerService service(&mailbox, ServerSecurity(), listener.get());
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
   int port = 0;
@@ -93,9 +108,15 @@ int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, int up
   {
     // Before the link: it may still send from `data` until its destructor returns.
     std::vector<float> data(bytes / 4, 1.0f + rank);
-    GrpcRingLink link(rank, ranks,
-                      absl::StrCat("127.0.0.1:", static_cast<int>(ports[(rank + 1) % ranks])),
-                      &mailbox);
+    const std::string next =
+        absl::StrCat("127.0.0.1:", static_cast<int>(ports[(rank + 1) % ranks]));
+    std::unique_ptr<RingLink> owned;
+    if (tcp) {
+      owned = std::make_unique<TcpRingLink>(rank, ranks, next, listener.get());
+    } else {
+      owned = std::make_unique<GrpcRingLink>(rank, ranks, next, &mailbox);
+    }
+    RingLink& link = *owned;
     int64_t round = 0;
     auto time_rounds = [&](int count) {
       const absl::Time start = absl::Now();
@@ -126,7 +147,8 @@ int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, int up
 // Seconds per all-reduce of `bytes` over `ranks` ranks, each a process of its own as in a real
 // job (and as the MPI and Gloo peers run): the slowest rank's mean over as many rounds as the
 // slowest warm-up says fit in `seconds` (at least 10). < 0 on failure.
-double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t segment_elements) {
+double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t segment_elements,
+                           bool tcp) {
   std::vector<int> up(ranks), down(ranks);
   std::vector<pid_t> children;
   for (int r = 0; r < ranks; ++r) {
@@ -139,7 +161,7 @@ double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t seg
       close(to_parent[0]);
       close(to_child[1]);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
-      _exit(RunRank(r, ranks, bytes, segment_elements, to_parent[1], to_child[0]));
+      _exit(RunRank(r, ranks, bytes, segment_elements, tcp, to_parent[1], to_child[0]));
     }
     close(to_parent[1]);
     close(to_child[0]);
@@ -193,34 +215,43 @@ int main(int argc, char** argv) {
   const double seconds = absl::GetFlag(FLAGS_seconds);
   const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
   std::printf("loopback TCP stream (1 connection): B = %.2f GB/s\n\n", tcp / 1e9);
-  std::printf("%-6s %-6s %12s %14s %14s %10s\n", "size", "ranks", "time", "algbw GB/s",
-              "bound GB/s", "x bound");
+  std::printf("%-6s %-6s %12s %14s %14s %10s %s\n", "size", "ranks", "time", "algbw GB/s",
+              "bound GB/s", "x bound", "transport");
   const int64_t segment_elements = absl::GetFlag(FLAGS_segment_kb) * 1024 / 4;
-  for (const std::string& ranks_text : absl::GetFlag(FLAGS_ranks)) {
-    for (const std::string& size_text : absl::GetFlag(FLAGS_sizes)) {
-      int ranks = 0;
-      int64_t count = 0;
-      const absl::string_view unit =
-          size_text.size() > 2 ? absl::string_view(size_text).substr(size_text.size() - 2) : "";
-      if (!absl::SimpleAtoi(ranks_text, &ranks) || ranks < 2 || (unit != "KB" && unit != "MB") ||
-          !absl::SimpleAtoi(absl::string_view(size_text).substr(0, size_text.size() - 2), &count) ||
-          count < 1) {
-        std::fprintf(stderr,
-                     "allreduce_benchmark: bad --ranks %s or --sizes %s (want e.g. 4KB or 16MB)\n",
-                     ranks_text.c_str(), size_text.c_str());
-        return 2;
+  for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
+    if (transport != "tcp" && transport != "grpc") {
+      std::fprintf(stderr, "allreduce_benchmark: --transports takes tcp and grpc, not %s\n",
+                   transport.c_str());
+      return 2;
+    }
+    for (const std::string& ranks_text : absl::GetFlag(FLAGS_ranks)) {
+      for (const std::string& size_text : absl::GetFlag(FLAGS_sizes)) {
+        int ranks = 0;
+        int64_t count = 0;
+        const absl::string_view unit =
+            size_text.size() > 2 ? absl::string_view(size_text).substr(size_text.size() - 2) : "";
+        if (!absl::SimpleAtoi(ranks_text, &ranks) || ranks < 2 || (unit != "KB" && unit != "MB") ||
+            !absl::SimpleAtoi(absl::string_view(size_text).substr(0, size_text.size() - 2),
+                              &count) ||
+            count < 1) {
+          std::fprintf(
+              stderr, "allreduce_benchmark: bad --ranks %s or --sizes %s (want e.g. 4KB or 16MB)\n",
+              ranks_text.c_str(), size_text.c_str());
+          return 2;
+        }
+        const int64_t bytes = count << (unit == "KB" ? 10 : 20);
+        const double t = rubato::SecondsPerAllReduce(bytes, ranks, seconds, segment_elements,
+                                                     transport == "tcp");
+        // Ring bound on the time: 2(N-1)/N * S / B, so algbw <= B * N / (2(N-1)).
+        const double bound = tcp * ranks / (2.0 * (ranks - 1));
+        if (t < 0) {
+          std::printf("%-6s %-6d %12s %s\n", size_text.c_str(), ranks, "error", transport.c_str());
+          continue;
+        }
+        std::printf("%-6s %-6d %9.3f ms %14.3f %14.3f %10.2f %s\n", size_text.c_str(), ranks,
+                    1e3 * t, bytes / t / 1e9, bound / 1e9, bytes / t / bound, transport.c_str());
+        std::fflush(stdout);
       }
-      const int64_t bytes = count << (unit == "KB" ? 10 : 20);
-      const double t = rubato::SecondsPerAllReduce(bytes, ranks, seconds, segment_elements);
-      // Ring bound on the time: 2(N-1)/N * S / B, so algbw <= B * N / (2(N-1)).
-      const double bound = tcp * ranks / (2.0 * (ranks - 1));
-      if (t < 0) {
-        std::printf("%-6s %-6d %12s\n", size_text.c_str(), ranks, "error");
-        continue;
-      }
-      std::printf("%-6s %-6d %9.3f ms %14.3f %14.3f %10.2f\n", size_text.c_str(), ranks, 1e3 * t,
-                  bytes / t / 1e9, bound / 1e9, bytes / t / bound);
-      std::fflush(stdout);
     }
   }
   return 0;
