@@ -16,7 +16,8 @@ workers are placed on --worker_hosts (default: every host) by --map_by slot (fil
 in host-file order, the default) or host (one per host in turn); a host takes at most `slots`
 workers (default 1) unless --oversubscribe. Servers do not take slots. Every process listens on a
 fixed port, 0.0.0.0:(--base_port + shard) for server shards and 0.0.0.0:(--base_port + rank) for
-allreduce ranks, and is advertised as HOST:PORT with HOST spelled as in the host file, so the whole
+allreduce ranks (whose TCP data connection listens on --base_port + workers + rank), and is
+advertised as HOST:PORT with HOST spelled as in the host file, so the whole
 --servers or --peers list is known before anything starts (every host must resolve every other
 host's name). Processes start through --rsh (default `ssh -o BatchMode=yes`), as
 `RSH HOST sh -c SCRIPT`: when the remote shell joins its arguments into one command line for a
@@ -819,7 +820,8 @@ class Plan:
         # listens in a job: servers (parameter-server modes) or ranks (allreduce).
         self.server_ports = [args.base_port + i for i in range(args.servers)]
         self.rank_ports = [args.base_port + r for r in range(args.workers)]
-        if args.base_port + max(args.servers, args.workers) > 65536:
+        self.rank_data_ports = [args.base_port + args.workers + r for r in range(args.workers)]
+        if args.base_port + max(args.servers, 2 * args.workers) > 65536:
             raise ValueError("--base_port %d leaves too few ports" % args.base_port)
 
     def servers(self):
@@ -918,7 +920,8 @@ def parse_args(argv):
                             "--bin_dir, made absolute).")
     hosts.add_argument("--base_port", type=int, default=None, metavar="PORT",
                        help="Server shard i listens on PORT + i, allreduce rank r on PORT + r "
-                            "(default %d)." % DEFAULT_BASE_PORT)
+                            "and its data connection on PORT + workers + r (default %d)."
+                            % DEFAULT_BASE_PORT)
     hosts.add_argument("--preflight_timeout", type=float, default=None, metavar="S",
                        help="Seconds for each host to answer a preflight check (default 30).")
     for name in CLUSTER_FLAGS + WORKER_FLAGS + SERVER_FLAGS:
@@ -1163,7 +1166,8 @@ def main(argv):
             view = WorkerView(w, os.path.join(run_dir, "worker-%d.jsonl" % w))
             views.append(view)
             if plan:
-                listen = ["--listen=0.0.0.0:%d" % plan.rank_ports[w]] if allreduce else []
+                listen = (["--listen=0.0.0.0:%d" % plan.rank_ports[w],
+                           "--ring_data_port=%d" % plan.rank_data_ports[w]] if allreduce else [])
                 proc = remote("worker-%d" % w, WORKER_PROGRAM, plan.worker_hosts[w],
                               [worker_bin, "--worker_id=%d" % w, where] + listen + cluster + flags,
                               crash_at_step=crash,

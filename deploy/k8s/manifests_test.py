@@ -97,13 +97,13 @@ class ManifestsTest(unittest.TestCase):
         self.assertTrue(all(m.get("readOnly") for m in mounts.values()), name)
         return pod, c
 
-    def check_headless_service(self, objects, name, port, component):
+    def check_headless_service(self, objects, name, ports, component):
         service = render.find(objects, "Service", name)
         self.assertIsNotNone(service, "no Service " + name)
         spec = service["spec"]
         self.assertEqual(spec["clusterIP"], "None")
         self.assertIs(spec["publishNotReadyAddresses"], True)
-        self.assertEqual([p["port"] for p in spec["ports"]], [port])
+        self.assertEqual([p["port"] for p in spec["ports"]], ports)
         self.assertEqual(spec["selector"], {"app.kubernetes.io/name": "rubato",
                                             "app.kubernetes.io/component": component})
         return service
@@ -123,7 +123,7 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(pod["subdomain"], "rubato-ps")
         self.assertIn("--shard_id=$(JOB_COMPLETION_INDEX)", c["args"])
         self.assertIn("--listen=0.0.0.0:5000", c["args"])
-        service = self.check_headless_service(objects, "rubato-ps", 5000, "parameter-server")
+        service = self.check_headless_service(objects, "rubato-ps", [5000], "parameter-server")
         for key, value in service["spec"]["selector"].items():
             self.assertEqual(ps["spec"]["template"]["metadata"]["labels"][key], value)
         return self.check_workers(objects, workers, "rubato-ps")
@@ -200,8 +200,9 @@ class ManifestsTest(unittest.TestCase):
         job, pod, c = self.check_workers(objects, 3, "rubato-ps")
         self.assertEqual(pod["subdomain"], "rubato-ring")
         self.assertIn("--listen=0.0.0.0:6000", c["args"])
-        self.assertIn(6000, [p["containerPort"] for p in c["ports"]])
-        service = self.check_headless_service(objects, "rubato-ring", 6000, "worker")
+        self.assertIn("--ring_data_port=6001", c["args"])  # The TCP data connection's port.
+        self.assertLessEqual({6000, 6001}, {p["containerPort"] for p in c["ports"]})
+        service = self.check_headless_service(objects, "rubato-ring", [6000, 6001], "worker")
         for key, value in service["spec"]["selector"].items():
             self.assertEqual(job["spec"]["template"]["metadata"]["labels"][key], value)
 
