@@ -10,10 +10,18 @@
 namespace rubato {
 namespace {
 
+// GCC function multiversioning, as in common/optimizer.cc. Not under clang, whose sanitizer builds
+// would run the ifunc resolver before the sanitizer's runtime is up (a crash at load time).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RUBATO_RING_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define RUBATO_RING_MULTIVERSION
+#endif
+
 // out (+)= the floats at `bytes` (out.size() of them, possibly unaligned), in one pass that also
 // flags non-finite values (an all-ones exponent). Returns whether all were finite. Written in
 // fixed blocks of 16 so that GCC vectorizes it at -O2 (and with AVX2 where the CPU has it).
-__attribute__((target_clones("avx2", "default"))) bool CombineFiniteFloatsImpl(
+RUBATO_RING_MULTIVERSION bool CombineFiniteFloatsImpl(
     const char* __restrict bytes, absl::Span<float> out, RingLink::Combine combine) {
   constexpr uint32_t kExponent = 0x7f800000u;
   constexpr size_t kBlock = 16;

@@ -444,7 +444,7 @@ void TcpRingLink::SenderLoop() {
     out_fd_.store(*fd);  // The destructor closes it.
   }
   for (;;) {
-    Frame* frame;
+    Frame frame;
     {
       absl::MutexLock lock(&mu_);
       auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -453,11 +453,11 @@ void TcpRingLink::SenderLoop() {
       mu_.Await(absl::Condition(&work));
       // Stopping: the destructor has waited for the queue to empty, or gave up on it.
       if (queue_.empty() || stopping_ || !send_error_.ok()) return;
-      // The caller's thread writes only while the queue is empty, and deque::push_back keeps
-      // references to other elements valid, so the front is this thread's until it pops it.
-      frame = &queue_.front();
+      // A copy: the front stays queued (the caller's thread writes only while the queue is
+      // empty) and unchanged (Flush reads it) until it is written.
+      frame = queue_.front();
     }
-    absl::Status written = Write(*fd, frame, /*block=*/true);
+    absl::Status written = Write(*fd, &frame, /*block=*/true);
     absl::MutexLock lock(&mu_);
     if (!written.ok()) {
       SetSendErrorLocked(stopping_ ? absl::CancelledError("the link closed") : written);
@@ -509,7 +509,7 @@ absl::Status TcpRingLink::Flush(absl::Time deadline) {
       for (const Frame& f : queue_) left += f.total() - f.sent;
       status = absl::DeadlineExceededError(
           absl::StrCat("all-reduce timed out sending to rank ", next_rank_, " at ", next_address_,
-                       ": ", left, " bytes not taken (the rank stopped reading)"));
+                       ": up to ", left, " bytes not taken (the rank stopped reading)"));
     }
   } else {
     status = send_error_;
