@@ -1,0 +1,63 @@
+// Checkpoint files of a parameter-server shard: written atomically, checksummed, the newest few
+// kept, and read back with every kind of damage detected and named.
+//
+// One file per checkpoint, <dir>/shard-<id>-step-<step as 12 digits>.ckpt:
+//   bytes  0-7   "RBCKPT1\n"
+//   bytes  8-15  the payload's length (uint64, little-endian)
+//   bytes 16-47  SHA-256 of the payload
+//   bytes 48-    the payload, a serialized ShardCheckpoint (proto/checkpoint.proto)
+// A file is written under a temporary name in the same directory, fsync'd, renamed into place, and
+// the directory fsync'd: a reader (or a restarted shard) sees a whole checkpoint or none, and a
+// failed write (a full disk) leaves the earlier checkpoints as they were. After each write, all
+// but the newest `keep` of the shard's checkpoints are removed.
+#ifndef RUBATO_SERVER_CHECKPOINT_H_
+#define RUBATO_SERVER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/checkpoint.pb.h"
+
+namespace rubato {
+
+std::string CheckpointPath(const std::string& dir, int shard_id, int64_t step);
+
+struct CheckpointFile {
+  std::string path;
+  int64_t step = 0;
+};
+
+// The shard's checkpoint files in `dir`, newest step first (names only; nothing is read).
+// NOT_FOUND if `dir` does not exist.
+absl::StatusOr<std::vector<CheckpointFile>> ListCheckpoints(const std::string& dir, int shard_id);
+
+// Writes `checkpoint` (its shard_id and step name the file) as above and keeps the newest `keep`
+// (>= 1). An error names the file and the system's reason (e.g. "No space left on device"); the
+// temporary file is then removed and nothing else changed.
+absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& checkpoint, int keep);
+
+// DATA_LOSS naming what is wrong: not a checkpoint, truncated, a checksum mismatch, a payload that
+// does not parse; NOT_FOUND or another error for a file that cannot be read.
+absl::StatusOr<ShardCheckpoint> ReadCheckpoint(const std::string& path);
+
+struct LoadedCheckpoint {
+  ShardCheckpoint checkpoint;
+  std::string path;
+  // Newer files that were passed over, each "path: why".
+  std::vector<std::string> skipped;
+};
+
+// The newest checkpoint of shard `shard_id` in `dir` that reads back whole (with `step`, the one
+// at that step), passing over damaged ones; nullopt if there is none (or no directory). A file
+// whose contents name another shard or step counts as damaged. DATA_LOSS listing every file and
+// why if there are checkpoints but none reads back: starting afresh would silently lose the job.
+absl::StatusOr<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(
+    const std::string& dir, int shard_id, std::optional<int64_t> step = std::nullopt);
+
+}  // namespace rubato
+
+#endif  // RUBATO_SERVER_CHECKPOINT_H_
