@@ -63,6 +63,14 @@ void Membership::SetTensorCount(int tensors) {
   std::fill(past_clock_.begin(), past_clock_.end(), 0);
 }
 
+void Membership::RestoreClocks(int64_t clock) {
+  for (int w = 0; w < num_workers(); ++w) {
+    std::fill(pushed_[w].begin(), pushed_[w].end(), clock - 1);
+    clock_[w] = clock;
+    past_clock_[w] = 0;
+  }
+}
+
 bool Membership::Pushed(int w, int t, int64_t step) {
   int64_t& last = pushed_[w][t];
   if (step <= last) return false;

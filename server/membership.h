@@ -57,6 +57,8 @@ class Membership {
   // Worker `w` pushed `step` to tensor `t`; true if its clock advanced.
   bool Pushed(int w, int t, int64_t step);
   int64_t Clock(int w) const { return clock_[w]; }
+  // Every worker has pushed steps 0 .. clock-1 to every tensor (a restored checkpoint).
+  void RestoreClocks(int64_t clock);
   // The smallest clock among members (kMaxStep with none).
   int64_t MinMemberClock() const;
 

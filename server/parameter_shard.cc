@@ -360,6 +360,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         index_[spec.name()] = i;
       }
       members_.SetTensorCount(static_cast<int>(tensors_.size()));
+      SetUpCheckpointing();
       initialised_ = true;
     } else {
       // The model must match the adopted one exactly.
@@ -443,6 +444,150 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
                    << " workers registered; optimizer " << optimizer_->config().type()
                    << "; learning-rate schedule:\n"
                    << schedule_->Describe();
+  return absl::OkStatus();
+}
+
+void ParameterShard::SetUpCheckpointing() {
+  if (options_.checkpoint_every_steps <= 0 || !options_.on_checkpoint) return;
+  // Under async and ssp a version counts every worker's updates.
+  const int64_t every = options_.checkpoint_every_steps *
+                        (policy_.Synchronous() ? 1 : options_.cluster.num_workers());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    tensors_[i]->SetCheckpointing(
+        every, [this, i](int64_t version, TensorSnapshot weights, TensorOptimizerState state) {
+          OnCaptured(static_cast<int>(i), version, std::move(weights), std::move(state));
+        });
+  }
+}
+
+void ParameterShard::OnCaptured(int tensor, int64_t version, TensorSnapshot weights,
+                                TensorOptimizerState optimizer_state) {
+  const int64_t step = policy_.Synchronous() ? version : version / options_.cluster.num_workers();
+  std::shared_ptr<CapturedCheckpoint> complete;
+  {
+    absl::MutexLock lock(&checkpoint_mu_);
+    PendingCheckpoint& p = pending_checkpoints_[step];
+    if (p.weights.empty()) {
+      p.weights.resize(tensors_.size());
+      p.optimizer_states.resize(tensors_.size());
+    }
+    if (p.weights[tensor].values != nullptr) return;  // Taken already (cannot happen twice).
+    p.weights[tensor] = std::move(weights);
+    p.optimizer_states[tensor] = std::move(optimizer_state);
+    if (++p.filled < tensors_.size()) return;
+    complete = std::make_shared<CapturedCheckpoint>();
+    complete->step = step;
+    complete->weights = std::move(p.weights);
+    complete->optimizer_states = std::move(p.optimizer_states);
+    // Older steps can no longer complete (every tensor is past them); drop them.
+    pending_checkpoints_.erase(pending_checkpoints_.begin(),
+                               pending_checkpoints_.upper_bound(step));
+  }
+  last_checkpoint_step_.store(step);
+  options_.on_checkpoint(std::move(complete));
+}
+
+ShardCheckpoint ParameterShard::CheckpointProto(const CapturedCheckpoint& capture) const {
+  ShardCheckpoint c;
+  c.set_shard_id(options_.shard_id);
+  c.set_num_shards(options_.num_shards);
+  c.set_step(capture.step);
+  *c.mutable_cluster() = options_.cluster;
+  *c.mutable_cluster()->mutable_optimizer() = optimizer_->config();
+  const std::string& type = optimizer_->config().type();
+  for (size_t i = 0; i < tensors_.size() && i < capture.weights.size(); ++i) {
+    TensorCheckpoint* t = c.add_tensors();
+    t->set_name(tensors_[i]->name());
+    for (int64_t d : tensors_[i]->shape()) t->add_shape(d);
+    const std::vector<float>& values = *capture.weights[i].values;
+    t->set_values(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    t->set_version(capture.weights[i].version);
+    *t->mutable_optimizer_state() = SaveOptimizerState(type, capture.optimizer_states[i]);
+  }
+  absl::MutexLock lock(&mu_);
+  for (int w = 0; w < members_.num_workers(); ++w) {
+    const Membership::Worker& worker = members_.worker(w);
+    WorkerCheckpoint* wc = c.add_workers();
+    wc->set_worker_id(w);
+    wc->set_batch_size(worker.batch_size);
+    wc->set_clock(capture.step);
+    c.set_global_batch(c.global_batch() + worker.batch_size);
+  }
+  c.set_steps_per_epoch(members_.worker(0).steps_per_epoch);
+  c.set_total_steps(members_.worker(0).total_steps);
+  c.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
+  return c;
+}
+
+absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
+  auto mismatch = [&](absl::string_view what, const auto& theirs, const auto& ours) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint is of another job: its ", what, " is ", theirs, ", this shard's ", ours));
+  };
+  if (c.shard_id() != options_.shard_id) return mismatch("shard", c.shard_id(), options_.shard_id);
+  if (c.num_shards() != options_.num_shards) {
+    return mismatch("shard count", c.num_shards(), options_.num_shards);
+  }
+  if (c.cluster().num_workers() != options_.cluster.num_workers()) {
+    return mismatch("worker count", c.cluster().num_workers(), options_.cluster.num_workers());
+  }
+  if (FormatConsistency(c.cluster().consistency()) !=
+      FormatConsistency(options_.cluster.consistency())) {
+    return mismatch("mode", FormatConsistency(c.cluster().consistency()),
+                    FormatConsistency(options_.cluster.consistency()));
+  }
+  const std::string& type = optimizer_->config().type();
+  if (c.cluster().optimizer().type() != type) {
+    return mismatch("optimizer", c.cluster().optimizer().type(), type);
+  }
+  if (c.tensors().empty() || c.tensors_size() > kMaxTensors) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint of step ", c.step(), " holds ", c.tensors_size(), " tensors"));
+  }
+  std::vector<std::unique_ptr<TensorAggregator>> tensors;
+  absl::flat_hash_map<std::string, int> index;
+  int64_t versions = 0;
+  for (const TensorCheckpoint& t : c.tensors()) {
+    const std::string what = absl::StrCat("checkpoint tensor '", t.name(), "'");
+    if (absl::Status s = CheckTensorName(t.name()); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", s.message()));
+    }
+    std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    absl::StatusOr<int64_t> n = CheckedElementCount(t.shape());
+    if (!n.ok()) return absl::DataLossError(absl::StrCat(what, ": ", n.status().message()));
+    if (absl::Status s = CheckFloatBytes(what, t.values(), *n); !s.ok()) {
+      return absl::DataLossError(s.message());
+    }
+    const bool consistent = policy_.Synchronous() ? t.version() == c.step() : t.version() >= 0;
+    if (!consistent) {
+      return absl::DataLossError(absl::StrCat(what, " is at version ", t.version(),
+                                              ", not the checkpoint's step ", c.step()));
+    }
+    absl::StatusOr<TensorOptimizerState> state = LoadOptimizerState(t.optimizer_state(), type, *n);
+    if (!state.ok()) return absl::DataLossError(absl::StrCat(what, ": ", state.status().message()));
+    if (!index.emplace(t.name(), static_cast<int>(tensors.size())).second) {
+      return absl::DataLossError(absl::StrCat(what, " appears twice"));
+    }
+    std::vector<float> values(*n);
+    BytesToFloats(t.values(), absl::MakeSpan(values));
+    const TensorRole role = optimizer_->RoleOf(t.name(), shape);
+    tensors.push_back(std::make_unique<TensorAggregator>(
+        t.name(), std::move(shape), std::move(values), role, options_.cluster.num_workers()));
+    tensors.back()->Restore(t.version(), std::move(*state));
+    versions += t.version();
+  }
+  absl::MutexLock lock(&mu_);
+  if (initialised_) {
+    return absl::FailedPreconditionError("the shard has weights already; restore before training");
+  }
+  tensors_ = std::move(tensors);
+  index_ = std::move(index);
+  members_.SetTensorCount(static_cast<int>(tensors_.size()));
+  if (!policy_.Synchronous()) members_.RestoreClocks(c.step());
+  SetUpCheckpointing();
+  initialised_ = true;
+  restored_versions_ = versions;
+  restored_step_.store(c.step());
   return absl::OkStatus();
 }
 
@@ -996,7 +1141,7 @@ GetStatsResponse ParameterShard::Stats() const {
     ts->set_name(t->name());
     ts->set_elements(t->elements());
     ts->set_version(version);
-    applied += version;
+    applied += version;  // Less the restored versions, below.
     min_version = std::min(min_version, version);
   }
   s.set_min_version(min_version);
@@ -1004,7 +1149,9 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_pushes(pushes_);
   s.set_rejected_pushes(rejected_pushes_);
   s.set_duplicate_gradients(duplicate_gradients_);
-  s.set_applied_updates(applied);
+  s.set_applied_updates(applied - restored_versions_);
+  s.set_restored_step(restored_step_);
+  s.set_last_checkpoint_step(last_checkpoint_step_);
   s.set_dropped_workers(dropped_workers_);
   s.set_dropped_gradients(dropped_gradients_);
   for (int id = 0; id < members_.num_workers(); ++id) {

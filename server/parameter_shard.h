@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,7 @@
 #include "common/optimizer.h"
 #include "common/tensor_wire.h"
 #include "common/thread_pool.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "server/consistency_policy.h"
@@ -79,6 +81,22 @@ struct ShardOptions {
   int update_threads = 1;
   // Threads that apply pushed gradients, one tensor each at a time (>= 1).
   int apply_threads = 2;
+  // Checkpoints every this many job steps (0: none), handed to on_checkpoint (see
+  // CapturedCheckpoint), which must return quickly: it runs on the thread that applied the last
+  // update of the step, with that tensor's lock held.
+  int64_t checkpoint_every_steps = 0;
+  std::function<void(std::shared_ptr<const struct CapturedCheckpoint>)> on_checkpoint;
+};
+
+// Every tensor of a shard at one job step, for a checkpoint. Under bsp and backup each tensor was
+// taken right after the update that brought it to version `step`, so the cut is consistent even
+// though tensors update independently; under async and ssp, when its own update count reached
+// step x workers. The weights are shared with the shard (copy-on-write), the optimizer states
+// copied. ParameterShard::CheckpointProto turns it into what server/checkpoint.h writes.
+struct CapturedCheckpoint {
+  int64_t step = 0;
+  std::vector<TensorSnapshot> weights;  // In the shard's tensor order.
+  std::vector<TensorOptimizerState> optimizer_states;
 };
 
 // One tensor of a pull's answer: its name and the shared weights of one version.
@@ -155,6 +173,16 @@ class ParameterShard {
 
   GetStatsResponse Stats() const;
 
+  // Puts back a checkpoint (server/checkpoint.h) before any worker registers: the tensors, their
+  // versions and optimizer states, and under async and ssp every worker's clock at the
+  // checkpoint's step. Workers then register without values and go on from that step.
+  // FAILED_PRECONDITION naming the difference for another job's checkpoint (shard, shard count,
+  // workers, mode, optimizer type), DATA_LOSS for one that is inconsistent.
+  absl::Status Restore(const ShardCheckpoint& checkpoint);
+  // The checkpoint to write for `capture`: it plus the job, the tensors' names and shapes, and the
+  // workers' batches and clocks.
+  ShardCheckpoint CheckpointProto(const CapturedCheckpoint& capture) const;
+
   // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
   void Shutdown();
 
@@ -198,6 +226,10 @@ class ParameterShard {
                      std::function<void(absl::Status)> on_added, GradientOutcome* outcome);
   void RecordStaleness(int64_t tau);
   void DeadlineLoop();
+  // Points every tensor's checkpoint captures at OnCaptured.
+  void SetUpCheckpointing() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCaptured(int tensor, int64_t version, TensorSnapshot weights,
+                  TensorOptimizerState optimizer_state);
 
   // Constant after construction.
   const ShardOptions options_;
@@ -234,6 +266,17 @@ class ParameterShard {
   std::atomic<int64_t> dropped_gradients_{0};
   std::atomic<int64_t> staleness_histogram_[8] = {};
   std::atomic<double> last_learning_rate_{0};
+  // Checkpoint captures not yet complete, by step. Locked after a tensor's lock, never before.
+  struct PendingCheckpoint {
+    std::vector<TensorSnapshot> weights;
+    std::vector<TensorOptimizerState> optimizer_states;
+    size_t filled = 0;
+  };
+  absl::Mutex checkpoint_mu_;
+  std::map<int64_t, PendingCheckpoint> pending_checkpoints_ ABSL_GUARDED_BY(checkpoint_mu_);
+  std::atomic<int64_t> restored_step_{-1};
+  int64_t restored_versions_ = 0;  // Their sum at the restore (set before training).
+  std::atomic<int64_t> last_checkpoint_step_{-1};
 
   std::unique_ptr<UpdatePool> update_pool_;
   std::thread deadline_thread_;  // Last members: started when everything else is ready.

@@ -22,6 +22,24 @@ TensorAggregator::TensorAggregator(std::string name, std::vector<int64_t> shape,
       last_pushed_(num_workers, -1),
       pulled_version_(num_workers, 0) {}
 
+void TensorAggregator::SetCheckpointing(int64_t every_versions, CaptureSink sink) {
+  absl::MutexLock lock(&mu_);
+  checkpoint_every_ = every_versions;
+  checkpoint_sink_ = std::move(sink);
+}
+
+void TensorAggregator::Restore(int64_t version, TensorOptimizerState optimizer_state) {
+  absl::MutexLock lock(&mu_);
+  version_ = version;
+  optimizer_state_ = std::move(optimizer_state);
+  std::fill(pulled_version_.begin(), pulled_version_.end(), version);
+}
+
+TensorOptimizerState TensorAggregator::OptimizerState() const {
+  absl::MutexLock lock(&mu_);
+  return optimizer_state_;
+}
+
 int64_t TensorAggregator::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
@@ -201,6 +219,9 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
   ctx.optimizer->Update(static_cast<float>(learning_rate), sum_, absl::MakeSpan(*weights_), role_,
                         &optimizer_state_, ctx.pool);
   ++version_;
+  if (checkpoint_every_ > 0 && version_ % checkpoint_every_ == 0 && checkpoint_sink_) {
+    checkpoint_sink_(version_, {weights_, version_}, optimizer_state_);
+  }
   std::fill(received_.begin(), received_.end(), 0);
   received_count_ = 0;
   added_ = 0;

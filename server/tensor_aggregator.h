@@ -135,6 +135,19 @@ class TensorAggregator {
   int64_t ExtraBytes() const;
   TensorSnapshot Snapshot() const;
 
+  // Checkpoints. After each update that brings the version to a multiple of `every_versions`
+  // (> 0), `sink` gets that version's weights (shared, so the next update copies them, as it does
+  // while a pull sends them) and a copy of the optimizer state: the update stalls for that copy
+  // only. `sink` runs under the tensor's lock and must not call back into it. Set before training.
+  using CaptureSink = std::function<void(int64_t version, TensorSnapshot weights,
+                                         TensorOptimizerState optimizer_state)>;
+  void SetCheckpointing(int64_t every_versions, CaptureSink sink);
+  // Puts back a checkpointed version and optimizer state (the weights were given to the
+  // constructor), before training.
+  void Restore(int64_t version, TensorOptimizerState optimizer_state);
+  // The current optimizer state, copied (tests).
+  TensorOptimizerState OptimizerState() const;
+
  private:
   struct Held {
     ByteChunks data;
@@ -163,6 +176,8 @@ class TensorAggregator {
   const int num_workers_;
 
   mutable absl::Mutex mu_;
+  int64_t checkpoint_every_ ABSL_GUARDED_BY(mu_) = 0;
+  CaptureSink checkpoint_sink_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   TensorOptimizerState optimizer_state_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,257 @@
+// A shard checkpointed mid-job, written, read back and restored into a new shard, then trained on,
+// ends bit-identical to a shard that was never interrupted: weights, every optimizer's slots, and
+// the learning-rate schedule's position (warmup and decay depend on it).
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/tensor_bytes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
+#include "server/parameter_shard.h"
+
+namespace rubato {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWorkers = 2;
+const std::vector<std::string> kNames = {"dense/kernel", "dense/bias"};
+const std::vector<std::vector<int64_t>> kShapes = {{8, 4}, {4}};
+
+ShardOptions Options(const OptimizerConfig& optimizer, ConsistencyMode mode) {
+  ShardOptions o;
+  o.cluster.set_num_workers(kWorkers);
+  o.cluster.mutable_consistency()->set_mode(mode);
+  *o.cluster.mutable_optimizer() = optimizer;
+  o.cluster.set_lease_ms(60000);
+  o.cluster.set_wait_timeout_ms(10000);
+  LearningRateSchedule* s = o.cluster.mutable_lr_schedule();
+  s->set_warmup_steps(mode == BSP ? 6 : 12);  // Past the checkpoint: its position matters.
+  s->set_decay("cosine");
+  return o;
+}
+
+std::vector<float> Values(int tensor, uint32_t seed) {
+  const int64_t n = kShapes[tensor][0] * (kShapes[tensor].size() > 1 ? kShapes[tensor][1] : 1);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = std::sin(0.37f * static_cast<float>(i + 1) * static_cast<float>(seed % 97 + 1)) *
+           (tensor == 0 ? 1.0f : 0.1f);
+  }
+  return v;
+}
+
+RegisterRequest Registration(int worker, ConsistencyMode mode, bool with_values) {
+  RegisterRequest r;
+  r.set_worker_id(worker);
+  r.set_num_workers(kWorkers);
+  r.mutable_consistency()->set_mode(mode);
+  r.set_batch_size(16);
+  r.set_steps_per_epoch(10);
+  r.set_total_steps(40);
+  for (int t = 0; t < 2; ++t) {
+    TensorSpec* spec = r.add_model();
+    spec->set_name(kNames[t]);
+    for (int64_t d : kShapes[t]) spec->add_shape(d);
+    if (with_values) {
+      TensorValue* v = r.add_initial_values();
+      v->set_name(kNames[t]);
+      FloatsToBytes(Values(t, 1000 + t), v->mutable_data());
+    }
+  }
+  return r;
+}
+
+// Steps [from, to) of both workers, in worker order, each gradient a function of (step, worker).
+void Train(ParameterShard* shard, int64_t from, int64_t to) {
+  for (int64_t step = from; step < to; ++step) {
+    for (int w = 0; w < kWorkers; ++w) {
+      // Pull first, as a worker does (async refuses a push beyond what the worker pulled).
+      PullRequest pull;
+      pull.set_worker_id(w);
+      pull.set_step(step);
+      absl::Notification pulled;
+      shard->Pull(pull, absl::Now() + absl::Seconds(10), [&](absl::Status s, PullResponse) {
+        EXPECT_TRUE(s.ok()) << "pull of step " << step << ": " << s;
+        pulled.Notify();
+      });
+      ASSERT_TRUE(pulled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      PushRequest push;
+      push.set_worker_id(w);
+      push.set_step(step);
+      for (int t = 0; t < 2; ++t) {
+        TensorValue* g = push.add_gradients();
+        g->set_name(kNames[t]);
+        FloatsToBytes(Values(t, static_cast<uint32_t>(step * 7 + w * 3 + t)), g->mutable_data());
+      }
+      absl::StatusOr<PushResponse> r = shard->Push(push);
+      ASSERT_TRUE(r.ok()) << "step " << step << " worker " << w << ": " << r.status();
+    }
+  }
+}
+
+std::vector<std::vector<float>> Weights(ParameterShard* shard) {
+  PullRequest pull;
+  pull.set_worker_id(0);
+  pull.set_step(0);
+  absl::Notification done;
+  PullResponse answer;
+  shard->Pull(pull, absl::Now() + absl::Seconds(10), [&](absl::Status s, PullResponse r) {
+    EXPECT_TRUE(s.ok()) << s;
+    answer = std::move(r);
+    done.Notify();
+  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::vector<std::vector<float>> out;
+  for (const TensorValue& v : answer.tensors()) {
+    out.emplace_back(v.data().size() / 4);
+    BytesToFloats(v.data(), absl::MakeSpan(out.back()));
+  }
+  return out;
+}
+
+std::unique_ptr<ParameterShard> NewShard(const ShardOptions& options) {
+  absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(options);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  return std::move(*shard);
+}
+
+struct Case {
+  std::string name;
+  ConsistencyMode mode;
+  OptimizerConfig optimizer;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  auto add = [&](const std::string& type, ConsistencyMode mode, double lr, double momentum) {
+    Case c{absl::StrCat(type, mode == BSP ? "/bsp" : "/async"), mode, {}};
+    c.optimizer.set_type(type);
+    c.optimizer.set_learning_rate(lr);
+    if (momentum > 0) c.optimizer.set_momentum(momentum);
+    if (type != "sgd") c.optimizer.set_weight_decay(0.01);
+    cases.push_back(c);
+  };
+  add("sgd", BSP, 0.1, 0.9);
+  add("adam", BSP, 0.01, 0);
+  add("lars", BSP, 0.5, 0.9);
+  add("lamb", BSP, 0.01, 0);
+  add("sgd", ASYNC, 0.1, 0.9);
+  add("lamb", ASYNC, 0.01, 0);
+  return cases;
+}
+
+TEST(ShardCheckpointTest, RestoredShardContinuesBitIdenticallyForEveryOptimizer) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    ShardOptions options = Options(c.optimizer, c.mode);
+    // The reference: 20 steps, never interrupted.
+    std::unique_ptr<ParameterShard> reference = NewShard(options);
+    for (int w = 0; w < kWorkers; ++w) {
+      ASSERT_TRUE(reference->Register(Registration(w, c.mode, true)).ok());
+    }
+    ASSERT_NO_FATAL_FAILURE(Train(reference.get(), 0, 20));
+
+    // The same job checkpointing every 4 steps, stopped after 10: the newest checkpoint is step 8.
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/shard_ckpt_", c.name);
+    ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir, "'; mkdir -p '", dir, "'").c_str()), 0);
+    absl::Mutex mu;
+    std::vector<std::shared_ptr<const CapturedCheckpoint>> captured;
+    options.checkpoint_every_steps = 4;
+    options.on_checkpoint = [&](std::shared_ptr<const CapturedCheckpoint> capture) {
+      absl::MutexLock lock(&mu);
+      captured.push_back(std::move(capture));
+    };
+    std::unique_ptr<ParameterShard> first = NewShard(options);
+    for (int w = 0; w < kWorkers; ++w) {
+      ASSERT_TRUE(first->Register(Registration(w, c.mode, true)).ok());
+    }
+    ASSERT_NO_FATAL_FAILURE(Train(first.get(), 0, 10));
+    std::vector<std::shared_ptr<const CapturedCheckpoint>> taken;
+    {
+      absl::MutexLock lock(&mu);
+      taken = captured;
+    }
+    // Not under `mu`: on_checkpoint takes it under a tensor's lock, and CheckpointProto takes
+    // the shard's, which comes before a tensor's.
+    ASSERT_EQ(taken.size(), 2u);
+    EXPECT_EQ(taken[0]->step, 4);
+    EXPECT_EQ(taken[1]->step, 8);
+    for (const auto& capture : taken) {
+      ASSERT_TRUE(WriteCheckpoint(dir, first->CheckpointProto(*capture), 3).ok());
+    }
+    EXPECT_EQ(first->Stats().last_checkpoint_step(), 8);
+    first.reset();
+
+    // A new shard restored from the newest file, trained from step 8 on.
+    absl::StatusOr<std::optional<LoadedCheckpoint>> loaded = LoadNewestCheckpoint(dir, 0);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_TRUE(loaded->has_value());
+    ASSERT_EQ((*loaded)->checkpoint.step(), 8);
+    std::unique_ptr<ParameterShard> restored = NewShard(options);
+    ASSERT_TRUE(restored->Restore((*loaded)->checkpoint).ok());
+    for (int w = 0; w < kWorkers; ++w) {
+      absl::StatusOr<RegisterResponse> r = restored->Register(Registration(w, c.mode, false));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->resume_step(), 8) << "worker " << w;
+      EXPECT_FALSE(r->needs_initial_values());
+    }
+    EXPECT_EQ(restored->Stats().restored_step(), 8);
+    ASSERT_NO_FATAL_FAILURE(Train(restored.get(), 8, 20));
+    EXPECT_EQ(restored->Stats().applied_updates(),
+              reference->Stats().applied_updates() - (c.mode == BSP ? 8 * 2 : 8 * 2 * kWorkers));
+    const auto want = Weights(reference.get());
+    const auto got = Weights(restored.get());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t t = 0; t < want.size(); ++t) {
+      ASSERT_EQ(got[t].size(), want[t].size());
+      for (size_t i = 0; i < want[t].size(); ++i) {
+        ASSERT_EQ(got[t][i], want[t][i]) << "tensor " << t << " element " << i;
+      }
+    }
+    EXPECT_EQ(restored->Stats().learning_rate(), reference->Stats().learning_rate());
+  }
+}
+
+TEST(ShardCheckpointTest, AnotherJobsCheckpointIsRefusedNamingTheDifference) {
+  OptimizerConfig adam;
+  adam.set_type("adam");
+  adam.set_learning_rate(0.01);
+  ShardOptions options = Options(adam, BSP);
+  std::shared_ptr<const CapturedCheckpoint> capture;
+  options.checkpoint_every_steps = 2;
+  options.on_checkpoint = [&](std::shared_ptr<const CapturedCheckpoint> c) { capture = c; };
+  std::unique_ptr<ParameterShard> shard = NewShard(options);
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(shard->Register(Registration(w, BSP, true)).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(Train(shard.get(), 0, 2));
+  ASSERT_NE(capture, nullptr);
+  const ShardCheckpoint good = shard->CheckpointProto(*capture);
+
+  OptimizerConfig lamb = adam;
+  lamb.set_type("lamb");
+  EXPECT_THAT(NewShard(Options(lamb, BSP))->Restore(good).message(), HasSubstr("optimizer"));
+  EXPECT_THAT(NewShard(Options(adam, ASYNC))->Restore(good).message(), HasSubstr("mode"));
+  ShardCheckpoint torn = good;
+  torn.mutable_tensors(1)->set_version(1);  // Not a consistent cut.
+  EXPECT_TRUE(absl::IsDataLoss(NewShard(options)->Restore(torn)));
+  ShardCheckpoint short_values = good;
+  short_values.mutable_tensors(0)->mutable_values()->resize(12);
+  EXPECT_TRUE(absl::IsDataLoss(NewShard(options)->Restore(short_values)));
+  ShardCheckpoint bad_slots = good;
+  bad_slots.mutable_tensors(0)->mutable_optimizer_state()->mutable_slot2()->resize(8);
+  EXPECT_TRUE(absl::IsDataLoss(NewShard(options)->Restore(bad_slots)));
+  // After training started, a restore is refused.
+  EXPECT_TRUE(absl::IsFailedPrecondition(shard->Restore(good)));
+}
+
+}  // namespace
+}  // namespace rubato
