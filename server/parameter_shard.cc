@@ -416,6 +416,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     // and ssp, whose versions count every worker's updates (a rejoined worker that took the version
     // would skip steps it never computed and, under ssp, wait on a clock no one will reach).
     response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
+    response.set_restored_step(restored_step_);
   }
   for (const PullStatePtr& p : ready) Complete(p);
   Finish(&released);

@@ -13,7 +13,12 @@
 // exit 1 naming the workers. SIGINT or SIGTERM: the same final statistics, exit 0. Every port
 // serves the gRPC health service (SERVING until shutdown), and --health_listen adds a plaintext
 // port that serves only that, for probes.
+#include <unistd.h>
+
 #include <csignal>
+#include <filesystem>
+#include <cstdlib>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -24,6 +29,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/cluster_flags.h"
@@ -38,6 +44,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/checkpoint.h"
+#include "server/checkpoint_writer.h"
 #include "server/parameter_service.h"
 #include "server/parameter_shard.h"
 
@@ -58,6 +66,15 @@ ABSL_FLAG(int64_t, idle_timeout_ms, 600000,
 ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
 ABSL_FLAG(int, apply_threads, 2,
           "Threads that apply pushed gradients, different tensors in parallel, off gRPC's threads.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Write checkpoints of this shard here (created if missing), and at start restore the "
+          "newest one that reads back whole, passing over damaged ones (server/checkpoint.h).");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 100,
+          "With --checkpoint_dir: checkpoint every this many job steps.");
+ABSL_FLAG(int, checkpoint_keep, 3, "With --checkpoint_dir: keep this many newest checkpoints.");
+ABSL_FLAG(int64_t, restore_step, -1,
+          "With --checkpoint_dir: restore the checkpoint of exactly this step rather than the "
+          "newest (to bring the shards of a bsp job to a common step).");
 ABSL_FLAG(int64_t, memory_budget_mb, 0,
           "Cap on the memory gRPC may use for connections and calls in flight, in MiB (a "
           "grpc::ResourceQuota). 0: 4 x --max_message_mb + 256.");
@@ -122,14 +139,74 @@ int main(int argc, char** argv) {
   if (memory_budget < 0) return Fail("--memory_budget_mb must be >= 0");
   if (memory_budget == 0) memory_budget = 4 * rubato::MaxMessageBytes(*spec) + (int64_t{256} << 20);
 
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  const int checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  const int64_t restore_step = absl::GetFlag(FLAGS_restore_step);
+  if (!checkpoint_dir.empty()) {
+    if (checkpoint_every < 1) return Fail("--checkpoint_every_steps must be >= 1");
+    if (checkpoint_keep < 1) return Fail("--checkpoint_keep must be >= 1");
+    std::error_code error;
+    std::filesystem::create_directories(checkpoint_dir, error);
+    if (error || access(checkpoint_dir.c_str(), W_OK) != 0) {
+      return Fail(absl::StrCat("--checkpoint_dir ", checkpoint_dir, " cannot be created or is not "
+                               "writable", error ? ": " + error.message() : ""));
+    }
+  } else if (restore_step >= 0) {
+    return Fail("--restore_step needs --checkpoint_dir");
+  }
+
   rubato::ShardOptions options;
   options.shard_id = shard_id;
   options.num_shards = num_shards;
   options.cluster = *spec;
   options.update_threads = absl::GetFlag(FLAGS_update_threads);
   options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  // The writer is created after the shard (it needs the shard's CheckpointProto), so captures go
+  // through this pointer, set before any worker can register and cleared before the writer goes.
+  absl::Mutex writer_mu;
+  rubato::CheckpointWriter* writer_ptr = nullptr;
+  if (!checkpoint_dir.empty()) {
+    options.checkpoint_every_steps = checkpoint_every;
+    options.on_checkpoint = [&](std::shared_ptr<const rubato::CapturedCheckpoint> c) {
+      absl::MutexLock lock(&writer_mu);
+      if (writer_ptr != nullptr) writer_ptr->Submit(std::move(c));
+    };
+  }
   auto shard = rubato::ParameterShard::Create(options);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
+  std::unique_ptr<rubato::CheckpointWriter> writer;
+  if (!checkpoint_dir.empty()) {
+    absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded = rubato::LoadNewestCheckpoint(
+        checkpoint_dir, shard_id,
+        restore_step >= 0 ? std::optional<int64_t>(restore_step) : std::nullopt);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    if (loaded->has_value()) {
+      for (const std::string& why : (*loaded)->skipped) {
+        RUBATO_LOG(WARNING) << "checkpoint passed over: " << why;
+      }
+      if (absl::Status s = (*shard)->Restore((*loaded)->checkpoint); !s.ok()) {
+        return Fail(absl::StrCat("cannot restore ", (*loaded)->path, ": ", s.message()));
+      }
+      RUBATO_LOG(INFO) << "restored shard " << shard_id << " from " << (*loaded)->path
+                       << ": step " << (*loaded)->checkpoint.step()
+                       << "; workers go on from there";
+    } else if (restore_step >= 0) {
+      return Fail(absl::StrCat("--restore_step=", restore_step, ": no checkpoint of shard ",
+                               shard_id, " at that step in ", checkpoint_dir));
+    } else {
+      RUBATO_LOG(INFO) << "no checkpoint of shard " << shard_id << " in " << checkpoint_dir
+                       << ": starting afresh";
+    }
+    rubato::ParameterShard* raw = shard->get();
+    writer = std::make_unique<rubato::CheckpointWriter>(
+        checkpoint_dir, checkpoint_keep,
+        [raw](const rubato::CapturedCheckpoint& c) { return raw->CheckpointProto(c); });
+    absl::MutexLock lock(&writer_mu);
+    writer_ptr = writer.get();
+    RUBATO_LOG(INFO) << "checkpoints every " << checkpoint_every << " steps into "
+                     << checkpoint_dir << ", keeping " << checkpoint_keep;
+  }
 
   rubato::ParameterService service(shard->get(), *security);
   rubato::HealthService health_service({"rubato.ParameterServer"});
@@ -203,10 +280,18 @@ int main(int argc, char** argv) {
     RUBATO_LOG(INFO) << "job over: every worker has finished or was dropped; shutting down";
   }
   health_service.SetServing(false);
+  if (writer != nullptr && !writer->Idle(absl::Seconds(30))) {
+    RUBATO_LOG(ERROR) << "the last checkpoint was still being written after 30 s";
+  }
   const rubato::GetStatsResponse stats = (*shard)->Stats();
   (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (health != nullptr) health->Shutdown(std::chrono::system_clock::now());
+  {
+    absl::MutexLock lock(&writer_mu);
+    writer_ptr = nullptr;
+  }
+  writer.reset();
   const std::string json = StatsJson(stats);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_stats_file); !path.empty()) {

@@ -106,6 +106,14 @@ void ShardedBatcher::Shuffle() {
   position_ = 0;
 }
 
+void ShardedBatcher::SeekToStep(int64_t step) {
+  const int64_t n = static_cast<int64_t>(order_.size());
+  const int64_t consumed = step * batch_size_;
+  epoch_ = consumed / n;
+  Shuffle();
+  position_ = consumed % n;
+}
+
 void ShardedBatcher::Next(float* x, int32_t* y) {
   const int64_t dim = data_->dim;
   for (int b = 0; b < batch_size_; ++b) {

@@ -62,6 +62,10 @@ class ShardedBatcher {
   // (batch_size). Reshuffles whenever an epoch's permutation is used up, possibly mid-batch.
   void Next(float* x, int32_t* y);
 
+  // Positions the batcher where it stands after `step` calls of Next from the start (a job resumed
+  // from a checkpoint at that step draws the same examples as one that never stopped).
+  void SeekToStep(int64_t step);
+
   // Number of epochs completed, i.e. the epoch the next example is drawn from (0 at first).
   int64_t epoch() const { return epoch_; }
   // Examples in this rank's shard.

@@ -112,6 +112,19 @@ TEST(ShardedBatcherTest, EpochCountsCompletedPasses) {
   }
 }
 
+TEST(ShardedBatcherTest, SeekToStepDrawsWhatAnUninterruptedBatcherDraws) {
+  const Dataset data = CountingDataset(23, 1);
+  for (int64_t step : {0, 1, 5, 6, 11, 40}) {  // Within, at and across epoch ends (7 ranks' shard).
+    absl::StatusOr<ShardedBatcher> straight = ShardedBatcher::Create(&data, 2, 3, 3, 9);
+    absl::StatusOr<ShardedBatcher> resumed = ShardedBatcher::Create(&data, 2, 3, 3, 9);
+    ASSERT_TRUE(straight.ok() && resumed.ok());
+    Draw(*straight, data, step);
+    resumed->SeekToStep(step);
+    EXPECT_EQ(resumed->epoch(), straight->epoch()) << "step " << step;
+    EXPECT_EQ(Draw(*resumed, data, 10), Draw(*straight, data, 10)) << "step " << step;
+  }
+}
+
 TEST(ShardedBatcherTest, OrderIsAFunctionOfSeedRankAndEpoch) {
   const Dataset data = CountingDataset(200, 1);
   auto stream = [&](int rank, uint64_t seed) {

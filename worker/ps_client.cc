@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -194,6 +195,27 @@ class GrpcPsClient final : public PsClient {
     // it acknowledge the repeat as a duplicate.
     int64_t resume = responses[0].resume_step();
     for (const RegisterResponse& r : responses) resume = std::min(resume, r.resume_step());
+    // Restored shards of a bsp or backup job must stand at one step: a shard ahead would answer
+    // pulls with weights the others have not reached, and refuse the steps in between.
+    const ConsistencyMode mode = responses[0].consistency().mode();
+    bool restored = false, differ = false;
+    for (const RegisterResponse& r : responses) {
+      restored |= r.restored_step() >= 0;
+      differ |= r.restored_step() != responses[0].restored_step();
+    }
+    if ((mode == BSP || mode == BACKUP) && restored && differ) {
+      std::vector<std::string> steps;
+      for (int s = 0; s < shards; ++s) {
+        steps.push_back(absl::StrCat("shard ", s, " at ",
+                                     responses[s].restored_step() < 0
+                                         ? std::string("no checkpoint")
+                                         : absl::StrCat("step ", responses[s].restored_step())));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards were restored from checkpoints of different steps (",
+          absl::StrJoin(steps, ", "), "); restart the shards that are ahead with --restore_step=",
+          resume, " (each keeps its newest --checkpoint_keep checkpoints)"));
+    }
     return resume;
   }
 

@@ -192,6 +192,9 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     if (resume > step) result.skipped_steps += std::min(resume, options.steps) - step;
     return std::max(resume, step);
   };
+  // A worker that starts mid-job (a resumed job, a restarted worker) draws the examples an
+  // uninterrupted one would draw from this step on.
+  if (options.start_step > 0) batcher->SeekToStep(options.start_step);
   for (int64_t step = options.start_step; step < options.steps; ++step) {
     if (options.current_step != nullptr) options.current_step->store(step);
     if (options.straggler != nullptr && options.straggler->CrashAt(step)) {

@@ -1,0 +1,162 @@
+// Checkpoints end to end: a bsp job whose every process is killed with SIGKILL mid-run is started
+// again on the same --checkpoint_dir, resumes from the shards' newest common checkpoint, and ends
+// with parameters bit-identical to a run that was never interrupted (the same updates in the same
+// order, the same examples from the resumed step on). Redone work is counted from the logs.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
+#include "tests/test_cluster.h"
+
+namespace rubato {
+namespace {
+
+constexpr int kShards = 2;
+constexpr int kWorkers = 2;
+constexpr int kEvery = 20;
+constexpr int kSteps = 160;
+
+std::vector<std::string> WorkerFlags() {
+  return {absl::StrCat("--data_dir=", kFashionMnistDir), "--train_limit=6000", "--test_limit=1000",
+          absl::StrCat("--steps=", kSteps), "--log_every=1"};
+}
+
+// The value of "key":<digits or string> in `line`, or "".
+std::string Field(const std::string& line, const std::string& key) {
+  const std::string quoted = absl::StrCat("\"", key, "\":");
+  const size_t at = line.find(quoted);
+  if (at == std::string::npos) return "";
+  size_t begin = at + quoted.size();
+  const bool string = line[begin] == '"';
+  if (string) ++begin;
+  size_t end = begin;
+  while (end < line.size() && line[end] != (string ? '"' : ',') && line[end] != '}') ++end;
+  return line.substr(begin, end - begin);
+}
+
+// Fingerprint of the final parameters, from the done record.
+std::string Fingerprint(const std::string& out) {
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
+    if (line.find("\"event\":\"done\"") != std::string::npos) return Field(line, "params_fnv1a");
+  }
+  return "";
+}
+
+// The highest step a step record names.
+int64_t LastStep(const std::string& out) {
+  int64_t last = -1;
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
+    if (line.find("\"event\":\"step\"") == std::string::npos) continue;
+    int64_t step = -1;
+    if (absl::SimpleAtoi(Field(line, "step"), &step)) last = std::max(last, step);
+  }
+  return last;
+}
+
+absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint_dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<TestCluster> cluster, TestCluster::Create());
+  TestServerOptions options;
+  options.num_shards = kShards;
+  options.num_workers = kWorkers;
+  options.extra_flags = {"--learning_rate=0.05", "--optimizer=adam"};
+  if (!checkpoint_dir.empty()) {
+    options.extra_flags.push_back("--checkpoint_dir=" + checkpoint_dir);
+    options.extra_flags.push_back(absl::StrCat("--checkpoint_every_steps=", kEvery));
+  }
+  RETURN_IF_ERROR(cluster->StartServers(options));
+  for (int w = 0; w < kWorkers; ++w)
+    RETURN_IF_ERROR(cluster->StartWorker(w, WorkerFlags()).status());
+  return cluster;
+}
+
+TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentically) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
+  // The reference: never interrupted.
+  std::string want;
+  {
+    absl::StatusOr<std::unique_ptr<TestCluster>> reference = Start("");
+    ASSERT_TRUE(IsOk(reference));
+    absl::StatusOr<std::map<int, int>> exits = (*reference)->WaitForWorkers(absl::Seconds(120));
+    ASSERT_TRUE(IsOk(exits));
+    want = Fingerprint((*reference)->worker(0)->ReadStdout());
+    ASSERT_EQ(want.size(), 16u) << (*reference)->worker(0)->ReadStdout();
+    EXPECT_EQ(Fingerprint((*reference)->worker(1)->ReadStdout()), want);
+  }
+
+  const std::string dir = ::testing::TempDir() + "/recovery_checkpoints";
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir, "'").c_str()), 0);
+  int64_t killed_at = -1;
+  {
+    absl::StatusOr<std::unique_ptr<TestCluster>> first = Start(dir);
+    ASSERT_TRUE(IsOk(first));
+    // Until both shards have a checkpoint of step 60 or later, then SIGKILL everything.
+    const absl::Time deadline = absl::Now() + absl::Seconds(90);
+    auto newest = [&](int shard) {
+      absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, shard);
+      return files.ok() && !files->empty() ? (*files)[0].step : int64_t{-1};
+    };
+    while ((newest(0) < 60 || newest(1) < 60) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_GE(std::min(newest(0), newest(1)), 60) << "no checkpoint of step 60 in 90 s";
+    // Then at a random moment within about one checkpoint interval.
+    const int64_t extra_ms = absl::ToUnixMicros(absl::Now()) % 300;
+    std::printf("killing %lld ms after the checkpoint of step 60\n",
+                static_cast<long long>(extra_ms));
+    absl::SleepFor(absl::Milliseconds(extra_ms));
+    for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(IsOk((*first)->worker(w)->Signal(SIGKILL)));
+    for (int s = 0; s < kShards; ++s) ASSERT_TRUE(IsOk((*first)->server(s)->Signal(SIGKILL)));
+    ASSERT_TRUE(IsOk((*first)->WaitForWorkers(absl::Seconds(10))));
+    for (int w = 0; w < kWorkers; ++w) {
+      killed_at = std::max(killed_at, LastStep((*first)->worker(w)->ReadStdout()));
+    }
+    ASSERT_LT(killed_at, kSteps - 1) << "the job ended before it was killed";
+  }
+
+  // Everything again, on the same directory.
+  absl::StatusOr<std::unique_ptr<TestCluster>> second = Start(dir);
+  ASSERT_TRUE(IsOk(second));
+  absl::StatusOr<std::map<int, int>> exits = (*second)->WaitForWorkers(absl::Seconds(120));
+  ASSERT_TRUE(IsOk(exits));
+  int64_t resumed_at = -1;
+  for (int w = 0; w < kWorkers; ++w) {
+    Subprocess* worker = (*second)->worker(w);
+    ASSERT_EQ(exits->at(w), 0) << worker->ReadStderr();
+    EXPECT_EQ(Fingerprint(worker->ReadStdout()), want)
+        << "worker " << w << "'s final parameters differ from the uninterrupted run's";
+  }
+  for (int s = 0; s < kShards; ++s) {
+    const std::string err = (*second)->server(s)->ReadStderr();
+    ASSERT_TRUE(HasLineContaining(err, "restored shard")) << err;
+    const size_t at = err.find(": step ");
+    ASSERT_NE(at, std::string::npos) << err;
+    int64_t step = -1;
+    ASSERT_TRUE(absl::SimpleAtoi(
+        err.substr(at + 7, err.find_first_not_of("0123456789", at + 7) - (at + 7)), &step));
+    resumed_at = resumed_at < 0 ? step : resumed_at;
+    EXPECT_EQ(step, resumed_at) << "the shards resumed from different steps";
+  }
+  EXPECT_TRUE(IsOk((*second)->WaitForServers(absl::Seconds(15))));
+  // Redone work: the steps computed before the kill that were computed again.
+  const int64_t redone = killed_at + 1 - resumed_at;
+  std::printf("killed after step %lld, resumed at step %lld: %lld steps redone (interval %d)\n",
+              static_cast<long long>(killed_at), static_cast<long long>(resumed_at),
+              static_cast<long long>(redone), kEvery);
+  ::testing::Test::RecordProperty("redone_steps", static_cast<int>(redone));
+  EXPECT_GE(resumed_at, 60);
+  EXPECT_LE(redone, kEvery + 1) << "more than one checkpoint interval was redone";
+}
+
+}  // namespace
+}  // namespace rubato
