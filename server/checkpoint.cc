@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/sha.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,31 +15,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the header's length is little-endian");
+#include "common/framed_file.h"
+#include "common/status_macros.h"
 
 namespace rubato {
 namespace {
 
-constexpr char kMagic[8] = {'R', 'B', 'C', 'K', 'P', 'T', '1', '\n'};
-constexpr size_t kHeaderBytes = 8 + 8 + SHA256_DIGEST_LENGTH;
+constexpr absl::string_view kMagic("RBCKPT1\n", 8);
 
 std::string Errno(absl::string_view what, const std::string& path) {
   return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
-}
-
-absl::Status WriteAll(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      return absl::UnavailableError(Errno("cannot write checkpoint", path));
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 // The step in "shard-<id>-step-<step>.ckpt", or nullopt for any other name.
@@ -84,36 +68,9 @@ absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& chec
   if (!checkpoint.SerializeToString(&payload)) {
     return absl::InternalError("checkpoint does not serialize (over 2 GiB?)");
   }
-  char header[kHeaderBytes];
-  std::memcpy(header, kMagic, 8);
-  const uint64_t length = payload.size();
-  std::memcpy(header + 8, &length, 8);
-  SHA256(reinterpret_cast<const unsigned char*>(payload.data()), payload.size(),
-         reinterpret_cast<unsigned char*>(header + 16));
-
   const std::string path = CheckpointPath(dir, checkpoint.shard_id(), checkpoint.step());
-  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::UnavailableError(Errno("cannot create checkpoint", tmp));
-  absl::Status status = WriteAll(fd, header, sizeof(header), tmp);
-  if (status.ok()) status = WriteAll(fd, payload.data(), payload.size(), tmp);
-  if (status.ok() && ::fsync(fd) != 0) {
-    status = absl::UnavailableError(Errno("cannot fsync checkpoint", tmp));
-  }
-  if (::close(fd) != 0 && status.ok()) {
-    status = absl::UnavailableError(Errno("cannot close checkpoint", tmp));
-  }
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = absl::UnavailableError(Errno("cannot rename checkpoint into place at", path));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  // The rename is durable once the directory is.
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  if (absl::Status s = WriteFramedFile(path, kMagic, payload); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint: ", s.message()));
   }
   absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, checkpoint.shard_id());
   if (!files.ok()) return files.status();
@@ -124,54 +81,9 @@ absl::Status WriteCheckpoint(const std::string& dir, const ShardCheckpoint& chec
 }
 
 absl::StatusOr<ShardCheckpoint> ReadCheckpoint(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const std::string message = Errno("cannot open checkpoint", path);
-    return errno == ENOENT ? absl::NotFoundError(message) : absl::UnavailableError(message);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return absl::UnavailableError(Errno("cannot stat checkpoint", path));
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  std::string bytes;
-  absl::Status status;
-  if (size < kHeaderBytes) {
-    status = absl::DataLossError(
-        absl::StrCat(path, ": truncated (", size, " bytes, less than its header)"));
-  } else {
-    bytes.resize(size);
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::read(fd, bytes.data() + done, size - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        status = absl::UnavailableError(Errno("cannot read checkpoint", path));
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
-  }
-  ::close(fd);
-  if (!status.ok()) return status;
-  if (std::memcmp(bytes.data(), kMagic, 8) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": not a Rubato checkpoint (bad magic)"));
-  }
-  uint64_t length;
-  std::memcpy(&length, bytes.data() + 8, 8);
-  if (length != size - kHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated or padded (header says ", length,
-                                            " bytes of payload, the file has ", size - kHeaderBytes,
-                                            ")"));
-  }
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data() + kHeaderBytes), length, digest);
-  if (std::memcmp(digest, bytes.data() + 16, SHA256_DIGEST_LENGTH) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (the file is corrupt)"));
-  }
+  ASSIGN_OR_RETURN(const std::string payload, ReadFramedFile(path, kMagic));
   ShardCheckpoint checkpoint;
-  if (!checkpoint.ParseFromArray(bytes.data() + kHeaderBytes, static_cast<int>(length))) {
+  if (!checkpoint.ParseFromString(payload)) {
     return absl::DataLossError(absl::StrCat(path, ": the payload does not parse"));
   }
   return checkpoint;

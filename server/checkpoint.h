@@ -1,14 +1,11 @@
 // Checkpoint files of a parameter-server shard: written atomically, checksummed, the newest few
 // kept, and read back with every kind of damage detected and named.
 //
-// One file per checkpoint, <dir>/shard-<id>-step-<step as 12 digits>.ckpt:
-//   bytes  0-7   "RBCKPT1\n"
-//   bytes  8-15  the payload's length (uint64, little-endian)
-//   bytes 16-47  SHA-256 of the payload
-//   bytes 48-    the payload, a serialized ShardCheckpoint (proto/checkpoint.proto)
-// A file is written under a temporary name in the same directory, fsync'd, renamed into place, and
-// the directory fsync'd: a reader (or a restarted shard) sees a whole checkpoint or none, and a
-// failed write (a full disk) leaves the earlier checkpoints as they were. After each write, all
+// One file per checkpoint, <dir>/shard-<id>-step-<step as 12 digits>.ckpt, a framed file
+// (common/framed_file.h: magic "RBCKPT1\n", length, SHA-256) holding a serialized ShardCheckpoint
+// (proto/checkpoint.proto). It is written under a temporary name, fsync'd and renamed into place:
+// a reader (or a restarted shard) sees a whole checkpoint or none, and a failed write (a full
+// disk) leaves the earlier checkpoints as they were. After each write, all
 // but the newest `keep` of the shard's checkpoints are removed.
 #ifndef RUBATO_SERVER_CHECKPOINT_H_
 #define RUBATO_SERVER_CHECKPOINT_H_

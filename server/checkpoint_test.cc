@@ -189,7 +189,7 @@ TEST(CheckpointTest, AFullDiskIsAClearErrorAndThePreviousCheckpointSurvives) {
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_EQ(WEXITSTATUS(status), 1) << message;
-  EXPECT_THAT(message, HasSubstr("cannot write checkpoint"));
+  EXPECT_THAT(message, HasSubstr("checkpoint: cannot write"));
   EXPECT_THAT(message, HasSubstr("File too large"));
   absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, 0);
   ASSERT_TRUE(files.ok());

@@ -3,6 +3,7 @@
 // with parameters bit-identical to a run that was never interrupted (the same updates in the same
 // order, the same examples from the resumed step on). Redone work is counted from the logs.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -64,7 +65,8 @@ int64_t LastStep(const std::string& out) {
   return last;
 }
 
-absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint_dir) {
+absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint_dir,
+                                                   const std::string& export_model = "") {
   ASSIGN_OR_RETURN(std::unique_ptr<TestCluster> cluster, TestCluster::Create());
   TestServerOptions options;
   options.num_shards = kShards;
@@ -75,8 +77,9 @@ absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint
     options.extra_flags.push_back(absl::StrCat("--checkpoint_every_steps=", kEvery));
   }
   RETURN_IF_ERROR(cluster->StartServers(options));
-  for (int w = 0; w < kWorkers; ++w)
-    RETURN_IF_ERROR(cluster->StartWorker(w, WorkerFlags()).status());
+  std::vector<std::string> flags = WorkerFlags();
+  if (!export_model.empty()) flags.push_back("--export_model=" + export_model);
+  for (int w = 0; w < kWorkers; ++w) RETURN_IF_ERROR(cluster->StartWorker(w, flags).status());
   return cluster;
 }
 
@@ -156,6 +159,42 @@ TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentical
   ::testing::Test::RecordProperty("redone_steps", static_cast<int>(redone));
   EXPECT_GE(resumed_at, 60);
   EXPECT_LE(redone, kEvery + 1) << "more than one checkpoint interval was redone";
+}
+
+TEST(RecoveryIntegrationTest, AnExportedModelEvaluatesToTheJobsLastAccuracy) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
+  const std::string path = ::testing::TempDir() + "/exported.rbm";
+  absl::StatusOr<std::unique_ptr<TestCluster>> job = Start("", path);
+  ASSERT_TRUE(IsOk(job));
+  absl::StatusOr<std::map<int, int>> exits = (*job)->WaitForWorkers(absl::Seconds(120));
+  ASSERT_TRUE(IsOk(exits));
+  ASSERT_EQ(exits->at(0), 0) << (*job)->worker(0)->ReadStderr();
+  absl::StatusOr<double> job_accuracy = FinalTestAccuracy((*job)->worker(0)->ReadStdout());
+  ASSERT_TRUE(IsOk(job_accuracy));
+  absl::StatusOr<std::string> binary = TestCluster::WorkerBinary();
+  ASSERT_TRUE(IsOk(binary));
+  absl::StatusOr<ProcessResult> eval = (*job)->Run(
+      "eval", *binary,
+      {"--eval_model=" + path, absl::StrCat("--data_dir=", kFashionMnistDir), "--test_limit=1000"},
+      absl::Seconds(60));
+  ASSERT_TRUE(IsOk(eval));
+  ASSERT_EQ(eval->exit_status, 0) << eval->stderr_text;
+  ASSERT_TRUE(HasLineContaining(eval->stdout_text, "\"event\":\"eval_model\""))
+      << eval->stdout_text;
+  double accuracy = -1;
+  ASSERT_TRUE(absl::SimpleAtod(Field(eval->stdout_text, "test_accuracy"), &accuracy))
+      << eval->stdout_text;
+  EXPECT_EQ(accuracy, *job_accuracy) << "the exported weights are not the ones the job evaluated";
+  EXPECT_EQ(Field(eval->stdout_text, "steps"), absl::StrCat(kSteps));
+  EXPECT_EQ(Field(eval->stdout_text, "mode"), "bsp");
+  // A damaged file is refused, naming it.
+  ASSERT_EQ(::truncate(path.c_str(), 100), 0);
+  absl::StatusOr<ProcessResult> bad = (*job)->Run(
+      "eval-bad", *binary, {"--eval_model=" + path, absl::StrCat("--data_dir=", kFashionMnistDir)},
+      absl::Seconds(60));
+  ASSERT_TRUE(IsOk(bad));
+  EXPECT_EQ(bad->exit_status, 2);
+  EXPECT_TRUE(HasLineContaining(bad->stderr_text, "truncated")) << bad->stderr_text;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -43,6 +44,7 @@
 #include "worker/cuda/cuda_device.h"
 #include "worker/mlp.h"
 #include "worker/model_backend.h"
+#include "worker/model_file.h"
 #include "worker/model_spec.h"
 #include "worker/ps_client.h"
 #include "worker/training_loop.h"
@@ -76,6 +78,12 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(std::string, listen, "",
           "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
           "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
+ABSL_FLAG(std::string, export_model, "",
+          "At the end of the job, worker 0 writes the trained model here (worker/model_file.h: "
+          "the --model spec and its named tensors), atomically.");
+ABSL_FLAG(std::string, eval_model, "",
+          "Evaluate this exported model on the test set (--data_dir, --test_limit, --backend) and "
+          "exit; no servers or other workers are needed.");
 ABSL_FLAG(std::string, ring_transport, "auto",
           "allreduce: how blocks travel between ranks. tcp: a plain TCP data connection set up "
           "through the authenticated gRPC service (fast; not encrypted); grpc: on a gRPC stream "
@@ -201,6 +209,41 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// --eval_model: the exported model's test loss and accuracy, as one JSON line.
+int EvalModel(const std::string& path) {
+  rubato::SetLogTag("eval");
+  absl::StatusOr<rubato::LoadedModel> loaded = rubato::LoadModel(path);
+  if (!loaded.ok()) return Fail(kExitUsage, std::string(loaded.status().message()));
+  auto test = rubato::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), rubato::Split::kTest,
+                                       absl::GetFlag(FLAGS_test_limit));
+  if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
+  if (loaded->spec.input.size() != test->dim ||
+      rubato::ModelNumClasses(loaded->spec) != test->num_classes) {
+    return Fail(kExitUsage, absl::StrCat(path, ": model '", loaded->file.model(), "' takes ",
+                                         loaded->spec.input.size(), " inputs and ",
+                                         rubato::ModelNumClasses(loaded->spec),
+                                         " classes; the data has ", test->dim, " and ",
+                                         test->num_classes));
+  }
+  auto backend = CreateBackend(absl::GetFlag(FLAGS_backend), loaded->spec,
+                               absl::GetFlag(FLAGS_compute_threads), 0,
+                               absl::GetFlag(FLAGS_cuda_device));
+  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  std::vector<absl::Span<const float>> spans(loaded->params.begin(), loaded->params.end());
+  absl::StatusOr<rubato::EvalResult> r = (*backend)->Evaluate(
+      spans, test->features.data(), test->labels.data(), test->size);
+  if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
+  std::cout << absl::StrFormat(
+                   "{\"event\":\"eval_model\",\"path\":\"%s\",\"model\":\"%s\","
+                   "\"steps\":%d,\"mode\":\"%s\",\"backend\":\"%s\",\"test_loss\":%.5f,"
+                   "\"test_accuracy\":%.5f,\"examples\":%d,\"job_test_accuracy\":%.5f}",
+                   absl::CEscape(path), loaded->file.model(), loaded->file.steps(),
+                   loaded->file.mode(), (*backend)->name(), r->loss, r->accuracy, r->examples,
+                   loaded->file.test_accuracy())
+            << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,6 +251,9 @@ int main(int argc, char** argv) {
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
+  if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {
+    return EvalModel(path);
+  }
 
   auto cluster = rubato::ClusterSpecFromFlags(/*need_servers=*/true);
   if (!cluster.ok()) return Fail(kExitUsage, std::string(cluster.status().message()));
@@ -464,6 +510,21 @@ int main(int argc, char** argv) {
                    result->rejoins, result->wall_seconds, ParamsFingerprint(params),
                    result->final_loss, result->test.loss, result->test.accuracy)
             << std::endl;
+  if (const std::string path = absl::GetFlag(FLAGS_export_model); !path.empty() && worker_id == 0) {
+    rubato::ModelFile about;
+    about.set_steps(result->steps);
+    about.set_mode(rubato::FormatConsistency(cluster->consistency()));
+    about.set_num_workers(cluster->num_workers());
+    about.set_global_batch(global_batch);
+    about.set_optimizer(cluster->optimizer().type());
+    about.set_test_accuracy(result->test.accuracy);
+    about.set_test_loss(result->test.loss);
+    about.set_test_examples(result->test.examples);
+    if (absl::Status s = rubato::ExportModel(path, model_text, *spec, params, about); !s.ok()) {
+      return Fail(kExitRuntime, std::string(s.message()));
+    }
+    RUBATO_LOG(INFO) << "model exported to " << path;
+  }
   RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps
                    << " steps computed here (" << result->skipped_steps << " skipped) in "
                    << result->wall_seconds
