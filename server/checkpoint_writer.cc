@@ -1,5 +1,11 @@
 #include "server/checkpoint_writer.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -46,6 +52,12 @@ CheckpointWriter::Counts CheckpointWriter::counts() const {
 }
 
 void CheckpointWriter::Loop() {
+  // Below the threads that apply updates: on a busy machine training goes first, and the
+  // checkpoint takes the cores' spare time (Linux: nice applies to this thread alone).
+  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10) != 0) {
+    RUBATO_LOG(WARNING) << "cannot lower the checkpoint writer's priority: "
+                        << std::strerror(errno);
+  }
   for (;;) {
     std::shared_ptr<const CapturedCheckpoint> capture;
     {

@@ -5,7 +5,8 @@
 // One checkpoint is written at a time and at most one waits: a newer capture replaces a waiting
 // older one (counted as skipped and logged), so a slow disk costs checkpoints, not memory. A write
 // that fails (a full disk) is logged as an error naming the file and the reason, and counted;
-// training goes on and the earlier checkpoints stay.
+// training goes on and the earlier checkpoints stay. The writer's thread runs at nice 10, below
+// the threads that apply updates, so that on a busy machine it takes the cores' spare time.
 #ifndef RUBATO_SERVER_CHECKPOINT_WRITER_H_
 #define RUBATO_SERVER_CHECKPOINT_WRITER_H_
 
