@@ -24,6 +24,11 @@ absl::Status Membership::CheckMember(int id) const {
                                              " after more than ", lease_ms_,
                                              " ms of silence; register again to rejoin"));
     }
+    if (restored_step_ >= 0) {
+      return absl::AbortedError(absl::StrCat("shard ", shard_id_,
+                                             " restarted from its checkpoint of step ",
+                                             restored_step_, "; register again to rejoin"));
+    }
   }
   return absl::FailedPreconditionError(
       absl::StrCat("worker ", id, " is not registered with shard ", shard_id_));

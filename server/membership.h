@@ -44,7 +44,9 @@ class Membership {
   // member()[w] != 0 for each member.
   const std::vector<char>& member() const { return member_; }
 
-  // OK for a member; ABORTED for a dropped worker; FAILED_PRECONDITION for an unknown one.
+  // OK for a member; ABORTED for a dropped worker, and for any worker not registered with a shard
+  // restored from a checkpoint (it registered with the shard's previous process); FAILED_PRECONDITION
+  // for an unknown one.
   absl::Status CheckMember(int id) const;
   void SetMember(int id, bool member);
 
@@ -59,6 +61,8 @@ class Membership {
   int64_t Clock(int w) const { return clock_[w]; }
   // Every worker has pushed steps 0 .. clock-1 to every tensor (a restored checkpoint).
   void RestoreClocks(int64_t clock);
+  // This shard was restored from its checkpoint of `step` (for CheckMember's answer).
+  void SetRestored(int64_t step) { restored_step_ = step; }
   // The smallest clock among members (kMaxStep with none).
   int64_t MinMemberClock() const;
 
@@ -72,6 +76,7 @@ class Membership {
   std::vector<std::vector<int64_t>> pushed_;  // (workers, tensors) last step pushed
   std::vector<int64_t> clock_;                // (workers)
   std::vector<int> past_clock_;               // (workers) tensors with pushed + 1 > clock
+  int64_t restored_step_ = -1;
 };
 
 }  // namespace rubato

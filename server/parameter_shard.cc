@@ -585,6 +585,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   index_ = std::move(index);
   members_.SetTensorCount(static_cast<int>(tensors_.size()));
   if (!policy_.Synchronous()) members_.RestoreClocks(c.step());
+  members_.SetRestored(c.step());
   SetUpCheckpointing();
   initialised_ = true;
   restored_versions_ = versions;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <map>
 #include <string>
@@ -66,7 +67,8 @@ int64_t LastStep(const std::string& out) {
 }
 
 absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint_dir,
-                                                   const std::string& export_model = "") {
+                                                   const std::string& export_model = "",
+                                                   int64_t restore_step = -1) {
   ASSIGN_OR_RETURN(std::unique_ptr<TestCluster> cluster, TestCluster::Create());
   TestServerOptions options;
   options.num_shards = kShards;
@@ -75,6 +77,9 @@ absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint
   if (!checkpoint_dir.empty()) {
     options.extra_flags.push_back("--checkpoint_dir=" + checkpoint_dir);
     options.extra_flags.push_back(absl::StrCat("--checkpoint_every_steps=", kEvery));
+  }
+  if (restore_step >= 0) {
+    options.extra_flags.push_back(absl::StrCat("--restore_step=", restore_step));
   }
   RETURN_IF_ERROR(cluster->StartServers(options));
   std::vector<std::string> flags = WorkerFlags();
@@ -100,6 +105,8 @@ TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentical
   const std::string dir = ::testing::TempDir() + "/recovery_checkpoints";
   ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir, "'").c_str()), 0);
   int64_t killed_at = -1;
+  int64_t common = -1;  // The newest step both shards have a checkpoint of.
+  bool differ = false;
   {
     absl::StatusOr<std::unique_ptr<TestCluster>> first = Start(dir);
     ASSERT_TRUE(IsOk(first));
@@ -125,10 +132,26 @@ TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentical
       killed_at = std::max(killed_at, LastStep((*first)->worker(w)->ReadStdout()));
     }
     ASSERT_LT(killed_at, kSteps - 1) << "the job ended before it was killed";
+    common = std::min(newest(0), newest(1));
+    differ = newest(0) != newest(1);
+  }
+  if (differ) {
+    // Each shard's writer works at its own pace, so the newest checkpoints may differ. Started
+    // as they are, the workers refuse to go on and say what to do.
+    absl::StatusOr<std::unique_ptr<TestCluster>> mixed = Start(dir);
+    ASSERT_TRUE(IsOk(mixed));
+    absl::StatusOr<std::map<int, int>> exits = (*mixed)->WaitForWorkers(absl::Seconds(60));
+    ASSERT_TRUE(IsOk(exits));
+    const std::string err = (*mixed)->worker(0)->ReadStderr();
+    EXPECT_EQ(exits->at(0), 1) << err;
+    EXPECT_TRUE(HasLineContaining(err, absl::StrCat("--restore_step=", common))) << err;
+    std::printf("the shards' newest checkpoints differed; restoring step %lld on both\n",
+                static_cast<long long>(common));
   }
 
-  // Everything again, on the same directory.
-  absl::StatusOr<std::unique_ptr<TestCluster>> second = Start(dir);
+  // Everything again, on the same directory, every shard at the newest common step (as the
+  // workers' error says to do when they differ).
+  absl::StatusOr<std::unique_ptr<TestCluster>> second = Start(dir, "", common);
   ASSERT_TRUE(IsOk(second));
   absl::StatusOr<std::map<int, int>> exits = (*second)->WaitForWorkers(absl::Seconds(120));
   ASSERT_TRUE(IsOk(exits));
@@ -159,6 +182,107 @@ TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentical
   ::testing::Test::RecordProperty("redone_steps", static_cast<int>(redone));
   EXPECT_GE(resumed_at, 60);
   EXPECT_LE(redone, kEvery + 1) << "more than one checkpoint interval was redone";
+}
+
+// One shard of an async or ssp:2 job is SIGKILLed after its checkpoint of step 60 and started
+// again on the same address: it restores that checkpoint, the workers (which retried it while it
+// was down) register again when it answers ABORTED, and the job completes. The updates that shard
+// lost are those since its checkpoint. The final accuracy must be at most 1 point below the worse
+// of two uninterrupted runs: async and ssp runs differ from each other by about a point here, so
+// one run is no yardstick.
+// Returns the recovered run's accuracy and the range of the uninterrupted ones.
+void KillAndRestartAShard(const std::string& mode, double* accuracy, double* low, double* high) {
+  // Plain SGD: async with Adam at this rate swung by 10 points from run to run.
+  const std::vector<std::string> server_flags = {"--learning_rate=0.1", "--optimizer=sgd",
+                                                 "--mode=" + mode};
+  std::vector<std::string> worker_flags = WorkerFlags();
+  worker_flags.push_back("--steps=600");
+  worker_flags.push_back("--test_limit=10000");  // The whole test set: less evaluation noise.
+  worker_flags.push_back("--mode=" + mode);
+  auto run = [&](const std::string& dir) -> absl::StatusOr<std::unique_ptr<TestCluster>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<TestCluster> cluster, TestCluster::Create());
+    TestServerOptions options;
+    options.num_shards = kShards;
+    options.num_workers = kWorkers;
+    options.extra_flags = server_flags;
+    if (!dir.empty()) {
+      options.extra_flags.push_back("--checkpoint_dir=" + dir);
+      options.extra_flags.push_back(absl::StrCat("--checkpoint_every_steps=", kEvery));
+    }
+    RETURN_IF_ERROR(cluster->StartServers(options));
+    for (int w = 0; w < kWorkers; ++w) {
+      RETURN_IF_ERROR(cluster->StartWorker(w, worker_flags).status());
+    }
+    return cluster;
+  };
+  *low = 1;
+  *high = 0;
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    absl::StatusOr<std::unique_ptr<TestCluster>> plain = run("");
+    ASSERT_TRUE(IsOk(plain));
+    ASSERT_TRUE(IsOk((*plain)->WaitForWorkers(absl::Seconds(120))));
+    absl::StatusOr<double> a = FinalTestAccuracy((*plain)->worker(0)->ReadStdout());
+    ASSERT_TRUE(IsOk(a));
+    *low = std::min(*low, *a);
+    *high = std::max(*high, *a);
+  }
+  const std::string dir = ::testing::TempDir() + "/restart_" + mode;
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir, "'").c_str()), 0);
+  absl::StatusOr<std::unique_ptr<TestCluster>> job = run(dir);
+  ASSERT_TRUE(IsOk(job));
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  auto newest = [&]() {
+    absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, 1);
+    return files.ok() && !files->empty() ? (*files)[0].step : int64_t{-1};
+  };
+  while (newest() < 60 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_GE(newest(), 60);
+  ASSERT_TRUE(IsOk((*job)->server(1)->Signal(SIGKILL)));
+  ASSERT_TRUE(IsOk((*job)->server(1)->Wait(absl::Seconds(10))));
+  int64_t killed_at = -1;
+  for (int w = 0; w < kWorkers; ++w) {
+    killed_at = std::max(killed_at, LastStep((*job)->worker(w)->ReadStdout()));
+  }
+  const int64_t checkpoint = newest();
+  ASSERT_TRUE(IsOk((*job)->RestartServer(1)));
+  absl::StatusOr<std::map<int, int>> exits = (*job)->WaitForWorkers(absl::Seconds(120));
+  ASSERT_TRUE(IsOk(exits));
+  for (int w = 0; w < kWorkers; ++w) {
+    Subprocess* worker = (*job)->worker(w);
+    ASSERT_EQ(exits->at(w), 0) << worker->ReadStderr();
+    EXPECT_TRUE(HasLineContaining(worker->ReadStdout(), "\"event\":\"rejoin\""))
+        << "worker " << w << " never registered with the restarted shard";
+  }
+  const std::string err = (*job)->server(1)->ReadStderr();
+  EXPECT_TRUE(HasLineContaining(err, absl::StrCat("step ", checkpoint, "; workers go on"))) << err;
+  EXPECT_TRUE(IsOk((*job)->WaitForServers(absl::Seconds(30))));
+  absl::StatusOr<double> a = FinalTestAccuracy((*job)->worker(0)->ReadStdout());
+  ASSERT_TRUE(IsOk(a));
+  *accuracy = *a;
+  std::printf(
+      "%s: killed near step %lld, shard 1 restored step %lld (%lld steps of its updates "
+      "lost); accuracy %.4f against %.4f-%.4f uninterrupted\n",
+      mode.c_str(), static_cast<long long>(killed_at), static_cast<long long>(checkpoint),
+      static_cast<long long>(killed_at + 1 - checkpoint), *accuracy, *low, *high);
+  EXPECT_LE(killed_at + 1 - checkpoint, 2 * kEvery) << "more than two intervals were lost";
+}
+
+TEST(RecoveryIntegrationTest, AKilledAsyncShardRestartsFromItsCheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
+  double accuracy = -1, low = -1, high = -1;
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartAShard("async", &accuracy, &low, &high));
+  // The fault may cost at most 1 point. (Recovered runs came out 0.5-1.5 points above the
+  // uninterrupted ones in every trial: async accuracy here depends on timing, and the pause while
+  // the shard restarts changes it. Higher is not a failure of recovery, so there is no upper
+  // bound.)
+  EXPECT_GE(accuracy, low - 0.01 - 1e-9);
+}
+
+TEST(RecoveryIntegrationTest, AKilledSspShardRestartsFromItsCheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
+  double accuracy = -1, low = -1, high = -1;
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartAShard("ssp:2", &accuracy, &low, &high));
+  EXPECT_GE(accuracy, low - 0.01 - 1e-9);  // See the async case.
 }
 
 TEST(RecoveryIntegrationTest, AnExportedModelEvaluatesToTheJobsLastAccuracy) {

@@ -1,7 +1,6 @@
 #include "tests/test_cluster.h"
 
 #include <sys/stat.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 
 namespace rubato {
@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> TestCluster::Spawn(
 absl::Status TestCluster::StartServers(const TestServerOptions& options) {
   if (!servers_.empty()) return absl::FailedPreconditionError("servers already started");
   num_workers_ = options.num_workers;
+  server_options_ = options;
   std::vector<std::string> port_files;
   for (int s = 0; s < options.num_shards; ++s) {
     port_files.push_back(absl::StrCat(dir_, "/server-", s, ".port"));
@@ -127,6 +128,40 @@ absl::Status TestCluster::StartServers(const TestServerOptions& options) {
           absl::StrCat("server-", s, " port file ", port_files[s], " holds '", address, "'"));
     }
     addresses_.push_back(address);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::RestartServer(int shard_id, absl::Duration start_timeout) {
+  if (shard_id < 0 || shard_id >= static_cast<int>(addresses_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no shard ", shard_id));
+  }
+  const std::string port_file =
+      absl::StrCat(dir_, "/server-", shard_id, ".restart-", ++restarts_, ".port");
+  std::vector<std::string> args = {
+      absl::StrCat("--shard_id=", shard_id),
+      absl::StrCat("--num_shards=", server_options_.num_shards),
+      absl::StrCat("--num_workers=", server_options_.num_workers),
+      "--listen=" + addresses_[shard_id],
+      "--port_file=" + port_file,
+  };
+  args.insert(args.end(), server_options_.extra_flags.begin(), server_options_.extra_flags.end());
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Subprocess> server,
+      Spawn(absl::StrCat("server-", shard_id, "-restart-", restarts_), server_binary_, args));
+  servers_[shard_id] = std::move(server);
+  const absl::Time deadline = absl::Now() + start_timeout;
+  while (access(port_file.c_str(), R_OK) != 0) {
+    if (absl::StatusOr<int> exited = servers_[shard_id]->Wait(absl::ZeroDuration()); exited.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("restarted server-", shard_id,
+                                                        " exited with status ", *exited, "; ",
+                                                        Describe(*servers_[shard_id])));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "restarted server-", shard_id, " wrote no port file; ", Describe(*servers_[shard_id])));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
   }
   return absl::OkStatus();
 }
@@ -183,13 +218,13 @@ absl::Status TestCluster::WaitForServers(absl::Duration timeout) {
   for (auto& server : servers_) {
     absl::StatusOr<int> status = server->Wait(Remaining(deadline));
     if (!status.ok()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          server->name(), " still running ", absl::FormatDuration(timeout),
-          " after the wait began; ", Describe(*server)));
+      return absl::DeadlineExceededError(
+          absl::StrCat(server->name(), " still running ", absl::FormatDuration(timeout),
+                       " after the wait began; ", Describe(*server)));
     }
     if (*status != 0) {
-      problems.push_back(absl::StrCat(server->name(), " exited with status ", *status, "; ",
-                                      Describe(*server)));
+      problems.push_back(
+          absl::StrCat(server->name(), " exited with status ", *status, "; ", Describe(*server)));
     }
   }
   if (problems.empty()) return absl::OkStatus();

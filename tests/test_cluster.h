@@ -67,6 +67,11 @@ class TestCluster {
   // FailedPrecondition if servers were already started.
   absl::Status StartServers(const TestServerOptions& options);
 
+  // Starts shard `shard_id` again, after it died, on the address it had and with the flags it had
+  // (a restarted process, as a supervisor would start it); waits for its port file. The old
+  // process must have exited (Signal it and Wait first).
+  absl::Status RestartServer(int shard_id, absl::Duration start_timeout = absl::Seconds(30));
+
   // "127.0.0.1:port" of each shard, in shard order; empty before StartServers.
   const std::vector<std::string>& server_addresses() const { return addresses_; }
   // The addresses joined with ',' as --servers expects them.
@@ -116,6 +121,8 @@ class TestCluster {
   const std::string worker_binary_;
 
   int num_workers_ = 0;
+  TestServerOptions server_options_;
+  int restarts_ = 0;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Subprocess>> servers_;
   std::map<int, std::unique_ptr<Subprocess>> workers_;
