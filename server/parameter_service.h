@@ -22,8 +22,12 @@ namespace rubato {
 // copied by the service: a push is parsed over the received slices (common/tensor_wire.h) and its
 // gradients are added into the shard's accumulators from them; a pull is answered with slices
 // that reference the shard's copy-on-write weights, shared by every pull of that version.
+// (Built from Service, not CallbackService, whose callback Push and Pull the raw ones would hide:
+// clang's -Woverloaded-virtual.)
 using ParameterServiceBase = ParameterServer::WithRawCallbackMethod_Pull<
-    ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>>;
+    ParameterServer::WithRawCallbackMethod_Push<ParameterServer::WithCallbackMethod_Register<
+        ParameterServer::WithCallbackMethod_Heartbeat<ParameterServer::WithCallbackMethod_Finish<
+            ParameterServer::WithCallbackMethod_GetStats<ParameterServer::Service>>>>>>;
 
 class ParameterService final : public ParameterServiceBase {
  public:
