@@ -271,10 +271,9 @@ TEST(RecoveryIntegrationTest, AKilledAsyncShardRestartsFromItsCheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
   double accuracy = -1, low = -1, high = -1;
   ASSERT_NO_FATAL_FAILURE(KillAndRestartAShard("async", &accuracy, &low, &high));
-  // The fault may cost at most 1 point. (Recovered runs came out 0.5-1.5 points above the
-  // uninterrupted ones in every trial: async accuracy here depends on timing, and the pause while
-  // the shard restarts changes it. Higher is not a failure of recovery, so there is no upper
-  // bound.)
+  // The fault may cost at most 1 point. There is no upper bound: async accuracy here depends on
+  // timing, which the restart changes, and recovered runs came out between 1.1 points below and
+  // 1.2 points above single uninterrupted runs in my trials. Higher is no failure of recovery.
   EXPECT_GE(accuracy, low - 0.01 - 1e-9);
 }
 
