@@ -83,14 +83,15 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms",
                  "max_message_mb")
 # Flags given to servers only.
-SERVER_FLAGS = ("update_threads", "apply_threads", "memory_budget_mb")
+SERVER_FLAGS = ("update_threads", "apply_threads", "memory_budget_mb", "checkpoint_dir",
+                "checkpoint_every_steps", "checkpoint_keep", "restore_step")
 # Flags given to workers only.
 WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
                 "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",
-                "pause_ms", "crash_at_step")
+                "pause_ms", "crash_at_step", "export_model")
 
 # The binaries' defaults that the launcher itself needs to know.
 DEFAULT_LAYERS = "784-256-10"
@@ -174,6 +175,8 @@ class Proc:
         self.crash_at_step = crash_at_step
         # Set when the launcher ends the process: however it then exits, it has not failed.
         self.stopped = False
+        # Set when the launcher started another process in this one's place (--restart_servers).
+        self.restarted = False
         # A server: whether every worker had ended when the launcher first saw it ended. A server
         # ends by itself (status 0) once the workers are done; before that, its end is a failure.
         self.after_workers = None
@@ -230,6 +233,10 @@ class Proc:
     def _ended(self, rc):
         if self.stopped:
             return "stopped", None
+        if self.restarted:
+            error = self.error_line()
+            how = exit_description(rc)
+            return "restarted", "%s: %s" % (how, error) if error else how
         if rc == 0 and (self.program == WORKER_PROGRAM or self.after_workers):
             return "done", None
         if self.program == WORKER_PROGRAM and rc == INJECTED_CRASH and self.crash_at_step:
@@ -883,6 +890,11 @@ def parse_args(argv):
     p.add_argument("--slow_workers", default=None, metavar="ID:FACTOR,...",
                    help="Give these workers --slowdown=FACTOR (e.g. 1:4,3:2), instead of "
                         "--slowdown if that is given too.")
+    p.add_argument("--restart_servers", type=int, default=0, metavar="N",
+                   help="Restart a server shard that dies before the job ends, on its address and "
+                        "from its --checkpoint_dir, at most N times each (local runs). The "
+                        "workers retry it meanwhile and register again; under bsp and backup "
+                        "they stop instead, naming the --restore_step to resume the job with.")
     p.add_argument("--crash_workers", default=None, metavar="ID:STEP,...",
                    help="Make these workers crash at that step (e.g. 2:50). A worker that exits "
                         "by an injected crash does not fail the job.")
@@ -948,6 +960,14 @@ def parse_args(argv):
                                "base_port", "preflight_timeout") if getattr(args, f) is not None]
     remote_only += ["map_by"] if args.map_by != "slot" else []
     remote_only += ["oversubscribe"] if args.oversubscribe else []
+    if args.restart_servers < 0:
+        p.error("--restart_servers must be >= 0")
+    if args.restart_servers and args.checkpoint_dir is None:
+        p.error("--restart_servers needs --checkpoint_dir: a restarted shard without checkpoints "
+                "would start empty")
+    if args.restart_servers and args.hostfile is not None:
+        p.error("--restart_servers: local runs only (with --hostfile, restart shards with your "
+                "own supervisor, or use the Kubernetes manifests)")
     args.plan = None
     if args.hostfile is None:
         if remote_only:
@@ -1098,6 +1118,7 @@ def main(argv):
     cluster = forwarded(args, CLUSTER_FLAGS) + ["--num_workers=%d" % args.workers] + auth
 
     procs, servers, workers, views, readers = [], [], [], [], []
+    server_argv = []  # Local servers: the argv of each, for --restart_servers.
     interrupted = []
     signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     signal.signal(signal.SIGTERM, lambda *_: interrupted.append(True))
@@ -1139,11 +1160,12 @@ def main(argv):
                 port_file = os.path.join(run_dir, "server-%d.port" % s)
                 if os.path.exists(port_file):
                     os.remove(port_file)
-                proc = Proc("server-%d" % s, SERVER_PROGRAM,
-                            [server_bin, "--shard_id=%d" % s, "--num_shards=%d" % args.servers,
-                             "--listen=127.0.0.1:0", "--port_file=" + port_file,
-                             "--stats_file=" + os.path.join(run_dir, "server-%d.stats.json" % s)]
-                            + cluster + forwarded(args, SERVER_FLAGS), run_dir)
+                argv = ([server_bin, "--shard_id=%d" % s, "--num_shards=%d" % args.servers,
+                         "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                         "--stats_file=" + os.path.join(run_dir, "server-%d.stats.json" % s)]
+                        + cluster + forwarded(args, SERVER_FLAGS))
+                server_argv.append(argv)
+                proc = Proc("server-%d" % s, SERVER_PROGRAM, argv, run_dir)
                 procs.append(proc)
                 servers.append(proc)
             for s, proc in enumerate(servers):
@@ -1187,6 +1209,7 @@ def main(argv):
         # end by themselves. A dead worker is only noted: the servers drop it after its lease and
         # the others carry on (allreduce: the others end by themselves).
         noted = set()
+        restarts = [0] * len(servers)
         workers_over_at = None
         grace = server_grace(args)
         while True:
@@ -1217,6 +1240,24 @@ def main(argv):
             if interrupted:
                 failure = "interrupted"
                 break
+            # --restart_servers: a shard that died early is started again on its address, from
+            # its checkpoints; the workers retry it meanwhile.
+            for s, p in enumerate(servers):
+                if (p.after_workers is False and not plan and restarts[s] < args.restart_servers
+                        and not p.restarted):
+                    p.restarted = True
+                    restarts[s] += 1
+                    argv = [("--listen=" + addresses[s]) if a == "--listen=127.0.0.1:0" else a
+                            for a in server_argv[s]]
+                    argv = [a for a in argv if not a.startswith("--port_file=")]
+                    new = Proc("server-%d.restart-%d" % (s, restarts[s]), SERVER_PROGRAM, argv,
+                               run_dir)
+                    screen.note("rubato: server-%d %s; restarting it on %s from its checkpoints "
+                                "(%d of %d)" % (s, p.outcome()[1], addresses[s], restarts[s],
+                                                args.restart_servers))
+                    procs.append(new)
+                    servers[s] = new
+                    ended[new] = False
             # Without every shard no worker can finish: a server that ends first ends the job.
             early = sorted((p for p in servers if p.after_workers is False), key=Proc.end_order)
             if early:
@@ -1269,7 +1310,8 @@ def main(argv):
             failure += "; then %s" % ", ".join(at(p) for p in failed[1:])
     if failure is None and not any(p.outcome()[0] == "done" for p in workers):
         failure = "no worker finished"
-    summary = summarize(views, wall, args, failure, run_dir, workers, servers)
+    summary = summarize(views, wall, args, failure, run_dir, workers, servers,
+                        [p for p in procs if p.restarted])
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")
@@ -1295,7 +1337,7 @@ def main(argv):
 STALENESS_BUCKETS = ["0", "1", "2", "3", "4-7", "8-15", "16-31", ">=32"]
 
 
-def summarize(views, wall, args, failure, run_dir, workers, servers):
+def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=()):
     summary = {"ok": failure is None, "error": failure, "wall_s": round(wall, 3),
                "servers": args.servers, "workers": args.workers, "mode": args.mode or "bsp",
                "target_accuracy": args.target_accuracy, "max_message_mb": int(args.max_message_mb)}
@@ -1306,6 +1348,7 @@ def summarize(views, wall, args, failure, run_dir, workers, servers):
     # How each process ended: done, failed (with its reason), crashed (injected) or stopped.
     summary["worker_outcomes"] = [p.record() for p in workers]
     summary["server_outcomes"] = [p.record() for p in servers]
+    summary["restarted_servers"] = [p.record() for p in restarted]
     summary["failed_workers"] = sum(p.outcome()[0] == "FAILED" for p in workers)
     summary["injected_crashes"] = sum(p.outcome()[0] == "crashed" for p in workers)
     done = [(v.evals[-1][0], v.done) for v in views if v.done and v.evals]

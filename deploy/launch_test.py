@@ -76,6 +76,11 @@ FAKE = textwrap.dedent('''\
         if what == "early":  # Ends by itself, status 0, while workers still run.
             time.sleep(0.3)
             sys.exit(0)
+        died = os.path.join(fake_dir, "died-" + name)
+        if what == "dies-once" and not os.path.exists(died):  # SIGKILLed; its restart lives.
+            open(died, "w").close()
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
         while True:
             time.sleep(0.05)
             marks = [m for m in os.listdir(fake_dir) if m.startswith("left-")]
@@ -109,6 +114,8 @@ FAKE = textwrap.dedent('''\
         sys.stderr.write("W worker-%d: after that, server said rubato_server: error: x\\n" % me)
         leave()
         sys.exit(1)
+    if what == "slow":  # Finishes, but only after a server has had time to die and come back.
+        time.sleep(1.5)
     if what == "hang":
         time.sleep(60)
     if what == "stubborn":  # Ignores SIGTERM: only SIGKILL ends it.
@@ -362,6 +369,28 @@ class JobTest(unittest.TestCase):
                          "exited with status 2: rubato_server: error: disk on fire")
         self.assertIn("error: server-0 exited with status 2: rubato_server: error: disk on fire",
                       err)
+
+    def test_restart_servers_restarts_a_dead_shard_from_its_checkpoints(self):
+        ckpt = os.path.join(self.tmp.name, "ckpt")
+        rc, out, err, summary = self.launch(
+            ["--workers", "2", "--servers", "2", "--restart_servers", "1", "--checkpoint_dir",
+             ckpt, "--checkpoint_every_steps", "5"], workers="0:slow,1:slow", server="dies-once")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.states(summary), ["done", "done"])
+        self.assertEqual(self.states(summary, "server_outcomes"), ["done", "done"])
+        self.assertEqual(self.states(summary, "restarted_servers"), ["restarted", "restarted"])
+        self.assertEqual(summary["restarted_servers"][0]["signal"], "SIGKILL")
+        self.assertIn("restarting it on 127.0.0.1:1 from its checkpoints (1 of 1)", out + err)
+        argv = self.argv("server-1.restart-1")
+        self.assertIn("--listen=127.0.0.1:1", argv)  # The address the workers know.
+        self.assertIn("--checkpoint_dir=" + ckpt, argv)
+        self.assertIn("--checkpoint_every_steps=5", argv)
+        self.assertFalse([a for a in argv if a.startswith("--port_file")])
+
+    def test_restart_servers_needs_a_checkpoint_dir(self):
+        rc, out, err, summary = self.launch(["--workers", "1", "--restart_servers", "1"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--restart_servers needs --checkpoint_dir", err)
 
     def test_timeout_stops_without_failing_anyone(self):
         rc, out, err, summary = self.launch(["--workers", "2", "--timeout", "2"],
@@ -653,6 +682,13 @@ class RemoteJobTest(JobTest):
     def write_hostfile(self, text):
         with open(self.hostfile, "w") as f:
             f.write(text)
+
+    def test_restart_servers_restarts_a_dead_shard_from_its_checkpoints(self):
+        # Across hosts the launcher does not supervise shards: a usage error that says so.
+        rc, out, err, summary = self.launch(
+            ["--workers", "2", "--restart_servers", "1", "--checkpoint_dir", "ckpt"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--restart_servers: local runs only", err)
 
     def remote_flags(self, rsh=None):
         return ["--hostfile", self.hostfile, "--rsh", rsh or self.rsh_exec,
