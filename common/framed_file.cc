@@ -77,50 +77,58 @@ absl::StatusOr<std::string> ReadFramedFile(const std::string& path, absl::string
     const std::string message = Errno("cannot open", path);
     return errno == ENOENT ? absl::NotFoundError(message) : absl::UnavailableError(message);
   }
+  // Reads exactly `size` bytes into `out`; false at an early end of file (an error in *status).
+  absl::Status status;
+  auto read_all = [&](char* out, size_t size) {
+    while (size > 0) {
+      const ssize_t n = ::read(fd, out, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) status = absl::UnavailableError(Errno("cannot read", path));
+      if (n <= 0) return false;
+      out += n;
+      size -= static_cast<size_t>(n);
+    }
+    return true;
+  };
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return absl::UnavailableError(Errno("cannot stat", path));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  std::string bytes;
-  absl::Status status;
+  char header[kHeaderBytes];
+  std::string payload;
   if (size < kHeaderBytes) {
     status = absl::DataLossError(
         absl::StrCat(path, ": truncated (", size, " bytes, less than its header)"));
-  } else {
-    bytes.resize(size);
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::read(fd, bytes.data() + done, size - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        status = n < 0 ? absl::UnavailableError(Errno("cannot read", path))
-                       : absl::DataLossError(absl::StrCat(path, ": shrank while being read"));
-        break;
+  } else if (read_all(header, kHeaderBytes)) {
+    uint64_t length;
+    std::memcpy(&length, header + 8, 8);
+    if (std::memcmp(header, magic.data(), 8) != 0) {
+      status =
+          absl::DataLossError(absl::StrCat(path, ": bad magic (not a Rubato file of this kind)"));
+    } else if (length != size - kHeaderBytes) {
+      status = absl::DataLossError(absl::StrCat(path, ": truncated or padded (header says ", length,
+                                                " bytes of payload, the file has ",
+                                                size - kHeaderBytes, ")"));
+    } else {
+      // Read straight into the payload (the length is bounded by the file's size).
+      payload.resize(length);
+      if (!read_all(payload.data(), length) && status.ok()) {
+        status = absl::DataLossError(absl::StrCat(path, ": shrank while being read"));
       }
-      done += static_cast<size_t>(n);
     }
+  } else if (status.ok()) {
+    status = absl::DataLossError(absl::StrCat(path, ": shrank while being read"));
   }
   ::close(fd);
   if (!status.ok()) return status;
-  if (std::memcmp(bytes.data(), magic.data(), 8) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": bad magic (not a Rubato file of this kind)"));
-  }
-  uint64_t length;
-  std::memcpy(&length, bytes.data() + 8, 8);
-  if (length != size - kHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated or padded (header says ", length,
-                                            " bytes of payload, the file has ", size - kHeaderBytes,
-                                            ")"));
-  }
   unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data() + kHeaderBytes), length, digest);
-  if (std::memcmp(digest, bytes.data() + 16, SHA256_DIGEST_LENGTH) != 0) {
+  SHA256(reinterpret_cast<const unsigned char*>(payload.data()), payload.size(), digest);
+  if (std::memcmp(digest, header + 16, SHA256_DIGEST_LENGTH) != 0) {
     return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (the file is corrupt)"));
   }
-  bytes.erase(0, kHeaderBytes);
-  return bytes;
+  return payload;
 }
 
 }  // namespace rubato

@@ -35,11 +35,6 @@ void TensorAggregator::Restore(int64_t version, TensorOptimizerState optimizer_s
   std::fill(pulled_version_.begin(), pulled_version_.end(), version);
 }
 
-TensorOptimizerState TensorAggregator::OptimizerState() const {
-  absl::MutexLock lock(&mu_);
-  return optimizer_state_;
-}
-
 int64_t TensorAggregator::version() const {
   absl::MutexLock lock(&mu_);
   return version_;

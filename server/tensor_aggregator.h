@@ -145,8 +145,6 @@ class TensorAggregator {
   // Puts back a checkpointed version and optimizer state (the weights were given to the
   // constructor), before training.
   void Restore(int64_t version, TensorOptimizerState optimizer_state);
-  // The current optimizer state, copied (tests).
-  TensorOptimizerState OptimizerState() const;
 
  private:
   struct Held {

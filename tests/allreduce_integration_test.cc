@@ -42,13 +42,6 @@ std::vector<int> FreePorts(int n) {
   return ports;
 }
 
-// The params_fnv1a field of a worker's "done" record.
-std::string Fingerprint(const std::string& out) {
-  const size_t at = out.rfind("\"params_fnv1a\":\"");
-  if (at == std::string::npos) return "";
-  return out.substr(at + 16, 16);
-}
-
 class AllReduceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -96,7 +89,7 @@ TEST_F(AllReduceTest, ThreeWorkersLearnWithBitIdenticalParameters) {
     absl::StatusOr<double> accuracy = FinalTestAccuracy(out);
     ASSERT_TRUE(IsOk(accuracy));
     EXPECT_GE(*accuracy, 0.65) << "worker " << w;  // Measured: 0.731, as under bsp.
-    const std::string f = Fingerprint(out);
+    const std::string f = ParamsFingerprint(out);
     ASSERT_EQ(f.size(), 16u) << out;
     if (w == 0) fingerprint = f;
     EXPECT_EQ(f, fingerprint) << "worker " << w << "'s parameters differ from worker 0's";

@@ -47,14 +47,6 @@ std::string Field(const std::string& line, const std::string& key) {
   return line.substr(begin, end - begin);
 }
 
-// Fingerprint of the final parameters, from the done record.
-std::string Fingerprint(const std::string& out) {
-  for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
-    if (line.find("\"event\":\"done\"") != std::string::npos) return Field(line, "params_fnv1a");
-  }
-  return "";
-}
-
 // The highest step a step record names.
 int64_t LastStep(const std::string& out) {
   int64_t last = -1;
@@ -97,9 +89,9 @@ TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentical
     ASSERT_TRUE(IsOk(reference));
     absl::StatusOr<std::map<int, int>> exits = (*reference)->WaitForWorkers(absl::Seconds(120));
     ASSERT_TRUE(IsOk(exits));
-    want = Fingerprint((*reference)->worker(0)->ReadStdout());
+    want = ParamsFingerprint((*reference)->worker(0)->ReadStdout());
     ASSERT_EQ(want.size(), 16u) << (*reference)->worker(0)->ReadStdout();
-    EXPECT_EQ(Fingerprint((*reference)->worker(1)->ReadStdout()), want);
+    EXPECT_EQ(ParamsFingerprint((*reference)->worker(1)->ReadStdout()), want);
   }
 
   const std::string dir = ::testing::TempDir() + "/recovery_checkpoints";
@@ -159,7 +151,7 @@ TEST(RecoveryIntegrationTest, AKilledBspJobResumesFromItsCheckpointsBitIdentical
   for (int w = 0; w < kWorkers; ++w) {
     Subprocess* worker = (*second)->worker(w);
     ASSERT_EQ(exits->at(w), 0) << worker->ReadStderr();
-    EXPECT_EQ(Fingerprint(worker->ReadStdout()), want)
+    EXPECT_EQ(ParamsFingerprint(worker->ReadStdout()), want)
         << "worker " << w << "'s final parameters differ from the uninterrupted run's";
   }
   for (int s = 0; s < kShards; ++s) {

@@ -275,6 +275,12 @@ bool HaveFashionMnist() {
   return stat(kFashionMnistDir, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+std::string ParamsFingerprint(absl::string_view worker_stdout) {
+  const size_t at = worker_stdout.rfind("\"params_fnv1a\":\"");
+  if (at == absl::string_view::npos || at + 16 + 16 > worker_stdout.size()) return "";
+  return std::string(worker_stdout.substr(at + 16, 16));
+}
+
 absl::StatusOr<double> FinalTestAccuracy(absl::string_view worker_stdout) {
   std::vector<absl::string_view> lines = absl::StrSplit(worker_stdout, '\n');
   for (auto line = lines.rbegin(); line != lines.rend(); ++line) {

@@ -133,6 +133,10 @@ class TestCluster {
 inline constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 bool HaveFashionMnist();
 
+// The params_fnv1a field of the last {"event":"done",...} line of a worker's stdout (16 hex digits:
+// a fingerprint of its final parameters), or "" without one.
+std::string ParamsFingerprint(absl::string_view worker_stdout);
+
 // test_accuracy of the last {"event":"done",...} line of a worker's stdout. NotFound without such a
 // line; InvalidArgument if the line has no parsable test_accuracy.
 absl::StatusOr<double> FinalTestAccuracy(absl::string_view worker_stdout);

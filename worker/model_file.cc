@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/framed_file.h"
 #include "common/status_macros.h"
@@ -13,10 +12,6 @@ namespace rubato {
 namespace {
 
 constexpr absl::string_view kMagic("RBMODEL1", 8);
-
-std::string Shape(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
-}
 
 }  // namespace
 
@@ -73,8 +68,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
     const std::vector<int64_t> shape(t->shape().begin(), t->shape().end());
     if (t->name() != specs[i].name || shape != specs[i].shape) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor ", i, " is '", t->name(), "' ", Shape(shape), ", but model '",
-          loaded.file.model(), "' has '", specs[i].name, "' ", Shape(specs[i].shape)));
+          path, ": tensor ", i, " is '", t->name(), "' ", ShapeString(shape), ", but model '",
+          loaded.file.model(), "' has '", specs[i].name, "' ", ShapeString(specs[i].shape)));
     }
     RETURN_IF_ERROR(CheckFloatBytes(absl::StrCat(path, ": tensor '", t->name(), "'"), t->values(),
                                     specs[i].elements()));

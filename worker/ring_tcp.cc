@@ -68,9 +68,12 @@ std::string PeerName(const sockaddr_storage& addr) {
                                     : absl::StrCat(host, ":", port);
 }
 
-// Reads exactly `size` bytes from non-blocking `fd` by `deadline`: false on EOF, error or timeout
-// (`why` says which).
-bool ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::string* why) {
+// How ReadWithin ended.
+enum class ReadEnd { kDone, kClosed, kError, kTimedOut };
+
+// Reads exactly `size` bytes from `fd` by `deadline`, waiting in poll(); with kError, `why` is the
+// system's reason.
+ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::string* why) {
   while (size > 0) {
     const ssize_t n = ::recv(fd, data, size, MSG_DONTWAIT);
     if (n > 0) {
@@ -78,23 +81,18 @@ bool ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::strin
       size -= static_cast<size_t>(n);
       continue;
     }
-    if (n == 0) {
-      *why = "it closed the connection";
-      return false;
-    }
+    if (n == 0) return ReadEnd::kClosed;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       *why = std::strerror(errno);
-      return false;
+      return ReadEnd::kError;
     }
     pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, PollMillis(deadline));
-    if (ready == 0) {
-      *why = "it sent too little in time";
-      return false;
+    if (::poll(&p, 1, PollMillis(deadline)) == 0 && absl::Now() >= deadline) {
+      return ReadEnd::kTimedOut;
     }
   }
-  return true;
+  return ReadEnd::kDone;
 }
 
 void SetNoDelay(int fd) {
@@ -204,10 +202,15 @@ absl::StatusOr<int> TcpRingListener::Accept(absl::Time deadline) {
     if (fd < 0) continue;  // EAGAIN after a spurious wake-up, EINTR, ECONNABORTED: wait on.
     char hello[kRingHelloBytes];
     std::string why;
-    // Its own timeout, not the caller's deadline: Receive waits in short slices.
-    absl::Status ok = ReadWithin(fd, hello, sizeof(hello), absl::Now() + kHelloTimeout, &why)
-                          ? CheckHello(hello)
-                          : absl::InvalidArgumentError(absl::StrCat("no hello: ", why));
+    // Its own timeout, not the caller's deadline.
+    const ReadEnd end = ReadWithin(fd, hello, sizeof(hello), absl::Now() + kHelloTimeout, &why);
+    absl::Status ok =
+        end == ReadEnd::kDone
+            ? CheckHello(hello)
+            : absl::InvalidArgumentError(absl::StrCat(
+                  "no hello: ", end == ReadEnd::kClosed     ? "it closed the connection"
+                                : end == ReadEnd::kTimedOut ? "it sent too little in time"
+                                                            : why));
     if (!ok.ok()) {
       RUBATO_LOG(WARNING) << "refused a ring data connection from " << PeerName(addr) << ": "
                           << ok.message();
@@ -519,33 +522,24 @@ absl::Status TcpRingLink::Flush(absl::Time deadline) {
 }
 
 absl::Status TcpRingLink::ReadFull(char* data, size_t size, int64_t tag, absl::Time deadline) {
-  while (size > 0) {
-    const ssize_t n = ::recv(in_fd_, data, size, MSG_DONTWAIT);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
+  // Only the previous rank can end this wait (or the deadline): if the next rank died, the ranks
+  // in between give up one after the other, each telling its next why, until the previous rank
+  // does, which takes milliseconds (see TcpRingLink in the header).
+  std::string why;
+  switch (ReadWithin(in_fd_, data, size, deadline, &why)) {
+    case ReadEnd::kDone:
+      return absl::OkStatus();
+    case ReadEnd::kClosed:
       return IncomingBroke(
           "the connection ended without its closing frame (the rank exited, was killed, gave up "
           "or lost the connection)");
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return IncomingBroke(std::strerror(errno));
-    }
-    // Only the previous rank can end this wait (or the deadline): if the next rank died, the
-    // ranks in between give up one after the other, each telling its next why, until the previous
-    // rank does, which takes milliseconds (see TcpRingLink in the header).
-    pollfd p{in_fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, PollMillis(deadline));
-    if (ready == 0 && absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", prev_rank_));
-    }
+    case ReadEnd::kError:
+      return IncomingBroke(why);
+    case ReadEnd::kTimedOut:
+      break;
   }
-  return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", prev_rank_));
 }
 
 absl::Status TcpRingLink::IncomingBroke(absl::string_view why) {
@@ -640,12 +634,12 @@ absl::Status TcpRingLink::ReadGiveUp(int64_t bytes, int64_t tag, absl::Time dead
 void TcpRingLink::DrainIncoming(absl::Time deadline) {
   char header[kRingFrameHeaderBytes];
   std::string why;
-  while (ReadWithin(in_fd_, header, sizeof(header), deadline, &why)) {
+  while (ReadWithin(in_fd_, header, sizeof(header), deadline, &why) == ReadEnd::kDone) {
     if (Load64(header) < 0) return;  // Closing or give-up: the last frame.
     int64_t left = Load64(header + 8);
     while (left > 0) {
       const size_t n = std::min<size_t>(left, piece_.size());
-      if (!ReadWithin(in_fd_, piece_.data(), n, deadline, &why)) return;
+      if (ReadWithin(in_fd_, piece_.data(), n, deadline, &why) != ReadEnd::kDone) return;
       left -= static_cast<int64_t>(n);
     }
   }

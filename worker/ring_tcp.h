@@ -91,7 +91,6 @@ class TcpRingListener {
   TcpRingListener& operator=(const TcpRingListener&) = delete;
 
   int port() const { return port_; }
-  int from_rank() const { return from_rank_; }
 
   // A fresh random ticket, good for one connection; it replaces any earlier one. Thread-safe.
   absl::StatusOr<std::string> IssueTicket();
