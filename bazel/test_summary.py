@@ -26,6 +26,10 @@ LINE = re.compile(r"^(//\S+:\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED TO BUILD|FAI
                   r"NO STATUS|INCOMPLETE|SKIPPED)\b")
 
 
+MAX_FAILED_LOGS = 4
+FAILED_LOG_LINES = 25
+
+
 def count_cases(xml_path):
     """(passed, failed, skipped) gtest cases in one test.xml, or None if it is unreadable."""
     try:
@@ -86,6 +90,7 @@ def main(argv):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     passed = failed = skipped = 0
+    failed_logs = []  # test.log of each failed target, shown again just above the totals.
     for run in runs:
         results = read_results(run["log"])
         for target in run["expect"]:
@@ -108,8 +113,19 @@ def main(argv):
                 f_ = max(f_, 1)
                 if status in ("FAILED TO BUILD", "NO RESULT"):
                     p, s = 0, 0
+                failed_logs.append((target, os.path.join(run["testlogs"], pkg, name, "test.log")))
             passed, failed, skipped = passed + p, failed + f_, skipped + s
             print("%-50s %-16s %4d passed %3d failed %3d skipped" % (target, status, p, f_, s))
+    # A CI report keeps only the end of the output: repeat why each failure failed here.
+    for target, path in failed_logs[:MAX_FAILED_LOGS]:
+        print("\n== %s: the last %d lines of %s" % (target, FAILED_LOG_LINES, path))
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            lines = ["(cannot read it: %s)" % e]
+        for line in lines[-FAILED_LOG_LINES:]:
+            print("  " + line[:400])
     print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return 0 if failed == 0 and passed > 0 else 1
 

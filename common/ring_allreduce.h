@@ -40,6 +40,11 @@ class RingLink {
   enum class Combine { kAdd, kCopy };
 
   virtual ~RingLink() = default;
+  // Waits until `deadline` for the transport's connections to both neighbours, where it has any
+  // to set up, so that the ranks' start-up times do not count against the first all-reduce's
+  // timeout. DEADLINE_EXCEEDED names the neighbour that did not connect. By default there is
+  // nothing to wait for (the first Send or Receive connects).
+  virtual absl::Status Connect(absl::Time /*deadline*/) { return absl::OkStatus(); }
   // Queues `data` for the next rank under `tag` and returns without waiting for it to be delivered.
   // Blocks leave in the order they were queued, and their tags must increase (those of
   // RingAllReduceMean do, over calls with increasing `round` and the same length and segment

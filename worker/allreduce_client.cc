@@ -46,17 +46,18 @@ class AllReduceClient final : public PsClient {
     const std::string& address =
         options_.listen.empty() ? options_.cluster.workers(options_.rank) : options_.listen;
     RETURN_IF_ERROR(options_.server_security.CheckListenAddress(address));
-    ASSIGN_OR_RETURN(const RingTransport transport,
-                     ResolveRingTransport(options_.transport,
-                                          options_.server_security.encrypts() ||
-                                              options_.client_security.encrypts()));
+    ASSIGN_OR_RETURN(
+        const RingTransport transport,
+        ResolveRingTransport(options_.transport, options_.server_security.encrypts() ||
+                                                     options_.client_security.encrypts()));
     const std::string& next = options_.cluster.workers((options_.rank + 1) % size_);
     if (transport == RingTransport::kTcp) {
       std::string host, port;
       if (!SplitHostPort(address, &host, &port)) {
         return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
       }
-      ASSIGN_OR_RETURN(data_, TcpRingListener::Create(host, options_.data_port, mailbox_.from_rank()));
+      ASSIGN_OR_RETURN(data_,
+                       TcpRingListener::Create(host, options_.data_port, mailbox_.from_rank()));
       link_ = std::make_unique<TcpRingLink>(options_.rank, size_, next, data_.get(),
                                             absl::Seconds(10), options_.client_security);
     } else {
@@ -87,6 +88,10 @@ class AllReduceClient final : public PsClient {
 
   absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
                                    int64_t /*resume_step*/) override {
+    if (absl::Status s = link_->Connect(absl::Now() + options_.connect_timeout); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("ring rank ", options_.rank,
+                                                 " (--connect_timeout_ms): ", s.message()));
+    }
     params_.assign(initial.begin(), initial.end());
     ScheduleContext context;
     context.global_batch = int64_t{batch_size} * size_;
@@ -115,8 +120,8 @@ class AllReduceClient final : public PsClient {
       std::copy(grads[i].begin(), grads[i].end(), flat_.begin() + offset);
       offset += elements_[i];
     }
-    RETURN_IF_ERROR(RingAllReduceMean(options_.rank, size_, step, link_.get(), absl::MakeSpan(flat_),
-                                      options_.timeout));
+    RETURN_IF_ERROR(RingAllReduceMean(options_.rank, size_, step, link_.get(),
+                                      absl::MakeSpan(flat_), options_.timeout));
     const float lr = static_cast<float>(schedule_->At(step));
     offset = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -142,7 +147,7 @@ class AllReduceClient final : public PsClient {
   // failed all-reduce the link may still be sending blocks that point into it (Send does not copy),
   // until its destructor has closed or cancelled the stream and gRPC is done with it.
   std::vector<float> flat_;
-  RingMailbox mailbox_;  // Before data_, service_ and link_, which use it.
+  RingMailbox mailbox_;                    // Before data_, service_ and link_, which use it.
   std::unique_ptr<TcpRingListener> data_;  // With the TCP transport.
   std::unique_ptr<RingPeerService> service_;
   std::unique_ptr<RingLink> link_;

@@ -41,6 +41,9 @@ struct AllReduceOptions {
   // One all-reduce must finish within this (a dead or stuck peer becomes DEADLINE_EXCEEDED
   // naming it).
   absl::Duration timeout = absl::Seconds(60);
+  // Register waits this long for the ring's connections to both neighbours (ranks start at
+  // different times; the first all-reduce's timeout should not pay for that).
+  absl::Duration connect_timeout = absl::Seconds(30);
   // This rank's ring server (credentials, and the job secret that checks the previous rank's
   // token) and its link to the next rank (credentials, this rank's token).
   ServerSecurity server_security;

@@ -162,7 +162,8 @@ absl::StatusOr<std::string> TcpRingListener::IssueTicket() {
     return absl::InternalError("no random bytes for a ring data ticket (OpenSSL RAND_bytes)");
   }
   absl::MutexLock lock(&mu_);
-  ticket_ = ticket;
+  tickets_.push_back(ticket);
+  if (tickets_.size() > kRingOutstandingTickets) tickets_.pop_front();
   return ticket;
 }
 
@@ -177,10 +178,12 @@ absl::Status TcpRingListener::CheckHello(const char* hello) {
         "it says it is rank ", from, ", but this rank receives from rank ", from_rank_, " only"));
   }
   absl::MutexLock lock(&mu_);
-  if (ticket_.empty() || CRYPTO_memcmp(hello + 16, ticket_.data(), kRingTicketBytes) != 0) {
-    return absl::PermissionDeniedError("its ticket is not the one OpenData issued");
+  bool match = false;
+  for (const std::string& ticket : tickets_) {  // Every one compared, each in constant time.
+    match |= CRYPTO_memcmp(hello + 16, ticket.data(), kRingTicketBytes) == 0;
   }
-  ticket_.clear();
+  if (!match) return absl::PermissionDeniedError("its ticket is not one OpenData issued");
+  tickets_.clear();
   return absl::OkStatus();
 }
 
@@ -330,7 +333,7 @@ void TcpRingLink::SetSendErrorLocked(absl::Status error) {
   send_error_ = std::move(error);
 }
 
-absl::StatusOr<int> TcpRingLink::Connect() {
+absl::StatusOr<int> TcpRingLink::OpenConnection() {
   std::unique_ptr<RingPeer::Stub> stub = RingPeer::NewStub(channel_);
   OpenDataReply reply;
   for (;;) {
@@ -437,7 +440,7 @@ absl::StatusOr<int> TcpRingLink::Connect() {
 }
 
 void TcpRingLink::SenderLoop() {
-  absl::StatusOr<int> fd = Connect();
+  absl::StatusOr<int> fd = OpenConnection();
   {
     absl::MutexLock lock(&mu_);
     if (!fd.ok()) {
@@ -473,6 +476,50 @@ void TcpRingLink::SenderLoop() {
 absl::Status TcpRingLink::SendError() {
   absl::MutexLock lock(&mu_);
   return send_error_;
+}
+
+std::string TcpRingLink::WhyNotConnected(absl::Duration probe) {
+  const absl::Status send = SendError();
+  return send.ok() ? DiagnoseEndpoint(next_address_, probe).detail : std::string(send.message());
+}
+
+absl::Status TcpRingLink::AcceptIncoming(absl::Time deadline, absl::string_view waiting_for) {
+  if (in_fd_ >= 0) return absl::OkStatus();
+  absl::StatusOr<int> fd = listener_->Accept(deadline);
+  if (absl::IsDeadlineExceeded(fd.status())) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "all-reduce timed out waiting for ", waiting_for, " from rank ", prev_rank_, ": ",
+        fd.status().message(),
+        out_fd_.load() >= 0
+            ? ""
+            : absl::StrCat("; this rank could not connect to the next, rank ", next_rank_, " at ",
+                           next_address_, " either: ", WhyNotConnected(absl::Seconds(2)))));
+  }
+  if (!fd.ok()) return fd.status();
+  in_fd_ = *fd;
+  return absl::OkStatus();
+}
+
+absl::Status TcpRingLink::Connect(absl::Time deadline) {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto connected = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return out_fd_.load() >= 0 || !send_error_.ok();
+    };
+    if (mu_.AwaitWithDeadline(absl::Condition(&connected), deadline)) status = send_error_;
+  }
+  if (status.ok() && out_fd_.load() < 0) {
+    status = absl::DeadlineExceededError(absl::StrCat("all-reduce timed out connecting to rank ",
+                                                      next_rank_, " at ", next_address_, ": ",
+                                                      WhyNotConnected(absl::Seconds(1))));
+  }
+  if (status.ok()) status = AcceptIncoming(deadline, "the ring's data connection");
+  if (!status.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (failure_.ok()) failure_ = status;
+  }
+  return status;
 }
 
 absl::Status TcpRingLink::Send(int64_t tag, absl::Span<const float> data) {
@@ -551,23 +598,7 @@ absl::Status TcpRingLink::Receive(int64_t tag, absl::Span<float> out, Combine co
                                   absl::Time deadline) {
   if (!receive_error_.ok()) return receive_error_;
   absl::Status status = [&]() -> absl::Status {
-    if (in_fd_ < 0) {
-      absl::StatusOr<int> fd = listener_->Accept(deadline);
-      if (absl::IsDeadlineExceeded(fd.status())) {
-        absl::Status send = SendError();
-        return absl::DeadlineExceededError(absl::StrCat(
-            "all-reduce timed out waiting for block ", tag, " from rank ", prev_rank_, ": ",
-            fd.status().message(),
-            out_fd_.load() >= 0
-                ? ""
-                : absl::StrCat("; this rank could not connect to the next, rank ", next_rank_,
-                               " at ", next_address_, " either: ",
-                               send.ok() ? DiagnoseEndpoint(next_address_, absl::Seconds(2)).detail
-                                         : std::string(send.message()))));
-      }
-      if (!fd.ok()) return fd.status();
-      in_fd_ = *fd;
-    }
+    RETURN_IF_ERROR(AcceptIncoming(deadline, absl::StrCat("block ", tag)));
     char header[kRingFrameHeaderBytes];
     if (absl::Status s = ReadFull(header, sizeof(header), tag, deadline); !s.ok()) return s;
     const int64_t got = Load64(header);

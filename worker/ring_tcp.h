@@ -19,9 +19,9 @@
 //     answers with the listener's port and a fresh 32-byte random ticket.
 //  3. The sender connects to that port on the host it dialled and first writes a 48-byte hello:
 //     "RBRING1\0", its rank and the ring's size (int32 each), the ticket. The listener accepts the
-//     one connection whose hello carries the current ticket (compared in constant time; a ticket
-//     is good once) and then stops listening. Anything else is closed and logged, and the wait
-//     goes on until the deadline.
+//     one connection whose hello carries an outstanding ticket (compared in constant time; the
+//     first connection in uses them all up) and then stops listening. Anything else is closed and
+//     logged, and the wait goes on until the deadline.
 // So a connection is accepted only from whoever passed the gRPC service's authentication. The
 // blocks themselves are not encrypted: with TLS the ring stays on gRPC (ResolveRingTransport,
 // worker/allreduce_client.h).
@@ -77,6 +77,8 @@ constexpr size_t kRingHelloBytes = 48;
 constexpr size_t kRingFrameHeaderBytes = 16;
 constexpr int64_t kRingGiveUpTag = -3;
 constexpr size_t kRingGiveUpTextBytes = 1024;
+// Tickets the listener honours at once (see IssueTicket).
+constexpr size_t kRingOutstandingTickets = 8;
 
 // The receiving end's rendezvous: a listening socket, and the ticket the connection must present.
 class TcpRingListener {
@@ -92,10 +94,15 @@ class TcpRingListener {
 
   int port() const { return port_; }
 
-  // A fresh random ticket, good for one connection; it replaces any earlier one. Thread-safe.
+  // A fresh random ticket. The last kRingOutstandingTickets issued are all good until one of them
+  // opens the connection, which voids the others. Several are honoured because the sender retries
+  // OpenData with short deadlines while the next rank starts: an attempt it gave up on may still
+  // be answered by this rank after the retry was, and a single current ticket then refused the
+  // sender's connection (seen under load). Every ticket goes to the authenticated previous rank
+  // only, so honouring a few is no weaker than honouring one. Thread-safe.
   absl::StatusOr<std::string> IssueTicket();
 
-  // Waits until `deadline` for from_rank's connection with the current ticket and returns its
+  // Waits until `deadline` for from_rank's connection with an outstanding ticket and returns its
   // socket (the caller owns it). Closes and logs any other connection, and keeps waiting. Once one
   // is accepted the listening socket is closed, so later calls fail with FAILED_PRECONDITION.
   // DEADLINE_EXCEEDED if none came. One caller at a time.
@@ -104,14 +111,14 @@ class TcpRingListener {
  private:
   TcpRingListener(int fd, int port, int from_rank)
       : listen_fd_(fd), port_(port), from_rank_(from_rank) {}
-  // OK if `hello` is from_rank's with the current ticket (which is then used up).
+  // OK if `hello` is from_rank's with an outstanding ticket (then all are used up).
   absl::Status CheckHello(const char* hello);
 
   int listen_fd_;
   const int port_;
   const int from_rank_;
   absl::Mutex mu_;
-  std::string ticket_ ABSL_GUARDED_BY(mu_);  // Empty: none issued, or used up.
+  std::deque<std::string> tickets_ ABSL_GUARDED_BY(mu_);  // Oldest first; empty once used.
 };
 
 // The sending end towards the next rank and the receiving end from the previous one, for one rank.
@@ -134,6 +141,8 @@ class TcpRingLink final : public RingLink {
   TcpRingLink(const TcpRingLink&) = delete;
   TcpRingLink& operator=(const TcpRingLink&) = delete;
 
+  // Waits for the sender thread's connection to the next rank and accepts the previous rank's.
+  absl::Status Connect(absl::Time deadline) override;
   absl::Status Send(int64_t tag, absl::Span<const float> data) override;
   absl::Status Flush(absl::Time deadline) override;
   absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
@@ -152,7 +161,7 @@ class TcpRingLink final : public RingLink {
 
   void SenderLoop();
   // OpenData, then the TCP connection and the hello. Retries while the next rank is not up.
-  absl::StatusOr<int> Connect();
+  absl::StatusOr<int> OpenConnection();
   // Writes what fits of `frame` without blocking (`block` false) or all of it.
   absl::Status Write(int fd, Frame* frame, bool block);
   void SetSendErrorLocked(absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -164,6 +173,12 @@ class TcpRingLink final : public RingLink {
   // The previous rank's give-up frame of `bytes` bytes (instead of block `tag`): its error.
   absl::Status ReadGiveUp(int64_t bytes, int64_t tag, absl::Time deadline);
   absl::Status SendError();
+  // Accepts the previous rank's connection by `deadline`, unless it already has been. With
+  // DEADLINE_EXCEEDED, `waiting_for` says what for.
+  absl::Status AcceptIncoming(absl::Time deadline, absl::string_view waiting_for);
+  // Why the sender thread has not connected to the next rank: its error, or else a probe of the
+  // next rank's address (taking up to `probe`).
+  std::string WhyNotConnected(absl::Duration probe);
   // Reads and drops frames from the previous rank until its closing or give-up frame or
   // `deadline`.
   void DrainIncoming(absl::Time deadline);

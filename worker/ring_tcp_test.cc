@@ -1,6 +1,7 @@
 #include "worker/ring_tcp.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -294,12 +295,11 @@ TEST(TcpRingTest, ConnectionsWithoutTheTicketAreRefusedAndTheRightOneStillGetsIn
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
     refused.push_back(fd);  // Silent: dropped after the hello timeout.
   }
-  // A ticket that is replaced by a later one no longer opens anything.
-  const int stale = OpenRaw(address, 0, &open);
-  ASSERT_TRUE(open.ok()) << open;
+  // The sender's OpenData retries can be answered out of order (one it gave up on, after the one
+  // it used): a ticket issued before later ones still opens the connection.
   const int good = OpenRaw(address, 0, &open);
   ASSERT_TRUE(open.ok()) << open;
-  refused.push_back(stale);
+  ASSERT_TRUE(receiver.listener->IssueTicket().ok());
 
   TcpRingLink receiving(1, 2, "127.0.0.1:1", receiver.listener.get(), absl::Seconds(1));
   WriteFrame(good, 0, {7, 8, 9});
@@ -314,6 +314,92 @@ TEST(TcpRingTest, ConnectionsWithoutTheTicketAreRefusedAndTheRightOneStillGetsIn
   }
   WriteFrame(good, kRingClosingTag, {});
   ::close(good);
+}
+
+TEST(TcpRingTest, OnlyTheLastFewTicketsAreHonouredAndTheFirstConnectionUsesThemUp) {
+  absl::StatusOr<std::unique_ptr<TcpRingListener>> listener =
+      TcpRingListener::Create("127.0.0.1", 0, 0);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  std::vector<std::string> tickets;
+  for (size_t i = 0; i < kRingOutstandingTickets + 1; ++i) {
+    absl::StatusOr<std::string> t = (*listener)->IssueTicket();
+    ASSERT_TRUE(t.ok()) << t.status();
+    tickets.push_back(*t);
+  }
+  auto hello = [&](const std::string& ticket) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons((*listener)->port());
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+    char bytes[kRingHelloBytes] = {'R', 'B', 'R', 'I', 'N', 'G', '1', '\0'};
+    const int32_t from = 0, size = 2;
+    std::memcpy(bytes + 8, &from, 4);
+    std::memcpy(bytes + 12, &size, 4);
+    std::memcpy(bytes + 16, ticket.data(), kRingTicketBytes);
+    EXPECT_EQ(::send(fd, bytes, sizeof(bytes), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(bytes)));
+    return fd;
+  };
+  // The oldest ticket has been pushed out by the newer ones; the second oldest still opens.
+  const int evicted = hello(tickets[0]);
+  const int second = hello(tickets[1]);
+  absl::StatusOr<int> accepted = (*listener)->Accept(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(ClosedByPeer(evicted));
+  // It was the second connection that got in: the accepted socket reads what `second` writes.
+  ASSERT_EQ(::send(second, "x", 1, MSG_NOSIGNAL), 1);
+  char c = 0;
+  timeval t{5, 0};
+  ::setsockopt(*accepted, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
+  ::fcntl(*accepted, F_SETFL, 0);
+  EXPECT_EQ(::recv(*accepted, &c, 1, 0), 1);
+  EXPECT_EQ(c, 'x');
+  // The listener is done: nothing else is accepted, with any ticket.
+  EXPECT_EQ((*listener)->Accept(absl::Now()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ::close(evicted);
+  ::close(second);
+  ::close(*accepted);
+}
+
+TEST(TcpRingTest, ConnectWaitsForBothNeighboursAndNamesTheOneMissing) {
+  // Rank 0 of 2 whose next (rank 1) is up but never connects back: Connect gets its outgoing
+  // connection and then times out naming rank 1 as the one that did not open its own.
+  Peer zero(1), one(0);
+  const std::string zero_address = zero.Start();
+  const std::string one_address = one.Start();
+  {
+    TcpRingLink link(0, 2, one_address, zero.listener.get(), absl::Seconds(1));
+    const absl::Time began = absl::Now();
+    const absl::Status s = link.Connect(absl::Now() + absl::Milliseconds(1500));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("from rank 1"));
+    EXPECT_THAT(s.message(), HasSubstr("did not open its data connection"));
+    EXPECT_LT(absl::Now() - began, absl::Seconds(5));
+  }
+  // Both ranks up, started a second apart: both Connects succeed, and an all-reduce follows.
+  std::vector<float> a = {1, 2, 3}, b = {3, 4, 5};
+  absl::Status sa, sb;
+  Peer zero2(1), one2(0);
+  const std::string z2 = zero2.Start();
+  const std::string o2 = one2.Start();
+  std::thread late([&] {
+    absl::SleepFor(absl::Seconds(1));
+    TcpRingLink link(1, 2, z2, one2.listener.get());
+    sb = link.Connect(absl::Now() + absl::Seconds(10));
+    if (sb.ok()) sb = RingAllReduceMean(1, 2, 0, &link, absl::MakeSpan(b), absl::Seconds(10));
+  });
+  {
+    TcpRingLink link(0, 2, o2, zero2.listener.get());
+    sa = link.Connect(absl::Now() + absl::Seconds(10));
+    if (sa.ok()) sa = RingAllReduceMean(0, 2, 0, &link, absl::MakeSpan(a), absl::Seconds(10));
+    late.join();
+  }
+  ASSERT_TRUE(sa.ok()) << sa;
+  ASSERT_TRUE(sb.ok()) << sb;
+  EXPECT_EQ(a, std::vector<float>({2, 3, 4}));
+  EXPECT_EQ(b, a);
 }
 
 // A receiving rank fed by hand through a valid data connection.

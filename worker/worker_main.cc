@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <memory>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,8 +21,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,22 +31,22 @@
 #include "absl/time/time.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
-#include "worker/dataset.h"
 #include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/placement.h"
 #include "common/security.h"
 #include "common/security_flags.h"
-#include "common/placement.h"
-#include "worker/straggler_model.h"
 #include "worker/allreduce_client.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
+#include "worker/dataset.h"
 #include "worker/mlp.h"
 #include "worker/model_backend.h"
 #include "worker/model_file.h"
 #include "worker/model_spec.h"
 #include "worker/ps_client.h"
+#include "worker/straggler_model.h"
 #include "worker/training_loop.h"
 
 ABSL_FLAG(int, worker_id, -1, "This worker's rank in [0, num_workers). Required.");
@@ -95,7 +95,9 @@ ABSL_FLAG(int32_t, ring_data_port, 0,
 ABSL_FLAG(std::string, health_listen, "",
           "Serve the gRPC health service, and nothing else, in plaintext on this host:port (for "
           "Kubernetes probes). SERVING from start-up until the worker exits.");
-ABSL_FLAG(int64_t, connect_timeout_ms, 30000, "How long to wait for unreachable servers at start.");
+ABSL_FLAG(int64_t, connect_timeout_ms, 30000,
+          "How long to wait at start for unreachable servers (allreduce: for the ring's "
+          "connections to both neighbouring ranks, with --ring_transport=tcp).");
 ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
           "How long a pull or push retries a shard that became unreachable (a network cut, a "
           "reset connection) before the worker fails naming it.");
@@ -154,18 +156,17 @@ absl::StatusOr<std::optional<double>> SlowdownFor(const std::string& spec, int i
     int worker = -1;
     double factor = 0;
     if (!absl::SimpleAtoi(kv.first, &worker) || !absl::SimpleAtod(kv.second, &factor)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--slow_workers: expected ID:FACTOR,... such as 1:4,3:2, got '", item, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--slow_workers: expected ID:FACTOR,... such as 1:4,3:2, got '", item, "'"));
     }
     if (worker < 0 || worker >= num_workers ||
         std::find(seen.begin(), seen.end(), worker) != seen.end()) {
       return absl::InvalidArgumentError(absl::StrCat("--slow_workers: worker id ", kv.first,
-                                                     " repeated or not in [0, ", num_workers,
-                                                     ")"));
+                                                     " repeated or not in [0, ", num_workers, ")"));
     }
     if (!(factor >= 1) || std::isinf(factor)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--slow_workers: worker ", worker, ": factor must be >= 1, got ", kv.second));
+      return absl::InvalidArgumentError(absl::StrCat("--slow_workers: worker ", worker,
+                                                     ": factor must be >= 1, got ", kv.second));
     }
     seen.push_back(worker);
     if (worker == id) mine = factor;
@@ -194,10 +195,10 @@ absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> CreateBackend(const std::s
       return absl::InvalidArgumentError(absl::StrCat("--cuda_device: ", cuda.status().message()));
     }
     if (name == "cuda") {
-      return absl::Status(cuda.status().code(),
-                          absl::StrCat("--backend=cuda: ", cuda.status().message(), " (",
-                                       rubato::CudaBuildDescription(),
-                                       "); use --backend=cpu on this host"));
+      return absl::Status(
+          cuda.status().code(),
+          absl::StrCat("--backend=cuda: ", cuda.status().message(), " (",
+                       rubato::CudaBuildDescription(), "); use --backend=cpu on this host"));
     }
     RUBATO_LOG(INFO) << "--backend=auto: using the CPU (" << cuda.status().message() << ")";
   }
@@ -219,19 +220,19 @@ int EvalModel(const std::string& path) {
   if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
   if (loaded->spec.input.size() != test->dim ||
       rubato::ModelNumClasses(loaded->spec) != test->num_classes) {
-    return Fail(kExitUsage, absl::StrCat(path, ": model '", loaded->file.model(), "' takes ",
-                                         loaded->spec.input.size(), " inputs and ",
-                                         rubato::ModelNumClasses(loaded->spec),
-                                         " classes; the data has ", test->dim, " and ",
-                                         test->num_classes));
+    return Fail(
+        kExitUsage,
+        absl::StrCat(path, ": model '", loaded->file.model(), "' takes ", loaded->spec.input.size(),
+                     " inputs and ", rubato::ModelNumClasses(loaded->spec),
+                     " classes; the data has ", test->dim, " and ", test->num_classes));
   }
-  auto backend = CreateBackend(absl::GetFlag(FLAGS_backend), loaded->spec,
-                               absl::GetFlag(FLAGS_compute_threads), 0,
-                               absl::GetFlag(FLAGS_cuda_device));
+  auto backend =
+      CreateBackend(absl::GetFlag(FLAGS_backend), loaded->spec,
+                    absl::GetFlag(FLAGS_compute_threads), 0, absl::GetFlag(FLAGS_cuda_device));
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
   std::vector<absl::Span<const float>> spans(loaded->params.begin(), loaded->params.end());
-  absl::StatusOr<rubato::EvalResult> r = (*backend)->Evaluate(
-      spans, test->features.data(), test->labels.data(), test->size);
+  absl::StatusOr<rubato::EvalResult> r =
+      (*backend)->Evaluate(spans, test->features.data(), test->labels.data(), test->size);
   if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
   std::cout << absl::StrFormat(
                    "{\"event\":\"eval_model\",\"path\":\"%s\",\"model\":\"%s\","
@@ -299,7 +300,8 @@ int main(int argc, char** argv) {
   }
   const rubato::SecurityConfig security = rubato::SecurityConfigFromFlags();
   auto client_security = rubato::ClientSecurity::Create(security, worker_id);
-  if (!client_security.ok()) return Fail(kExitUsage, std::string(client_security.status().message()));
+  if (!client_security.ok())
+    return Fail(kExitUsage, std::string(client_security.status().message()));
   rubato::StragglerOptions straggler_options;
   straggler_options.slowdown = absl::GetFlag(FLAGS_slowdown);
   auto slow = SlowdownFor(absl::GetFlag(FLAGS_slow_workers), worker_id, cluster->num_workers());
@@ -345,9 +347,8 @@ int main(int argc, char** argv) {
   if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
   if (spec->input.size() != train->dim || rubato::ModelNumClasses(*spec) != train->num_classes) {
     return Fail(kExitUsage, absl::StrCat(model_flag, " needs ", spec->input.size(), " inputs and ",
-                                         rubato::ModelNumClasses(*spec),
-                                         " classes; the data has ", train->dim, " and ",
-                                         train->num_classes));
+                                         rubato::ModelNumClasses(*spec), " classes; the data has ",
+                                         train->dim, " and ", train->num_classes));
   }
   auto batcher = rubato::ShardedBatcher::Create(&*train, worker_id, cluster->num_workers(),
                                                 batch_size, absl::GetFlag(FLAGS_seed));
@@ -411,8 +412,8 @@ int main(int argc, char** argv) {
     ring.transport = *transport;
     ring.data_port = absl::GetFlag(FLAGS_ring_data_port);
     if (ring.data_port < 0 || ring.data_port > 65535) {
-      return Fail(kExitUsage, absl::StrCat("--ring_data_port must be 0..65535, not ",
-                                           ring.data_port));
+      return Fail(kExitUsage,
+                  absl::StrCat("--ring_data_port must be 0..65535, not ", ring.data_port));
     }
     if (!ring.listen.empty()) {
       if (auto s = rubato::ValidateHostPort(ring.listen, "--listen"); !s.ok()) {
@@ -423,6 +424,7 @@ int main(int argc, char** argv) {
     ring.steps_per_epoch = steps_per_epoch;
     ring.total_steps = steps;
     ring.timeout = absl::Milliseconds(cluster->wait_timeout_ms());
+    ring.connect_timeout = client_options.connect_timeout;
     auto server_security = rubato::ServerSecurity::Create(security);
     if (!server_security.ok()) {
       return Fail(kExitUsage, std::string(server_security.status().message()));
@@ -430,7 +432,8 @@ int main(int argc, char** argv) {
     ring.server_security = *server_security;
     ring.client_security = *client_security;
     RUBATO_LOG(INFO) << "ring peer " << cluster->workers(worker_id)
-                     << (ring.listen.empty() ? "" : absl::StrCat(" (listening on ", ring.listen, ")"))
+                     << (ring.listen.empty() ? ""
+                                             : absl::StrCat(" (listening on ", ring.listen, ")"))
                      << ": " << server_security->Describe();
     client = rubato::CreateAllReduceClient(ring);
     if (!client.ok()) return Fail(kExitRuntime, client.status().ToString());
@@ -447,8 +450,8 @@ int main(int argc, char** argv) {
                    << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes (max/mean "
                    << MaxOverMean((*client)->shard_bytes()) << "); model " << model_text << " ("
                    << rubato::ModelParamCount(*spec) << " parameters), backend "
-                   << (*backend)->name() << ", shard of "
-                   << batcher->shard_size() << " examples, " << steps << " steps";
+                   << (*backend)->name() << ", shard of " << batcher->shard_size() << " examples, "
+                   << steps << " steps";
   if (straggler->enabled()) RUBATO_LOG(INFO) << "straggler injection: " << straggler->Describe();
   std::string no_overlap_reason;
   rubato::TrainingOptions overlap_probe;
@@ -527,7 +530,6 @@ int main(int argc, char** argv) {
   }
   RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps
                    << " steps computed here (" << result->skipped_steps << " skipped) in "
-                   << result->wall_seconds
-                   << " s, test accuracy " << result->test.accuracy;
+                   << result->wall_seconds << " s, test accuracy " << result->test.accuracy;
   return 0;
 }
