@@ -105,6 +105,10 @@ WORKER_PROGRAM = "rubato_worker"
 
 # rubato_worker's exit status after --crash_at_step: an injected failure, not a failed job.
 INJECTED_CRASH = 3
+# rubato_server's exit status when it stops to roll back (bsp, backup; see ARCHITECTURE.md), and
+# how many such restarts of one shard the launcher makes.
+ROLLBACK_EXIT = 75
+MAX_ROLLBACKS = 8
 
 # Several hosts.
 DEFAULT_RSH = "ssh -o BatchMode=yes"
@@ -894,7 +898,8 @@ def parse_args(argv):
                    help="Restart a server shard that dies before the job ends, on its address and "
                         "from its --checkpoint_dir, at most N times each (local runs). The "
                         "workers retry it meanwhile and register again; under bsp and backup "
-                        "they stop instead, naming the --restore_step to resume the job with.")
+                        "they then roll the other shards back to its checkpoint's step, which "
+                        "restarts them too (exit status 75; not counted in N).")
     p.add_argument("--crash_workers", default=None, metavar="ID:STEP,...",
                    help="Make these workers crash at that step (e.g. 2:50). A worker that exits "
                         "by an injected crash does not fail the job.")
@@ -1210,6 +1215,7 @@ def main(argv):
         # the others carry on (allreduce: the others end by themselves).
         noted = set()
         restarts = [0] * len(servers)
+        rollbacks = [0] * len(servers)
         workers_over_at = None
         grace = server_grace(args)
         while True:
@@ -1241,20 +1247,33 @@ def main(argv):
                 failure = "interrupted"
                 break
             # --restart_servers: a shard that died early is started again on its address, from
-            # its checkpoints; the workers retry it meanwhile.
+            # its checkpoints; the workers retry it meanwhile. A bsp or backup shard that exits
+            # with ROLLBACK_EXIT stopped to roll back to a restarted shard's checkpoint: it is
+            # started again too, without counting against N (at most MAX_ROLLBACKS times).
             for s, p in enumerate(servers):
-                if (p.after_workers is False and not plan and restarts[s] < args.restart_servers
-                        and not p.restarted):
+                rollback = p.returncode() == ROLLBACK_EXIT and rollbacks[s] < MAX_ROLLBACKS
+                if (p.after_workers is False and not plan and not p.restarted
+                        and args.restart_servers > 0
+                        and (rollback or restarts[s] < args.restart_servers)):
                     p.restarted = True
-                    restarts[s] += 1
+                    if rollback:
+                        rollbacks[s] += 1
+                    else:
+                        restarts[s] += 1
                     argv = [("--listen=" + addresses[s]) if a == "--listen=127.0.0.1:0" else a
                             for a in server_argv[s]]
                     argv = [a for a in argv if not a.startswith("--port_file=")]
-                    new = Proc("server-%d.restart-%d" % (s, restarts[s]), SERVER_PROGRAM, argv,
-                               run_dir)
-                    screen.note("rubato: server-%d %s; restarting it on %s from its checkpoints "
-                                "(%d of %d)" % (s, p.outcome()[1], addresses[s], restarts[s],
-                                                args.restart_servers))
+                    new = Proc("server-%d.%s-%d" % (s, "rollback" if rollback else "restart",
+                                                     rollbacks[s] if rollback else restarts[s]),
+                               SERVER_PROGRAM, argv, run_dir)
+                    if rollback:
+                        screen.note("rubato: server-%d stopped to roll back to another shard's "
+                                    "checkpoint; restarting it on %s" % (s, addresses[s]))
+                    else:
+                        screen.note("rubato: server-%d %s; restarting it on %s from its "
+                                    "checkpoints (%d of %d)" % (s, p.outcome()[1], addresses[s],
+                                                                restarts[s],
+                                                                args.restart_servers))
                     procs.append(new)
                     servers[s] = new
                     ended[new] = False

@@ -22,6 +22,7 @@ namespace rubato {
 namespace {
 
 constexpr absl::string_view kMagic("RBCKPT1\n", 8);
+constexpr absl::string_view kRollbackMagic("RBROLLB\n", 8);
 
 std::string Errno(absl::string_view what, const std::string& path) {
   return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
@@ -117,6 +118,53 @@ absl::StatusOr<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(const std::
                                             dir, ": ", absl::StrJoin(loaded.skipped, "; ")));
   }
   return std::nullopt;
+}
+
+std::string RollbackMarkerPath(const std::string& dir, int shard_id) {
+  return absl::StrCat(dir, "/shard-", shard_id, ".rollback");
+}
+
+absl::Status WriteRollbackMarker(const std::string& dir, int shard_id,
+                                 const RollbackMarker& marker) {
+  char payload[16];
+  std::memcpy(payload, &marker.step, 8);
+  std::memcpy(payload + 8, &marker.recovery_id, 8);
+  return WriteFramedFile(RollbackMarkerPath(dir, shard_id), kRollbackMagic,
+                         absl::string_view(payload, sizeof(payload)));
+}
+
+absl::StatusOr<std::optional<RollbackMarker>> ReadRollbackMarker(const std::string& dir,
+                                                                 int shard_id) {
+  const std::string path = RollbackMarkerPath(dir, shard_id);
+  absl::StatusOr<std::string> payload = ReadFramedFile(path, kRollbackMagic);
+  if (absl::IsNotFound(payload.status())) return std::nullopt;
+  if (!payload.ok()) return payload.status();
+  RollbackMarker marker;
+  if (payload->size() != 16) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": a roll-back record of ", payload->size(), " bytes, not 16"));
+  }
+  std::memcpy(&marker.step, payload->data(), 8);
+  std::memcpy(&marker.recovery_id, payload->data() + 8, 8);
+  if (marker.step < 0 || marker.recovery_id == 0) {
+    return absl::DataLossError(absl::StrCat(path, ": step ", marker.step, ", recovery id ",
+                                            marker.recovery_id, " is not a roll-back"));
+  }
+  return marker;
+}
+
+absl::Status FinishRollback(const std::string& dir, int shard_id, int64_t step) {
+  ASSIGN_OR_RETURN(const std::vector<CheckpointFile> files, ListCheckpoints(dir, shard_id));
+  for (const CheckpointFile& f : files) {
+    if (f.step > step && ::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
+      return absl::UnavailableError(Errno("cannot remove the abandoned checkpoint", f.path));
+    }
+  }
+  const std::string marker = RollbackMarkerPath(dir, shard_id);
+  if (::unlink(marker.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(Errno("cannot remove", marker));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rubato

@@ -55,6 +55,25 @@ struct LoadedCheckpoint {
 absl::StatusOr<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(
     const std::string& dir, int shard_id, std::optional<int64_t> step = std::nullopt);
 
+// A roll-back the shard agreed to under bsp or backup (ParameterShard::Rollback), recorded as
+// <dir>/shard-<id>.rollback (a framed file, magic "RBROLLB\n": the step and the recovery id, 8
+// bytes each, little-endian) before the server exits, so that the restarted server restores that
+// step as that recovery, whatever else is in the directory.
+struct RollbackMarker {
+  int64_t step = 0;
+  uint64_t recovery_id = 0;
+};
+std::string RollbackMarkerPath(const std::string& dir, int shard_id);
+// Atomic, as WriteCheckpoint.
+absl::Status WriteRollbackMarker(const std::string& dir, int shard_id,
+                                 const RollbackMarker& marker);
+// nullopt when there is none; DATA_LOSS naming the file when it is damaged.
+absl::StatusOr<std::optional<RollbackMarker>> ReadRollbackMarker(const std::string& dir,
+                                                                 int shard_id);
+// After the restore: removes the shard's checkpoints of steps after `step` (those steps were
+// abandoned: restoring one later would put the shard ahead of the job again), then the marker.
+absl::Status FinishRollback(const std::string& dir, int shard_id, int64_t step);
+
 }  // namespace rubato
 
 #endif  // RUBATO_SERVER_CHECKPOINT_H_

@@ -200,5 +200,37 @@ TEST(CheckpointTest, AFullDiskIsAClearErrorAndThePreviousCheckpointSurvives) {
       << "the temporary file was left behind";
 }
 
+TEST(CheckpointTest, ARollbackMarkerRoundTripsAndFinishingItDropsTheAbandonedSteps) {
+  const std::string dir = FreshDir("rollback_marker");
+  for (int64_t step : {20, 40, 60}) ASSERT_TRUE(WriteCheckpoint(dir, Sample(1, step, 10), 5).ok());
+  absl::StatusOr<std::optional<RollbackMarker>> none = ReadRollbackMarker(dir, 1);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(WriteRollbackMarker(dir, 1, RollbackMarker{40, 0xabcdef}).ok());
+  absl::StatusOr<std::optional<RollbackMarker>> marker = ReadRollbackMarker(dir, 1);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  ASSERT_TRUE(marker->has_value());
+  EXPECT_EQ((*marker)->step, 40);
+  EXPECT_EQ((*marker)->recovery_id, 0xabcdefu);
+  // The marker is not a checkpoint.
+  absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, 1);
+  ASSERT_TRUE(files.ok());
+  EXPECT_EQ(files->size(), 3u);
+  ASSERT_TRUE(FinishRollback(dir, 1, 40).ok());
+  files = ListCheckpoints(dir, 1);
+  ASSERT_TRUE(files.ok());
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].step, 40) << "step 60 was abandoned by the roll-back";
+  marker = ReadRollbackMarker(dir, 1);
+  ASSERT_TRUE(marker.ok());
+  EXPECT_FALSE(marker->has_value()) << "the marker outlived its roll-back";
+  // A damaged marker is an error naming it, never silently ignored.
+  std::ofstream(RollbackMarkerPath(dir, 1)) << "RBROLLB\n garbage";
+  marker = ReadRollbackMarker(dir, 1);
+  EXPECT_EQ(marker.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(marker.status().message().find(RollbackMarkerPath(dir, 1)), std::string::npos)
+      << marker.status();
+}
+
 }  // namespace
 }  // namespace rubato

@@ -89,11 +89,10 @@ grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* co
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const WirePush& push = received->push;
-  shard_->Push(push, std::move(received),
-               [reactor, response](absl::StatusOr<PushResponse> result) {
-                 if (result.ok()) *response = Serialized(*result);
-                 reactor->Finish(ToGrpcStatus(result.status()));
-               });
+  shard_->Push(push, std::move(received), [reactor, response](absl::StatusOr<PushResponse> result) {
+    if (result.ok()) *response = Serialized(*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
   return reactor;
 }
 
@@ -113,6 +112,15 @@ grpc::ServerUnaryReactor* ParameterService::Finish(grpc::CallbackServerContext* 
     return Refuse(context, s);
   }
   return Answer(context, shard_->Finish(*request), response);
+}
+
+grpc::ServerUnaryReactor* ParameterService::Rollback(grpc::CallbackServerContext* context,
+                                                     const RollbackRequest* request,
+                                                     RollbackResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
+  return Answer(context, shard_->Rollback(*request), response);
 }
 
 grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext* context,

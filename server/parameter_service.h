@@ -5,8 +5,8 @@
 // or the shard's deadline thread).
 //
 // Every call is authenticated first (common/security.h) when the job has a secret: Register, Pull,
-// Push, Heartbeat and Finish only with the token of the request's own worker_id, GetStats with any valid
-// token. A refused call changes nothing, not even the caller's lease.
+// Push, Heartbeat, Finish and Rollback only with the token of the request's own worker_id,
+// GetStats with any valid token. A refused call changes nothing, not even the caller's lease.
 #ifndef RUBATO_SERVER_PARAMETER_SERVICE_H_
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
@@ -24,10 +24,11 @@ namespace rubato {
 // that reference the shard's copy-on-write weights, shared by every pull of that version.
 // (Built from Service, not CallbackService, whose callback Push and Pull the raw ones would hide:
 // clang's -Woverloaded-virtual.)
-using ParameterServiceBase = ParameterServer::WithRawCallbackMethod_Pull<
-    ParameterServer::WithRawCallbackMethod_Push<ParameterServer::WithCallbackMethod_Register<
-        ParameterServer::WithCallbackMethod_Heartbeat<ParameterServer::WithCallbackMethod_Finish<
-            ParameterServer::WithCallbackMethod_GetStats<ParameterServer::Service>>>>>>;
+using ParameterServiceBase =
+    ParameterServer::WithRawCallbackMethod_Pull<ParameterServer::WithRawCallbackMethod_Push<
+        ParameterServer::WithCallbackMethod_Register<ParameterServer::WithCallbackMethod_Heartbeat<
+            ParameterServer::WithCallbackMethod_Finish<ParameterServer::WithCallbackMethod_GetStats<
+                ParameterServer::WithCallbackMethod_Rollback<ParameterServer::Service>>>>>>>;
 
 class ParameterService final : public ParameterServiceBase {
  public:
@@ -48,11 +49,13 @@ class ParameterService final : public ParameterServiceBase {
                                       const HeartbeatRequest* request,
                                       HeartbeatResponse* response) override;
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                   const FinishRequest* request,
-                                   FinishResponse* response) override;
+                                   const FinishRequest* request, FinishResponse* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const GetStatsRequest* request,
                                      GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
+                                     const RollbackRequest* request,
+                                     RollbackResponse* response) override;
 
  private:
   ParameterShard* const shard_;

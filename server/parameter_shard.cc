@@ -417,6 +417,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     // would skip steps it never computed and, under ssp, wait on a clock no one will reach).
     response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
     response.set_restored_step(restored_step_);
+    response.set_recovery_id(recovery_id_.load());
   }
   for (const PullStatePtr& p : ready) Complete(p);
   Finish(&released);
@@ -591,6 +592,51 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   restored_versions_ = versions;
   restored_step_.store(c.step());
   return absl::OkStatus();
+}
+
+absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest& request) {
+  if (request.worker_id() < 0 || request.worker_id() >= options_.cluster.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("Rollback from worker ", request.worker_id(),
+                                                   ", not in [0, ", options_.cluster.num_workers(),
+                                                   ")"));
+  }
+  RETURN_IF_ERROR(CheckStep("step", request.step()));
+  if (request.recovery_id() == 0) {
+    return absl::InvalidArgumentError("Rollback with recovery id 0 (the id of a fresh start)");
+  }
+  if (!policy_.Synchronous()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Rollback under ", FormatConsistency(options_.cluster.consistency()),
+        ": only bsp and backup shards roll back (a restored async or ssp shard goes on)"));
+  }
+  RollbackResponse response;
+  if (request.recovery_id() == recovery_id_.load()) return response;  // Done already.
+  {
+    absl::MutexLock lock(&mu_);
+    if (initialised_ && request.step() > MinVersion()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Rollback to step ", request.step(), ": this shard stands at step ",
+                       MinVersion(), ", and a roll-back cannot go forward"));
+    }
+    // Restored from that very step and nothing applied since (a whole job resumed): restarting
+    // would restore the same state, so the shard joins the recovery as it stands.
+    bool untouched = initialised_ && restored_step_.load() == request.step();
+    for (const auto& t : tensors_) untouched = untouched && t->version() == request.step();
+    if (untouched) {
+      recovery_id_.store(request.recovery_id());
+      return response;
+    }
+  }
+  if (!options_.on_rollback) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_id,
+                     " keeps no checkpoints (--checkpoint_dir), so it cannot roll "
+                     "back to step ",
+                     request.step(), "; restart every shard with --restore_step=", request.step()));
+  }
+  RETURN_IF_ERROR(options_.on_rollback(request.step(), request.recovery_id()));
+  response.set_restarting(true);
+  return response;
 }
 
 absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {

@@ -86,6 +86,10 @@ struct ShardOptions {
   // update of the step, with that tensor's lock held.
   int64_t checkpoint_every_steps = 0;
   std::function<void(std::shared_ptr<const struct CapturedCheckpoint>)> on_checkpoint;
+  // Rolls this shard back to its checkpoint of `step`, as recovery `recovery_id` (see Rollback):
+  // OK once that is arranged (the server restarts from it), an error naming why it cannot be.
+  // Null: the shard keeps no checkpoints and refuses roll-backs.
+  std::function<absl::Status(int64_t step, uint64_t recovery_id)> on_rollback;
 };
 
 // Every tensor of a shard at one job step, for a checkpoint. Under bsp and backup each tensor was
@@ -183,6 +187,19 @@ class ParameterShard {
   // workers' batches and clocks.
   ShardCheckpoint CheckpointProto(const CapturedCheckpoint& capture) const;
 
+  // Which recovery this shard's state belongs to (RegisterResponse.recovery_id): set by the
+  // server after Restore, 0 (the default) for a fresh start.
+  void SetRecoveryId(uint64_t id) { recovery_id_.store(id); }
+  uint64_t recovery_id() const { return recovery_id_.load(); }
+
+  // Under bsp and backup, rolls the shard back to its checkpoint of request.step, as recovery
+  // request.recovery_id (proto/parameter_server.proto, RollbackRequest): restarting false when it
+  // already belongs to that recovery; otherwise options.on_rollback arranges it and restarting is
+  // true. FAILED_PRECONDITION under async and ssp (a restored shard there needs no roll-back),
+  // without on_rollback, or for a step ahead of this shard's; INVALID_ARGUMENT for a bad worker,
+  // step or id.
+  absl::StatusOr<RollbackResponse> Rollback(const RollbackRequest& request);
+
   // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
   void Shutdown();
 
@@ -275,6 +292,7 @@ class ParameterShard {
   absl::Mutex checkpoint_mu_;
   std::map<int64_t, PendingCheckpoint> pending_checkpoints_ ABSL_GUARDED_BY(checkpoint_mu_);
   std::atomic<int64_t> restored_step_{-1};
+  std::atomic<uint64_t> recovery_id_{0};
   int64_t restored_versions_ = 0;  // Their sum at the restore (set before training).
   std::atomic<int64_t> last_checkpoint_step_{-1};
 

@@ -12,17 +12,19 @@
 // --stats_file if given) and exits 0. No worker live for --idle_timeout_ms and none finished:
 // exit 1 naming the workers. SIGINT or SIGTERM: the same final statistics, exit 0. Every port
 // serves the gRPC health service (SERVING until shutdown), and --health_listen adds a plaintext
-// port that serves only that, for probes.
+// port that serves only that, for probes. A bsp or backup shard that agreed to roll back
+// (ParameterShard::Rollback) exits 75 (kExitRollback) to be started again by its supervisor.
 #include <unistd.h>
 
 #include <csignal>
-#include <filesystem>
-#include <cstdlib>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -64,8 +66,9 @@ ABSL_FLAG(int64_t, idle_timeout_ms, 600000,
           "Exit with an error when no worker has been live (registered and heard from within its "
           "lease) for this long and none has finished: workers that never came, or all died.");
 ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a large tensor.");
-ABSL_FLAG(int, apply_threads, 2,
-          "Threads that apply pushed gradients, different tensors in parallel, off gRPC's threads.");
+ABSL_FLAG(
+    int, apply_threads, 2,
+    "Threads that apply pushed gradients, different tensors in parallel, off gRPC's threads.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints of this shard here (created if missing), and at start restore the "
           "newest one that reads back whole, passing over damaged ones (server/checkpoint.h).");
@@ -80,6 +83,9 @@ ABSL_FLAG(int64_t, memory_budget_mb, 0,
           "grpc::ResourceQuota). 0: 4 x --max_message_mb + 256.");
 
 namespace {
+
+// The exit status of a shard that stops to roll back (EX_TEMPFAIL: start it again).
+constexpr int kExitRollback = 75;
 
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void OnSignal(int sig) { g_signal = sig; }
@@ -149,8 +155,10 @@ int main(int argc, char** argv) {
     std::error_code error;
     std::filesystem::create_directories(checkpoint_dir, error);
     if (error || access(checkpoint_dir.c_str(), W_OK) != 0) {
-      return Fail(absl::StrCat("--checkpoint_dir ", checkpoint_dir, " cannot be created or is not "
-                               "writable", error ? ": " + error.message() : ""));
+      return Fail(absl::StrCat("--checkpoint_dir ", checkpoint_dir,
+                               " cannot be created or is not "
+                               "writable",
+                               error ? ": " + error.message() : ""));
     }
   } else if (restore_step >= 0) {
     return Fail("--restore_step needs --checkpoint_dir");
@@ -173,13 +181,65 @@ int main(int argc, char** argv) {
       if (writer_ptr != nullptr) writer_ptr->Submit(std::move(c));
     };
   }
+  // A roll-back this shard agreed to (bsp, backup: ParameterShard::Rollback). It is recorded in
+  // the checkpoint directory, the main loop then ends and the server exits with kExitRollback, so
+  // that its supervisor starts it again, restoring that step as that recovery.
+  absl::Mutex rollback_mu;
+  std::optional<rubato::RollbackMarker> rollback;
+  if (!checkpoint_dir.empty()) {
+    options.on_rollback = [&](int64_t step, uint64_t id) -> absl::Status {
+      absl::MutexLock lock(&rollback_mu);
+      if (rollback.has_value()) {
+        if (rollback->recovery_id == id) return absl::OkStatus();
+        return absl::FailedPreconditionError(
+            absl::StrCat("shard ", shard_id, " is restarting already, to roll back to step ",
+                         rollback->step, " for another recovery"));
+      }
+      absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded =
+          rubato::LoadNewestCheckpoint(checkpoint_dir, shard_id, step);
+      if (!loaded.ok() || !loaded->has_value()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard ", shard_id, " cannot roll back to step ", step, ": ",
+            !loaded.ok() ? loaded.status().message()
+                         : absl::StrCat("it has no checkpoint of that step in ", checkpoint_dir,
+                                        " (it keeps its newest --checkpoint_keep)")));
+      }
+      if (absl::Status w = rubato::WriteRollbackMarker(checkpoint_dir, shard_id,
+                                                       rubato::RollbackMarker{step, id});
+          !w.ok()) {
+        return w;
+      }
+      rollback = rubato::RollbackMarker{step, id};
+      RUBATO_LOG(WARNING) << "rolling back to step " << step << " (recovery "
+                          << absl::StrCat(absl::Hex(id))
+                          << "): another shard was restored from that checkpoint; exiting with "
+                          << kExitRollback << " so that this shard is started again from it";
+      return absl::OkStatus();
+    };
+  }
   auto shard = rubato::ParameterShard::Create(options);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
   std::unique_ptr<rubato::CheckpointWriter> writer;
   if (!checkpoint_dir.empty()) {
-    absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded = rubato::LoadNewestCheckpoint(
-        checkpoint_dir, shard_id,
-        restore_step >= 0 ? std::optional<int64_t>(restore_step) : std::nullopt);
+    absl::StatusOr<std::optional<rubato::RollbackMarker>> marker =
+        rubato::ReadRollbackMarker(checkpoint_dir, shard_id);
+    if (!marker.ok()) {
+      return Fail(absl::StrCat(marker.status().message(),
+                               " (remove it to restore the newest checkpoint instead)"));
+    }
+    std::optional<int64_t> step;
+    if (marker->has_value()) {
+      step = (*marker)->step;
+      if (restore_step >= 0 && restore_step != *step) {
+        RUBATO_LOG(WARNING) << "--restore_step=" << restore_step << " ignored: this shard is "
+                            << "rolling back to step " << *step << " ("
+                            << rubato::RollbackMarkerPath(checkpoint_dir, shard_id) << ")";
+      }
+    } else if (restore_step >= 0) {
+      step = restore_step;
+    }
+    absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded =
+        rubato::LoadNewestCheckpoint(checkpoint_dir, shard_id, step);
     if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
     if (loaded->has_value()) {
       for (const std::string& why : (*loaded)->skipped) {
@@ -188,12 +248,25 @@ int main(int argc, char** argv) {
       if (absl::Status s = (*shard)->Restore((*loaded)->checkpoint); !s.ok()) {
         return Fail(absl::StrCat("cannot restore ", (*loaded)->path, ": ", s.message()));
       }
-      RUBATO_LOG(INFO) << "restored shard " << shard_id << " from " << (*loaded)->path
-                       << ": step " << (*loaded)->checkpoint.step()
-                       << "; workers go on from there";
-    } else if (restore_step >= 0) {
-      return Fail(absl::StrCat("--restore_step=", restore_step, ": no checkpoint of shard ",
-                               shard_id, " at that step in ", checkpoint_dir));
+      // Every restore starts a recovery of its own, unless it is the roll-back of one.
+      uint64_t recovery = marker->has_value() ? (*marker)->recovery_id : 0;
+      std::random_device random;
+      while (recovery == 0) recovery = (uint64_t{random()} << 32) | random();
+      (*shard)->SetRecoveryId(recovery);
+      if (marker->has_value()) {
+        if (absl::Status s = rubato::FinishRollback(checkpoint_dir, shard_id, *step); !s.ok()) {
+          return Fail(std::string(s.message()));
+        }
+      }
+      RUBATO_LOG(INFO) << "restored shard " << shard_id << " from " << (*loaded)->path << ": step "
+                       << (*loaded)->checkpoint.step() << " (recovery "
+                       << absl::StrCat(absl::Hex(recovery))
+                       << (marker->has_value() ? ", a roll-back" : "")
+                       << "); workers go on from there";
+    } else if (step.has_value()) {
+      return Fail(
+          absl::StrCat(marker->has_value() ? "roll-back to step " : "--restore_step=", *step,
+                       ": no checkpoint of shard ", shard_id, " at that step in ", checkpoint_dir));
     } else {
       RUBATO_LOG(INFO) << "no checkpoint of shard " << shard_id << " in " << checkpoint_dir
                        << ": starting afresh";
@@ -204,8 +277,8 @@ int main(int argc, char** argv) {
         [raw](const rubato::CapturedCheckpoint& c) { return raw->CheckpointProto(c); });
     absl::MutexLock lock(&writer_mu);
     writer_ptr = writer.get();
-    RUBATO_LOG(INFO) << "checkpoints every " << checkpoint_every << " steps into "
-                     << checkpoint_dir << ", keeping " << checkpoint_keep;
+    RUBATO_LOG(INFO) << "checkpoints every " << checkpoint_every << " steps into " << checkpoint_dir
+                     << ", keeping " << checkpoint_keep;
   }
 
   rubato::ParameterService service(shard->get(), *security);
@@ -268,13 +341,24 @@ int main(int argc, char** argv) {
       break;
     }
     if (*finished) break;
+    {
+      absl::MutexLock lock(&rollback_mu);
+      if (rollback.has_value()) break;
+    }
     if (absl::Now() >= next_trim) {
       rubato::ReturnFreedMemory();
       next_trim = absl::Now() + absl::Seconds(5);
     }
   }
 
-  if (g_signal != 0) {
+  bool rolling_back;
+  {
+    absl::MutexLock lock(&rollback_mu);
+    rolling_back = rollback.has_value();
+  }
+  if (rolling_back) {
+    RUBATO_LOG(INFO) << "shutting down to roll back (exit status " << kExitRollback << ")";
+  } else if (g_signal != 0) {
     RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
   } else if (ended.ok()) {
     RUBATO_LOG(INFO) << "job over: every worker has finished or was dropped; shutting down";
@@ -303,6 +387,7 @@ int main(int argc, char** argv) {
                    << " pushes, " << stats.rejected_pushes() << " rejected, min version "
                    << stats.min_version() << ", " << stats.finished_workers() << " of "
                    << stats.num_workers() << " workers finished";
+  if (rolling_back) return kExitRollback;
   if (!ended.ok()) return Fail(std::string(ended.message()), 1);
   return 0;
 }

@@ -220,6 +220,126 @@ TEST(ShardCheckpointTest, RestoredShardContinuesBitIdenticallyForEveryOptimizer)
   }
 }
 
+RollbackRequest RollbackTo(int64_t step, uint64_t id, int worker = 0) {
+  RollbackRequest r;
+  r.set_worker_id(worker);
+  r.set_step(step);
+  r.set_recovery_id(id);
+  return r;
+}
+
+TEST(ShardCheckpointTest, RollbackRules) {
+  OptimizerConfig sgd;
+  sgd.set_type("sgd");
+  sgd.set_learning_rate(0.1);
+  // A live bsp shard at step 6 with a roll-back hook that records what it was asked.
+  ShardOptions options = Options(sgd, BSP);
+  std::vector<std::pair<int64_t, uint64_t>> asked;
+  absl::Status hook_answer;
+  options.on_rollback = [&](int64_t step, uint64_t id) {
+    asked.emplace_back(step, id);
+    return hook_answer;
+  };
+  std::unique_ptr<ParameterShard> shard = NewShard(options);
+  for (int w = 0; w < kWorkers; ++w) {
+    absl::StatusOr<RegisterResponse> r = shard->Register(Registration(w, BSP, true));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->recovery_id(), 0u) << "a fresh shard belongs to no recovery";
+  }
+  ASSERT_NO_FATAL_FAILURE(Train(shard.get(), 0, 6));
+
+  EXPECT_EQ(shard->Rollback(RollbackTo(4, 7, kWorkers)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Rollback(RollbackTo(-1, 7)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Rollback(RollbackTo(4, 0)).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<RollbackResponse> forward = shard->Rollback(RollbackTo(9, 7));
+  EXPECT_EQ(forward.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(forward.status().message(), HasSubstr("cannot go forward"));
+  EXPECT_TRUE(asked.empty()) << "a refused roll-back reached the hook";
+
+  // The hook's refusal (no checkpoint of that step) is the answer.
+  hook_answer = absl::FailedPreconditionError("no checkpoint of step 4");
+  EXPECT_EQ(shard->Rollback(RollbackTo(4, 7)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  hook_answer = absl::OkStatus();
+  absl::StatusOr<RollbackResponse> ok = shard->Rollback(RollbackTo(4, 7));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->restarting());
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[1], std::make_pair(int64_t{4}, uint64_t{7}));
+
+  // A shard of that recovery already answers at once, without the hook.
+  shard->SetRecoveryId(7);
+  ok = shard->Rollback(RollbackTo(4, 7, 1));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_FALSE(ok->restarting());
+  EXPECT_EQ(asked.size(), 2u);
+
+  // Without checkpoints there is nothing to roll back to: the error says what to do instead.
+  ShardOptions bare = Options(sgd, BSP);
+  std::unique_ptr<ParameterShard> no_checkpoints = NewShard(bare);
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(no_checkpoints->Register(Registration(w, BSP, true)).ok());
+  }
+  absl::StatusOr<RollbackResponse> none = no_checkpoints->Rollback(RollbackTo(0, 7));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("--restore_step=0"));
+
+  // async and ssp never roll back.
+  std::unique_ptr<ParameterShard> async = NewShard(Options(sgd, ASYNC));
+  EXPECT_EQ(async->Rollback(RollbackTo(0, 7)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ShardCheckpointTest, AShardRestoredAtTheStepAndUntouchedJoinsTheRecoveryInPlace) {
+  OptimizerConfig sgd;
+  sgd.set_type("sgd");
+  sgd.set_learning_rate(0.1);
+  ShardOptions options = Options(sgd, BSP);
+  options.checkpoint_every_steps = 4;
+  absl::Mutex mu;
+  std::shared_ptr<const CapturedCheckpoint> last;
+  options.on_checkpoint = [&](std::shared_ptr<const CapturedCheckpoint> c) {
+    absl::MutexLock lock(&mu);
+    last = std::move(c);
+  };
+  int hook_calls = 0;
+  options.on_rollback = [&](int64_t, uint64_t) {
+    ++hook_calls;
+    return absl::OkStatus();
+  };
+  std::unique_ptr<ParameterShard> first = NewShard(options);
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(first->Register(Registration(w, BSP, true)).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(Train(first.get(), 0, 5));
+  std::shared_ptr<const CapturedCheckpoint> capture;
+  {
+    absl::MutexLock lock(&mu);
+    capture = last;
+  }
+  ASSERT_NE(capture, nullptr);
+  ASSERT_EQ(capture->step, 4);
+  const ShardCheckpoint checkpoint = first->CheckpointProto(*capture);
+  std::unique_ptr<ParameterShard> restored = NewShard(options);
+  ASSERT_TRUE(restored->Restore(checkpoint).ok());
+  restored->SetRecoveryId(11);
+  absl::StatusOr<RollbackResponse> r = restored->Rollback(RollbackTo(4, 22));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->restarting()) << "restoring step 4 again would change nothing";
+  EXPECT_EQ(restored->recovery_id(), 22u);
+  EXPECT_EQ(hook_calls, 0);
+  // Once it has trained past the step, rolling back needs the restart.
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(restored->Register(Registration(w, BSP, false)).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(Train(restored.get(), 4, 6));
+  r = restored->Rollback(RollbackTo(4, 33));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->restarting());
+  EXPECT_EQ(hook_calls, 1);
+}
+
 TEST(ShardCheckpointTest, AnotherJobsCheckpointIsRefusedNamingTheDifference) {
   OptimizerConfig adam;
   adam.set_type("adam");

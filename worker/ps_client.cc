@@ -14,10 +14,10 @@
 #include "absl/time/clock.h"
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/net_diagnose.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
-#include "common/log.h"
 #include "common/tensor_bytes.h"
 #include "common/tensor_wire.h"
 #include "grpcpp/create_channel.h"
@@ -37,8 +37,8 @@ void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
   total->dropped += part.dropped;
   total->max_staleness = std::max(total->max_staleness, part.max_staleness);
   if (part.min_version >= 0) {
-    total->min_version = total->min_version < 0 ? part.min_version
-                                                : std::min(total->min_version, part.min_version);
+    total->min_version =
+        total->min_version < 0 ? part.min_version : std::min(total->min_version, part.min_version);
   }
 }
 
@@ -105,7 +105,6 @@ grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message)
   return grpc::ByteBuffer(&slice, 1);
 }
 
-
 class GrpcPsClient final : public PsClient {
  public:
   GrpcPsClient(const PsClientOptions& options, Placement placement, std::vector<CallGroup> groups)
@@ -121,8 +120,100 @@ class GrpcPsClient final : public PsClient {
     for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
   }
 
+  // Registers with every shard; under bsp and backup, first rolls the job back to a common step
+  // when a restarted shard stands behind the others (RollBackIfNeeded), which restarts the shards
+  // that were ahead: their calls fail while they do, and registering starts over.
   absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
                                    int64_t resume_step) override {
+    constexpr int kMaxRollbacks = 4;
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    int rollbacks = 0;
+    for (;;) {
+      std::vector<RegisterResponse> responses;
+      absl::StatusOr<int64_t> resume = RegisterRound(initial, batch_size, resume_step, &responses);
+      if (!resume.ok()) {
+        if (rollbacks > 0 && absl::IsUnavailable(resume.status()) && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(200));  // A shard restarting for the roll-back.
+          continue;
+        }
+        return resume.status();
+      }
+      ASSIGN_OR_RETURN(const bool rolled_back, RollBackIfNeeded(responses));
+      if (!rolled_back) return *resume;
+      if (++rollbacks > kMaxRollbacks) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the shards still belong to different recoveries after ", kMaxRollbacks,
+                         " roll-backs (", DescribeRecoveries(responses), ")"));
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  }
+
+  // Under bsp and backup, every shard must hold the state of one recovery (RegisterResponse's
+  // recovery_id). If they differ, a restored shard stands behind: asks every shard of another
+  // recovery to roll back to the step of the one furthest behind (ParameterShard::Rollback).
+  // True if it asked; FAILED_PRECONDITION naming the shards and the step to restore by hand if a
+  // shard cannot.
+  absl::StatusOr<bool> RollBackIfNeeded(const std::vector<RegisterResponse>& responses) {
+    const ConsistencyMode mode = responses[0].consistency().mode();
+    if (mode != BSP && mode != BACKUP) return false;
+    int behind = -1;
+    bool differ = false;
+    for (size_t s = 0; s < responses.size(); ++s) {
+      const RegisterResponse& r = responses[s];
+      differ |= r.recovery_id() != responses[0].recovery_id();
+      if (r.recovery_id() != 0 &&
+          (behind < 0 || r.resume_step() < responses[behind].resume_step())) {
+        behind = static_cast<int>(s);
+      }
+    }
+    if (!differ || behind < 0) return false;
+    RollbackRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_step(responses[behind].resume_step());
+    request.set_recovery_id(responses[behind].recovery_id());
+    std::vector<int> call_shards;
+    for (size_t s = 0; s < responses.size(); ++s) {
+      if (responses[s].recovery_id() != request.recovery_id()) {
+        call_shards.push_back(static_cast<int>(s));
+      }
+    }
+    RUBATO_LOG(WARNING) << "the shards stand at different recoveries ("
+                        << DescribeRecoveries(responses) << "): rolling shard(s) "
+                        << absl::StrJoin(call_shards, ", ") << " back to step " << request.step()
+                        << ", shard " << behind << "'s checkpoint";
+    std::vector<RollbackResponse> answers(responses.size());
+    const absl::Status status = FanOut(call_shards, options_.rpc_timeout, Retry::kNever,
+                                       [&](ParameterServer::Stub::async_interface* async, int call,
+                                           grpc::ClientContext* context, Done done) {
+                                         const int s = call_shards[call];
+                                         async->Rollback(context, &request, &answers[s], done);
+                                       });
+    if (!status.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards stand at different steps after a restart (", DescribeRecoveries(responses),
+          ") and rolling back to step ", request.step(), " failed: ", status.message(),
+          "; restart every shard with --restore_step=", request.step(),
+          " (each keeps its newest --checkpoint_keep checkpoints)"));
+    }
+    return true;
+  }
+
+  static std::string DescribeRecoveries(const std::vector<RegisterResponse>& responses) {
+    std::vector<std::string> parts;
+    for (size_t s = 0; s < responses.size(); ++s) {
+      const RegisterResponse& r = responses[s];
+      parts.push_back(absl::StrCat("shard ", s, " at step ", r.resume_step(),
+                                   r.recovery_id() == 0
+                                       ? std::string(", never restored")
+                                       : absl::StrCat(", recovery ", absl::Hex(r.recovery_id()))));
+    }
+    return absl::StrJoin(parts, "; ");
+  }
+
+  absl::StatusOr<int64_t> RegisterRound(absl::Span<const std::vector<float>> initial,
+                                        int32_t batch_size, int64_t resume_step,
+                                        std::vector<RegisterResponse>* out) {
     RETURN_IF_ERROR(CheckSizes(initial, "initial value"));
     const int shards = static_cast<int>(stubs_.size());
     std::vector<RegisterRequest> requests(shards);
@@ -195,27 +286,7 @@ class GrpcPsClient final : public PsClient {
     // it acknowledge the repeat as a duplicate.
     int64_t resume = responses[0].resume_step();
     for (const RegisterResponse& r : responses) resume = std::min(resume, r.resume_step());
-    // Restored shards of a bsp or backup job must stand at one step: a shard ahead would answer
-    // pulls with weights the others have not reached, and refuse the steps in between.
-    const ConsistencyMode mode = responses[0].consistency().mode();
-    bool restored = false, differ = false;
-    for (const RegisterResponse& r : responses) {
-      restored |= r.restored_step() >= 0;
-      differ |= r.restored_step() != responses[0].restored_step();
-    }
-    if ((mode == BSP || mode == BACKUP) && restored && differ) {
-      std::vector<std::string> steps;
-      for (int s = 0; s < shards; ++s) {
-        steps.push_back(absl::StrCat("shard ", s, " at ",
-                                     responses[s].restored_step() < 0
-                                         ? std::string("no checkpoint")
-                                         : absl::StrCat("step ", responses[s].restored_step())));
-      }
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the shards were restored from checkpoints of different steps (",
-          absl::StrJoin(steps, ", "), "); restart the shards that are ahead with --restore_step=",
-          resume, " (each keeps its newest --checkpoint_keep checkpoints)"));
-    }
+    *out = std::move(responses);
     return resume;
   }
 
@@ -254,14 +325,13 @@ class GrpcPsClient final : public PsClient {
     for (size_t g = 0; g < n; ++g) {
       requests[g] = PushRequestFor(step, groups_[g].tensors, grads, &borrowed);
     }
-    absl::Status status =
-        FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
-               [&](ParameterServer::Stub::async_interface*, int call,
-                   grpc::ClientContext* context, Done done) {
-                 generic_[group_shards_[call]]->UnaryCall(context, kPushMethod,
-                                                          grpc::StubOptions(), &requests[call],
-                                                          &raw[call], std::move(done));
-               });
+    absl::Status status = FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
+                                 [&](ParameterServer::Stub::async_interface*, int call,
+                                     grpc::ClientContext* context, Done done) {
+                                   generic_[group_shards_[call]]->UnaryCall(
+                                       context, kPushMethod, grpc::StubOptions(), &requests[call],
+                                       &raw[call], std::move(done));
+                                 });
     requests.clear();
     borrowed.WaitReleased();
     RETURN_IF_ERROR(status);
@@ -285,9 +355,8 @@ class GrpcPsClient final : public PsClient {
                                     absl::Span<const std::vector<float>> grads,
                                     std::vector<std::vector<float>>* pull_into) override {
     if (pull_into != nullptr && pull_into->size() != options_.model.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("pull into ", pull_into->size(),
-                                                     " tensors, model has ",
-                                                     options_.model.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull into ", pull_into->size(), " tensors, model has ", options_.model.size()));
     }
     if (grads.size() != options_.model.size()) {
       return absl::InvalidArgumentError(absl::StrCat(grads.size(), " gradients for a model of ",
@@ -300,8 +369,8 @@ class GrpcPsClient final : public PsClient {
     std::map<int, size_t> call_of_shard;
     for (int i : tensors) {
       if (i < 0 || i >= static_cast<int>(options_.model.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("push of tensor index ", i, ", the model has ",
-                                                       options_.model.size(), " tensors"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "push of tensor index ", i, ", the model has ", options_.model.size(), " tensors"));
       }
       if (static_cast<int64_t>(grads[i].size()) != elements_[i]) {
         return absl::InvalidArgumentError(absl::StrCat("gradient of '", options_.model[i].name(),
@@ -490,8 +559,7 @@ class GrpcPsClient final : public PsClient {
     }
     if (!parsed.ok()) {
       return absl::InternalError(absl::StrCat("shard ", shard, " at ", options_.servers[shard],
-                                              " sent a malformed pull answer: ",
-                                              parsed.message()));
+                                              " sent a malformed pull answer: ", parsed.message()));
     }
     if (tensors.size() != want.size()) {
       return absl::InternalError(absl::StrCat("shard ", shard, " returned ", tensors.size(),
@@ -502,9 +570,8 @@ class GrpcPsClient final : public PsClient {
       const int i = want[k];
       if (v.name != options_.model[i].name() ||
           static_cast<int64_t>(v.data.size()) != 4 * elements_[i]) {
-        return absl::InternalError(absl::StrCat("shard ", shard,
-                                                " returned a malformed value for '",
-                                                options_.model[i].name(), "'"));
+        return absl::InternalError(absl::StrCat(
+            "shard ", shard, " returned a malformed value for '", options_.model[i].name(), "'"));
       }
       params[i].resize(elements_[i]);
       CopyFloats(v.data, params[i].data());

@@ -97,10 +97,10 @@ std::string OverlapRecord(int worker, int64_t step, const std::vector<ParamSpec>
                           const std::vector<LayerPush>& pushes, absl::Time compute_start,
                           absl::Time compute_end) {
   auto ms = [&](absl::Time t) { return absl::ToDoubleMilliseconds(t - compute_start); };
-  std::string out =
-      absl::StrFormat("{\"event\":\"overlap\",\"worker\":%d,\"step\":%d,\"compute_end_ms\":%.3f,"
-                      "\"pushes\":[",
-                      worker, step, ms(compute_end));
+  std::string out = absl::StrFormat(
+      "{\"event\":\"overlap\",\"worker\":%d,\"step\":%d,\"compute_end_ms\":%.3f,"
+      "\"pushes\":[",
+      worker, step, ms(compute_end));
   for (size_t k = 0; k < pushes.size(); ++k) {
     const bool all = pushes.size() == 1 && pushes[0].ticket == 0;
     absl::StrAppendFormat(
@@ -143,7 +143,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   const int64_t batch = batcher->batch_size();
   const bool overlap = OverlapEnabled(options, *client, nullptr);
   std::vector<float> x(batch * spec.input.size());  // (batch, input size)
-  std::vector<int32_t> y(batch);                 // (batch)
+  std::vector<int32_t> y(batch);                    // (batch)
   std::vector<std::vector<float>> grads(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) grads[i].resize(specs[i].elements());
   std::vector<absl::Span<float>> grad_spans(grads.begin(), grads.end());
@@ -190,6 +190,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
               << std::endl;
     result.rejoins = rejoins;
     if (resume > step) result.skipped_steps += std::min(resume, options.steps) - step;
+    if (resume < step && options.rewind_on_rejoin) {
+      result.redone_steps += step - resume;
+      batcher->SeekToStep(resume);
+      return resume;
+    }
     return std::max(resume, step);
   };
   // A worker that starts mid-job (a resumed job, a restarted worker) draws the examples an
@@ -245,8 +250,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
         pushes.push_back({*ticket, first, count});
       };
     }
-    absl::StatusOr<float> loss = backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(),
-                                                          batch, grad_spans, ready);
+    absl::StatusOr<float> loss =
+        backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(), batch, grad_spans, ready);
     const absl::Time t2 = absl::Now();
     PsClient::PushResult pushed;
     // Wait for every push that started, even after an error, so none outlives its step.

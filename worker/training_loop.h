@@ -29,10 +29,10 @@
 
 #include "absl/status/statusor.h"
 #include "worker/dataset.h"
-#include "worker/straggler_model.h"
 #include "worker/model_backend.h"
 #include "worker/model_spec.h"
 #include "worker/ps_client.h"
+#include "worker/straggler_model.h"
 
 namespace rubato {
 
@@ -52,6 +52,10 @@ struct TrainingOptions {
   // When a server has dropped this worker (ABORTED, after its lease ran out), the loop registers
   // again and continues from the servers' current step, at most this many times.
   int max_rejoins = 10;
+  // bsp and backup: after registering again, continue from the servers' step even when it is
+  // behind this worker's (the job was rolled back to a checkpoint after a shard restarted), and
+  // draw the examples from there. Otherwise the loop never goes back.
+  bool rewind_on_rejoin = false;
   // If set, the loop stores the step it is working on here (read by the heartbeat thread).
   std::atomic<int64_t>* current_step = nullptr;
   // If set (not owned), the loop sleeps StragglerModel::DelayFor after each step's compute, and at
@@ -67,18 +71,19 @@ struct TrainingResult {
   int64_t steps = 0;           // The job's steps: the loop ran until the job reached this one.
   int64_t computed_steps = 0;  // Steps this worker computed and pushed.
   int64_t skipped_steps = 0;   // Steps it jumped over (backup:b catching up, a rejoin).
+  int64_t redone_steps = 0;    // Steps computed again after the job was rolled back.
   int rejoins = 0;             // Times it registered again after being dropped.
-  double final_loss = 0;  // Mean training loss over the last log interval.
-  EvalResult test;        // At the end.
+  double final_loss = 0;       // Mean training loss over the last log interval.
+  EvalResult test;             // At the end.
   double wall_seconds = 0;
 };
 
 // Whether RunTraining will overlap pushes with the backward pass, and if not, why not (for logs).
 bool OverlapEnabled(const TrainingOptions& options, const PsClient& client, std::string* why_not);
 
-// Runs options.steps steps. `params` holds the weights (one vector per ModelParamSpecs entry) and is
-// overwritten by every pull. `test` may be empty (no evaluation). Stops at the first error, which
-// names the step.
+// Runs options.steps steps. `params` holds the weights (one vector per ModelParamSpecs entry) and
+// is overwritten by every pull. `test` may be empty (no evaluation). Stops at the first error,
+// which names the step.
 absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const ModelSpec& spec,
                                            PsClient* client, ModelBackend* backend,
                                            ShardedBatcher* batcher, const Dataset& test,

@@ -477,6 +477,8 @@ int main(int argc, char** argv) {
   options.clip_global_norm = cluster->optimizer().clip_global_norm();
   options.start_step = *start_step;
   options.skip_to_current_version = cluster->consistency().mode() == rubato::BACKUP;
+  options.rewind_on_rejoin = cluster->consistency().mode() == rubato::BSP ||
+                             cluster->consistency().mode() == rubato::BACKUP;
   if (straggler->enabled()) options.straggler = &*straggler;
   options.overlap = absl::GetFlag(FLAGS_overlap);
 
@@ -506,12 +508,13 @@ int main(int argc, char** argv) {
   }
   std::cout << absl::StrFormat(
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
-                   "\"skipped_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
+                   "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
                    "\"params_fnv1a\":\"%016x\","
                    "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f}",
                    worker_id, result->steps, result->computed_steps, result->skipped_steps,
-                   result->rejoins, result->wall_seconds, ParamsFingerprint(params),
-                   result->final_loss, result->test.loss, result->test.accuracy)
+                   result->redone_steps, result->rejoins, result->wall_seconds,
+                   ParamsFingerprint(params), result->final_loss, result->test.loss,
+                   result->test.accuracy)
             << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_export_model); !path.empty() && worker_id == 0) {
     rubato::ModelFile about;
