@@ -81,6 +81,12 @@ FAKE = textwrap.dedent('''\
             open(died, "w").close()
             time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
+        rolled = os.path.join(fake_dir, "rolled-" + name)
+        if what == "rolls-back-twice" and len([m for m in os.listdir(fake_dir)
+                                               if m.startswith("rolled-")]) < 2:
+            open(rolled + "-%d" % os.getpid(), "w").close()
+            time.sleep(0.3)
+            sys.exit(75)  # Stopped to roll back (bsp): its supervisor starts it again.
         while True:
             time.sleep(0.05)
             marks = [m for m in os.listdir(fake_dir) if m.startswith("left-")]
@@ -387,6 +393,25 @@ class JobTest(unittest.TestCase):
         self.assertIn("--checkpoint_every_steps=5", argv)
         self.assertFalse([a for a in argv if a.startswith("--port_file")])
 
+    def test_a_shard_that_stops_to_roll_back_is_restarted_without_counting_against_n(self):
+        ckpt = os.path.join(self.tmp.name, "ckpt")
+        rc, out, err, summary = self.launch(
+            ["--workers", "2", "--restart_servers", "1", "--checkpoint_dir", ckpt],
+            workers="0:slow,1:slow", server="rolls-back-twice")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.states(summary, "server_outcomes"), ["done"])
+        self.assertEqual(self.states(summary, "restarted_servers"), ["restarted", "restarted"])
+        self.assertEqual([r["exit_status"] for r in summary["restarted_servers"]], [75, 75])
+        self.assertIn("server-0 stopped to roll back to another shard's checkpoint; restarting it",
+                      out + err)
+        self.assertIn("--checkpoint_dir=" + ckpt, self.argv("server-0.rollback-2"))
+
+    def test_a_roll_back_without_a_supervisor_ends_the_job(self):
+        rc, out, err, summary = self.launch(["--workers", "2"], workers="0:hang,1:hang",
+                                            server="rolls-back-twice")
+        self.assertEqual(rc, 1)
+        self.assertEqual(summary["server_outcomes"][0]["exit_status"], 75)
+
     def test_restart_servers_needs_a_checkpoint_dir(self):
         rc, out, err, summary = self.launch(["--workers", "1", "--restart_servers", "1"])
         self.assertEqual(rc, 2)
@@ -689,6 +714,10 @@ class RemoteJobTest(JobTest):
             ["--workers", "2", "--restart_servers", "1", "--checkpoint_dir", "ckpt"])
         self.assertEqual(rc, 2)
         self.assertIn("--restart_servers: local runs only", err)
+
+    # Across hosts nothing restarts a shard that stops to roll back: it ends the job (the case
+    # below, inherited), and the supervised case is the usage error above.
+    test_a_shard_that_stops_to_roll_back_is_restarted_without_counting_against_n = None
 
     def remote_flags(self, rsh=None):
         return ["--hostfile", self.hostfile, "--rsh", rsh or self.rsh_exec,
