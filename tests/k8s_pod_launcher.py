@@ -4,7 +4,9 @@ mount and UTS namespaces (and the pod's network namespace), without touching the
     ip netns exec NS unshare --mount --uts --propagation private -- python3 k8s_pod_launcher.py SPEC
 
 SPEC (JSON) says: "files", each {"path", "mode", "uid", "gid"} and either "source" (a file to copy:
-the image's binaries) or "content_b64" (a ConfigMap's or Secret's key); "hostname"; "uid", "gid",
+the image's binaries) or "content_b64" (a ConfigMap's or Secret's key); "dirs", each {"path",
+"source", "read_only"}: a directory of this machine bind-mounted there (a writable volume: a
+claim, an emptyDir); "hostname"; "uid", "gid",
 "groups"; "env" (the container's whole environment); "argv" (its command and arguments, expanded).
 Every path must be under /opt, which gets a tmpfs of its own (the image's /opt/rubato/bin and the
 volumes mounted under it), remounted read-only once written, as the image and those volumes are.
@@ -48,7 +50,16 @@ def main(spec_path):
             f.write(data)
         os.chown(path, item["uid"], item["gid"])
         os.chmod(path, item["mode"])
+    for item in spec.get("dirs", []):  # Writable volumes (a claim, an emptyDir): bind mounts.
+        path = os.path.normpath(item["path"])
+        if not path.startswith(ROOT + "/"):
+            raise SystemExit("k8s_pod_launcher: %s is not under %s" % (path, ROOT))
+        os.makedirs(path, mode=0o755, exist_ok=True)
     mount("-o", "remount,ro", ROOT)
+    for item in spec.get("dirs", []):
+        mount("--bind", item["source"], os.path.normpath(item["path"]))
+        if item.get("read_only"):
+            mount("-o", "remount,bind,ro", os.path.normpath(item["path"]))
     mount("-t", "tmpfs", "-o", "ro,mode=0755,size=1m", "rubato-pod-tmp", "/tmp")
     socket.sethostname(spec["hostname"])
     os.chdir("/")  # the image sets no WORKDIR

@@ -94,7 +94,9 @@ class ManifestsTest(unittest.TestCase):
         self.assertTrue(secret["secret"]["secretName"].startswith("rubato-job-"), secret)
         # 0440 and fsGroup: root:65532, group-readable only, which the binaries accept.
         self.assertEqual(secret["secret"]["defaultMode"], 0o440)
-        self.assertTrue(all(m.get("readOnly") for m in mounts.values()), name)
+        # Read-only, but for the servers' checkpoints (check_parameter_servers).
+        self.assertTrue(all(m.get("readOnly") for path, m in mounts.items()
+                            if path != "/opt/rubato/checkpoints"), name)
         return pod, c
 
     def check_headless_service(self, objects, name, ports, component):
@@ -118,11 +120,21 @@ class ManifestsTest(unittest.TestCase):
         ps = render.find(objects, "Job", "rubato-ps")
         self.assertIsNotNone(ps, "no Job rubato-ps")
         self.assertEqual(ps["spec"]["completions"], shards)
-        self.assertEqual(ps["spec"]["backoffLimit"], 0)
-        pod, c = self.check_pod(ps, "Never")
+        # A dead server restarts in its pod and restores its checkpoints from the shared claim.
+        self.assertGreater(ps["spec"]["backoffLimit"], 0)
+        pod, c = self.check_pod(ps, "OnFailure")
         self.assertEqual(pod["subdomain"], "rubato-ps")
         self.assertIn("--shard_id=$(JOB_COMPLETION_INDEX)", c["args"])
         self.assertIn("--listen=0.0.0.0:5000", c["args"])
+        self.assertIn("--checkpoint_dir=/opt/rubato/checkpoints", c["args"])
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        self.assertEqual(mounts["checkpoints"]["mountPath"], "/opt/rubato/checkpoints")
+        self.assertFalse(mounts["checkpoints"].get("readOnly", False))
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        claim = volumes["checkpoints"]["persistentVolumeClaim"]["claimName"]
+        pvc = render.find(objects, "PersistentVolumeClaim", claim)
+        self.assertIsNotNone(pvc, "no PersistentVolumeClaim " + claim)
+        self.assertEqual(pvc["spec"]["accessModes"], ["ReadWriteMany"])
         service = self.check_headless_service(objects, "rubato-ps", [5000], "parameter-server")
         for key, value in service["spec"]["selector"].items():
             self.assertEqual(ps["spec"]["template"]["metadata"]["labels"][key], value)
@@ -156,8 +168,9 @@ class ManifestsTest(unittest.TestCase):
                                  if o["kind"] in ("ConfigMap", "Secret") else o["metadata"]["name"])
                                 for o in objects),
                          [("ConfigMap", "rubato-cluster"), ("Job", "rubato-ps"),
-                          ("Job", "rubato-worker"), ("Secret", "rubato-job"),
-                          ("Service", "rubato-ps")])
+                          ("Job", "rubato-worker"),
+                          ("PersistentVolumeClaim", "rubato-checkpoints"),
+                          ("Secret", "rubato-job"), ("Service", "rubato-ps")])
         _, _, c = self.check_parameter_servers(objects, shards=2, workers=3, mode="BSP")
         self.assertEqual(c["image"], "rubato:cpu")
         self.assertFalse([a for a in c["args"]
@@ -257,9 +270,8 @@ class ManifestsTest(unittest.TestCase):
                                   "unknown field")
 
     def test_validator_fails_on_what_the_api_server_refuses(self):
-        text = self.bsp_text().replace("restartPolicy: Never", "restartPolicy: Always", 1)
-        self.assert_invalid(text, "FAIL Job/rubato-ps: a Job's pods need restartPolicy Never or "
-                                  "OnFailure, got Always")
+        text = self.bsp_text().replace("restartPolicy: OnFailure", "restartPolicy: Always", 1)
+        self.assert_invalid(text, ": a Job's pods need restartPolicy Never or OnFailure, got Always")
         text = self.bsp_text().replace("name: rubato-ps\n", "name: rubato_ps\n", 1)
         self.assert_invalid(text, 'metadata.name "rubato_ps" is not a valid')
 
