@@ -46,10 +46,10 @@ IMAGE_FILES = {"/opt/rubato/bin/rubato_server": "server/rubato_server",
 IMAGE_ENV = {"PATH": "/opt/rubato/bin"}
 
 # 1 epoch of Fashion-MNIST, MLP 784-256-10, 3 workers x batch 64, SGD at 0.1 (the base's job):
-# measured 0.8034 under bsp and 0.8030 under allreduce (deterministic: each sums in a fixed order; the
-# stragglers overlay only delays), 0.826-0.832 under ssp:2 (arrival order varies). 0.78 leaves
-# room for a different libm or Eigen build, and still fails a job that did not learn (0.10) or lost
-# a worker's updates for long.
+# measured 0.8034 under bsp and 0.8030 under allreduce (deterministic: each sums in a fixed
+# order; the stragglers overlay only delays), 0.826-0.832 under ssp:2 (arrival order varies). 0.78
+# leaves room for a different libm or Eigen build, and still fails a job that did not learn (0.10)
+# or lost a worker's updates for long.
 MIN_ACCURACY = 0.78
 JOB_DEADLINE_S = 300      # every worker done (about 15 s each on an idle 2-core machine)
 SERVER_EXIT_S = 60        # servers exit by themselves this soon after the last worker
