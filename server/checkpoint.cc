@@ -120,6 +120,31 @@ absl::StatusOr<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(const std::
   return std::nullopt;
 }
 
+absl::StatusOr<int> RemoveStaleTemporaries(const std::string& dir, int shard_id) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    if (errno == ENOENT) return 0;
+    return absl::UnavailableError(Errno("cannot list checkpoint directory", dir));
+  }
+  std::vector<std::string> stale;
+  const std::string checkpoints = absl::StrCat("shard-", shard_id, "-step-");
+  const std::string marker = absl::StrCat("shard-", shard_id, ".rollback.tmp-");
+  while (const dirent* e = ::readdir(d)) {
+    const absl::string_view name(e->d_name);
+    if ((absl::StartsWith(name, checkpoints) && absl::StrContains(name, ".ckpt.tmp-")) ||
+        absl::StartsWith(name, marker)) {
+      stale.push_back(absl::StrCat(dir, "/", name));
+    }
+  }
+  ::closedir(d);
+  for (const std::string& path : stale) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return absl::UnavailableError(Errno("cannot remove the unfinished write", path));
+    }
+  }
+  return static_cast<int>(stale.size());
+}
+
 std::string RollbackMarkerPath(const std::string& dir, int shard_id) {
   return absl::StrCat(dir, "/shard-", shard_id, ".rollback");
 }

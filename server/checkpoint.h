@@ -55,6 +55,10 @@ struct LoadedCheckpoint {
 absl::StatusOr<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(
     const std::string& dir, int shard_id, std::optional<int64_t> step = std::nullopt);
 
+// Removes the temporary files of the shard's writes that never completed (a process killed while
+// writing leaves "<file>.tmp-<pid>"); returns how many. Call it at start, before writing.
+absl::StatusOr<int> RemoveStaleTemporaries(const std::string& dir, int shard_id);
+
 // A roll-back the shard agreed to under bsp or backup (ParameterShard::Rollback), recorded as
 // <dir>/shard-<id>.rollback (a framed file, magic "RBROLLB\n": the step and the recovery id, 8
 // bytes each, little-endian) before the server exits, so that the restarted server restores that

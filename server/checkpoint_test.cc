@@ -232,5 +232,22 @@ TEST(CheckpointTest, ARollbackMarkerRoundTripsAndFinishingItDropsTheAbandonedSte
       << marker.status();
 }
 
+TEST(CheckpointTest, UnfinishedWritesOfTheShardAreRemovedAtStart) {
+  const std::string dir = FreshDir("stale_temporaries");
+  ASSERT_TRUE(WriteCheckpoint(dir, Sample(2, 20, 10), 3).ok());
+  for (const std::string name : {"shard-2-step-000000000040.ckpt.tmp-123", "shard-2.rollback.tmp-9",
+                                 "shard-1-step-000000000040.ckpt.tmp-5", "notes.txt"}) {
+    std::ofstream(dir + "/" + name) << "x";
+  }
+  absl::StatusOr<int> removed = RemoveStaleTemporaries(dir, 2);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 2);
+  EXPECT_EQ(::access((dir + "/shard-1-step-000000000040.ckpt.tmp-5").c_str(), F_OK), 0)
+      << "another shard's file was removed";
+  EXPECT_EQ(::access((dir + "/notes.txt").c_str(), F_OK), 0);
+  EXPECT_EQ(::access(CheckpointPath(dir, 2, 20).c_str(), F_OK), 0);
+  EXPECT_NE(::access((dir + "/shard-2.rollback.tmp-9").c_str(), F_OK), 0);
+}
+
 }  // namespace
 }  // namespace rubato

@@ -224,7 +224,8 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
   ASSERT_TRUE(Register(1, 8).ok());
   PullResponse before;
   ASSERT_TRUE(Pull(0, 0, &before).ok());
-  // Worker 1 pushing as worker 0: refused, and worker 0's own push then counts (it is no duplicate).
+  // Worker 1 pushing as worker 0: refused, and worker 0's own push then counts (it is no
+  // duplicate).
   token_for_ = [&](int w) { return auth.WorkerToken(1 - w); };
   EXPECT_EQ(Push(0, 0, std::vector<float>(8, 1.0f)).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
@@ -254,8 +255,7 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
     HeartbeatResponse resp;
     grpc::ClientContext ctx;
     ctx.AddMetadata(kAuthMetadataKey, auth.WorkerToken(0));
-    EXPECT_EQ(stub_->Heartbeat(&ctx, hb, &resp).error_code(),
-              grpc::StatusCode::PERMISSION_DENIED)
+    EXPECT_EQ(stub_->Heartbeat(&ctx, hb, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED)
         << "a worker kept another's lease alive";
   }
   {
@@ -264,8 +264,7 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
     FinishResponse resp;
     grpc::ClientContext ctx;
     ctx.AddMetadata(kAuthMetadataKey, auth.WorkerToken(0));
-    EXPECT_EQ(stub_->Finish(&ctx, finish, &resp).error_code(),
-              grpc::StatusCode::PERMISSION_DENIED)
+    EXPECT_EQ(stub_->Finish(&ctx, finish, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED)
         << "a worker finished another's training";
     grpc::ClientContext none;
     EXPECT_EQ(stub_->Finish(&none, finish, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -274,6 +273,28 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
     own.AddMetadata(kAuthMetadataKey, auth.WorkerToken(1));
     ASSERT_TRUE(stub_->Finish(&own, finish, &resp).ok());
     EXPECT_EQ(resp.finished_workers(), 1);
+  }
+  {
+    // Rollback: only with the requesting worker's own token (and this shard, which keeps no
+    // checkpoints, then refuses it, naming what to do instead).
+    RollbackRequest rollback;
+    rollback.set_worker_id(1);
+    rollback.set_step(0);
+    rollback.set_recovery_id(42);
+    RollbackResponse resp;
+    grpc::ClientContext none;
+    EXPECT_EQ(stub_->Rollback(&none, rollback, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    grpc::ClientContext other;
+    other.AddMetadata(kAuthMetadataKey, auth.WorkerToken(0));
+    EXPECT_EQ(stub_->Rollback(&other, rollback, &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    grpc::ClientContext own;
+    own.AddMetadata(kAuthMetadataKey, auth.WorkerToken(1));
+    const grpc::Status refused = stub_->Rollback(&own, rollback, &resp);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(refused.error_message().find("--checkpoint_dir"), std::string::npos)
+        << refused.error_message();
   }
   std::remove(path.c_str());
 }

@@ -221,6 +221,12 @@ int main(int argc, char** argv) {
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
   std::unique_ptr<rubato::CheckpointWriter> writer;
   if (!checkpoint_dir.empty()) {
+    absl::StatusOr<int> stale = rubato::RemoveStaleTemporaries(checkpoint_dir, shard_id);
+    if (!stale.ok()) return Fail(std::string(stale.status().message()));
+    if (*stale > 0) {
+      RUBATO_LOG(INFO) << "removed " << *stale << " unfinished checkpoint write(s) of shard "
+                       << shard_id << " from " << checkpoint_dir;
+    }
     absl::StatusOr<std::optional<rubato::RollbackMarker>> marker =
         rubato::ReadRollbackMarker(checkpoint_dir, shard_id);
     if (!marker.ok()) {
