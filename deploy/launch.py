@@ -88,6 +88,7 @@ SERVER_FLAGS = ("update_threads", "apply_threads", "memory_budget_mb", "checkpoi
 # Flags given to workers only.
 WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",
+                "server_restart_timeout_s",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
                 "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",
@@ -900,6 +901,11 @@ def parse_args(argv):
                         "workers retry it meanwhile and register again; under bsp and backup "
                         "they then roll the other shards back to its checkpoint's step, which "
                         "restarts them too (exit status 75; not counted in N).")
+    p.add_argument("--resume", action="store_true",
+                   help="Continue the job whose checkpoints are in --checkpoint_dir: the shards "
+                        "restore their newest ones and the workers go on from that step. Without "
+                        "it, a local --checkpoint_dir that holds checkpoints is refused, so that a "
+                        "new job never silently resumes an old one.")
     p.add_argument("--crash_workers", default=None, metavar="ID:STEP,...",
                    help="Make these workers crash at that step (e.g. 2:50). A worker that exits "
                         "by an injected crash does not fail the job.")
@@ -970,6 +976,19 @@ def parse_args(argv):
     if args.restart_servers and args.checkpoint_dir is None:
         p.error("--restart_servers needs --checkpoint_dir: a restarted shard without checkpoints "
                 "would start empty")
+    if args.resume and args.checkpoint_dir is None:
+        p.error("--resume needs --checkpoint_dir: the directory of the job to continue")
+    if args.checkpoint_dir is not None and args.hostfile is None:
+        # Local runs: the directory is here to look at (remote hosts have their own).
+        found = checkpoint_files(args.checkpoint_dir)
+        if found and not args.resume:
+            p.error("--checkpoint_dir %s holds checkpoints of an earlier job (%s%s): pass "
+                    "--resume to continue it, or give an empty directory"
+                    % (args.checkpoint_dir, ", ".join(found[:3]),
+                       ", ..." if len(found) > 3 else ""))
+        if args.resume and not found:
+            p.error("--resume: no checkpoints in --checkpoint_dir %s to resume from"
+                    % args.checkpoint_dir)
     if args.restart_servers and args.hostfile is not None:
         p.error("--restart_servers: local runs only (with --hostfile, restart shards with your "
                 "own supervisor, or use the Kubernetes manifests)")
@@ -1354,6 +1373,16 @@ def main(argv):
 
 
 STALENESS_BUCKETS = ["0", "1", "2", "3", "4-7", "8-15", "16-31", ">=32"]
+
+
+def checkpoint_files(directory):
+    """The shard checkpoints (shard-<id>-step-<step>.ckpt) in `directory`, sorted; [] if none
+    or no such directory."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(n for n in names if re.match(r"^shard-\d+-step-\d{12}\.ckpt$", n))
 
 
 def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=()):

@@ -412,6 +412,26 @@ class JobTest(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertEqual(summary["server_outcomes"][0]["exit_status"], 75)
 
+    def test_a_checkpoint_dir_of_an_earlier_job_needs_resume(self):
+        ckpt = os.path.join(self.tmp.name, "old-job")
+        os.makedirs(ckpt)
+        open(os.path.join(ckpt, "shard-0-step-000000000100.ckpt"), "w").close()
+        rc, out, err, summary = self.launch(["--workers", "1", "--checkpoint_dir", ckpt])
+        self.assertEqual(rc, 2)
+        self.assertIn("holds checkpoints of an earlier job (shard-0-step-000000000100.ckpt): "
+                      "pass --resume to continue it", err)
+        rc, out, err, summary = self.launch(
+            ["--workers", "1", "--checkpoint_dir", ckpt, "--resume"])
+        self.assertEqual(rc, 0, err)
+        empty = os.path.join(self.tmp.name, "empty")
+        rc, out, err, summary = self.launch(
+            ["--workers", "1", "--checkpoint_dir", empty, "--resume"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--resume: no checkpoints in --checkpoint_dir", err)
+        rc, out, err, summary = self.launch(["--workers", "1", "--resume"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--resume needs --checkpoint_dir", err)
+
     def test_restart_servers_needs_a_checkpoint_dir(self):
         rc, out, err, summary = self.launch(["--workers", "1", "--restart_servers", "1"])
         self.assertEqual(rc, 2)
@@ -718,6 +738,8 @@ class RemoteJobTest(JobTest):
     # Across hosts nothing restarts a shard that stops to roll back: it ends the job (the case
     # below, inherited), and the supervised case is the usage error above.
     test_a_shard_that_stops_to_roll_back_is_restarted_without_counting_against_n = None
+    # The remote hosts' directories are theirs: the launcher cannot look into them.
+    test_a_checkpoint_dir_of_an_earlier_job_needs_resume = None
 
     def remote_flags(self, rsh=None):
         return ["--hostfile", self.hostfile, "--rsh", rsh or self.rsh_exec,

@@ -101,6 +101,10 @@ ABSL_FLAG(int64_t, connect_timeout_ms, 30000,
 ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
           "How long a pull or push retries a shard that became unreachable (a network cut, a "
           "reset connection) before the worker fails naming it.");
+ABSL_FLAG(int64_t, server_restart_timeout_s, -1,
+          "How long to wait for a lost shard to be restarted (it then restores its checkpoint "
+          "and the worker registers again) before failing: sets --retry_timeout_ms, and "
+          "--connect_timeout_ms when larger. -1: those flags as given.");
 
 // Straggler injection (worker/straggler_model.h). The defaults inject nothing.
 ABSL_FLAG(double, slowdown, 1, "Multiply this worker's compute time by this factor (>= 1).");
@@ -273,10 +277,13 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_eval_every) < 0 ||
       absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_train_limit) < 0 ||
       absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1 ||
-      absl::GetFlag(FLAGS_retry_timeout_ms) < 0) {
+      absl::GetFlag(FLAGS_retry_timeout_ms) < 0 ||
+      absl::GetFlag(FLAGS_server_restart_timeout_s) < -1 ||
+      absl::GetFlag(FLAGS_server_restart_timeout_s) > 86400) {
     return Fail(kExitUsage,
                 "--steps, --eval_every, --train_limit, --test_limit and --retry_timeout_ms must be "
-                ">= 0, --log_every and --connect_timeout_ms >= 1");
+                ">= 0, --log_every and --connect_timeout_ms >= 1, --server_restart_timeout_s -1 "
+                "to 86400");
   }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   if (backend_name != "cpu" && backend_name != "cuda" && backend_name != "auto") {
@@ -395,6 +402,11 @@ int main(int argc, char** argv) {
   // Past the servers' own wait timeout, so that their error (naming whom they waited for) arrives.
   client_options.rpc_timeout = absl::Milliseconds(cluster->wait_timeout_ms()) + absl::Seconds(10);
   client_options.retry_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_retry_timeout_ms));
+  if (const int64_t restart = absl::GetFlag(FLAGS_server_restart_timeout_s); restart >= 0) {
+    client_options.retry_timeout = absl::Seconds(restart);
+    client_options.connect_timeout =
+        std::max(client_options.connect_timeout, absl::Seconds(restart));
+  }
   client_options.heartbeat_timeout =
       absl::Milliseconds(std::clamp<int64_t>(cluster->lease_ms() / 4, 100, 5000));
   client_options.security = *client_security;
