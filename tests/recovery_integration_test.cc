@@ -272,9 +272,12 @@ TEST(RecoveryIntegrationTest, AKilledBspShardRollsTheJobBackToItsCheckpointBitId
 // one run is no yardstick.
 // Returns the recovered run's accuracy and the range of the uninterrupted ones.
 void KillAndRestartAShard(const std::string& mode, double* accuracy, double* low, double* high) {
-  // Plain SGD: async with Adam at this rate swung by 10 points from run to run.
+  // Plain SGD: async with Adam at this rate swung by 10 points from run to run. Cosine decay to
+  // 0 over the job, so that the final weights settle: at a constant rate the last iterate's
+  // accuracy wandered by more than a point from run to run (a recovered async run scored 1.8
+  // points below two uninterrupted ones on CI), which a 1-point check cannot tell from a fault.
   const std::vector<std::string> server_flags = {"--learning_rate=0.1", "--optimizer=sgd",
-                                                 "--mode=" + mode};
+                                                 "--lr_decay=cosine", "--mode=" + mode};
   std::vector<std::string> worker_flags = WorkerFlags();
   worker_flags.push_back("--steps=600");
   worker_flags.push_back("--test_limit=10000");  // The whole test set: less evaluation noise.
@@ -351,9 +354,10 @@ TEST(RecoveryIntegrationTest, AKilledAsyncShardRestartsFromItsCheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
   double accuracy = -1, low = -1, high = -1;
   ASSERT_NO_FATAL_FAILURE(KillAndRestartAShard("async", &accuracy, &low, &high));
-  // The fault may cost at most 1 point. There is no upper bound: async accuracy here depends on
-  // timing, which the restart changes, and recovered runs came out between 1.1 points below and
-  // 1.2 points above single uninterrupted runs in my trials. Higher is no failure of recovery.
+  // The fault may cost at most 1 point. There is no upper bound: async accuracy depends on
+  // timing, which the restart changes; higher is no failure of recovery. Measured with the cosine
+  // decay (two runs of each, both tests at once on 2 cores): uninterrupted 0.8264-0.8272,
+  // recovered 0.8260 and 0.8270; ssp:2 0.8265-0.8270 against 0.8265 and 0.8277.
   EXPECT_GE(accuracy, low - 0.01 - 1e-9);
 }
 
