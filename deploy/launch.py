@@ -874,7 +874,8 @@ OWN_HELP = {
 }
 
 
-def parse_args(argv):
+def make_parser():
+    """The launcher's command line (also how experiment suites check their flags)."""
     p = argparse.ArgumentParser(
         prog="rubato launch", description="Run a Rubato job as local processes on 127.0.0.1, "
         "or across the hosts of a host file (--hostfile).",
@@ -952,6 +953,11 @@ def parse_args(argv):
                        "Passed to rubato_%s as --%s." % (
                            "server and rubato_worker" if name in CLUSTER_FLAGS else
                            "worker" if name in WORKER_FLAGS else "server", name))
+    return p
+
+
+def parse_args(argv):
+    p = make_parser()
     args = p.parse_args(argv)
     if args.servers < 1 or args.workers < 1:
         p.error("--servers and --workers must be >= 1")

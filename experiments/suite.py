@@ -1,0 +1,257 @@
+"""Experiment suites (issue 14): declarative files in experiments/suites/ that say which jobs to
+run, each a set of `./rubato launch` flags, repeated over seeds.
+
+A suite is YAML:
+
+    name: stragglers                 # required: [a-z0-9-]+, names the output directory
+    description: Four workers, ...   # optional
+    seeds: 3                         # repeats of every cell (>= 1; --seeds overrides)
+    target_accuracy: 0.80            # for time to target (0 < t < 1)
+    base:                            # launch flags every run gets
+      workers: 4
+      min_step_ms: 20
+    cells:                           # optional: named cells, each more flags
+      - {name: bsp, mode: bsp, slow_workers: "3:4"}
+    axes:                            # optional: flags swept as a cartesian product
+      slowdown: [1, 2, 4]
+
+With both, every cell is crossed with every combination of the axes; with neither, the suite is
+the base alone. A cell's flags override the base's, an axis's override both. Flag names are the
+launcher's long options without "--" (deploy/launch.py make_parser); --run_dir, --bin_dir and
+--seed belong to the runner. Anything wrong is a SuiteError whose message names the file, the line
+and the problem.
+"""
+
+import itertools
+import os
+import re
+import sys
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from deploy import launch  # noqa: E402
+
+SUITES_DIR = os.path.join(HERE, "suites")
+# Set by the runner for each run, never by a suite.
+RUNNER_FLAGS = ("run_dir", "bin_dir", "seed", "help")
+TOP_KEYS = ("name", "description", "seeds", "target_accuracy", "base", "cells", "axes")
+
+
+class SuiteError(ValueError):
+    """A suite file that cannot be run: the message names the file, the line and why."""
+
+
+def _launch_flags():
+    """{flag name: True if it takes no value (a switch)} for every launcher option."""
+    flags = {}
+    for action in launch.make_parser()._actions:
+        for option in action.option_strings:
+            if option.startswith("--"):
+                flags[option[2:]] = action.nargs == 0
+    return flags
+
+
+class Run:
+    """One job of a suite: its cell, its seed, and the launch flags (name -> value)."""
+
+    def __init__(self, cell, seed, flags):
+        self.cell = cell
+        self.seed = seed
+        self.flags = flags
+
+    @property
+    def name(self):
+        return "%s.seed-%d" % (self.cell, self.seed)
+
+    def argv(self):
+        """The flags as launcher arguments (switches only when true), --seed last."""
+        out = []
+        for key, value in self.flags.items():
+            if isinstance(value, bool):
+                if value:
+                    out.append("--" + key)
+            else:
+                out += ["--" + key, _text(value)]
+        return out + ["--seed", str(self.seed)]
+
+
+class Suite:
+    def __init__(self, path, name, description, seeds, target_accuracy, cells):
+        self.path = path
+        self.name = name
+        self.description = description
+        self.seeds = seeds
+        self.target_accuracy = target_accuracy
+        self.cells = cells  # [(cell name, {flag: value})], in file order
+
+    def runs(self, seeds=None, only=None):
+        """Every run, cell by cell, seeds 1..N (`seeds` overrides the suite's); `only`: a regular
+        expression a cell's name must contain a match of."""
+        n = self.seeds if seeds is None else seeds
+        pattern = re.compile(only) if only else None
+        return [Run(cell, seed, dict(flags)) for cell, flags in self.cells
+                if pattern is None or pattern.search(cell) for seed in range(1, n + 1)]
+
+
+def _text(value):
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _where(path, node):
+    return "%s:%d" % (path, node.start_mark.line + 1)
+
+
+def _scalar(path, node, what):
+    if not isinstance(node, yaml.ScalarNode):
+        raise SuiteError("%s: %s must be a single value" % (_where(path, node), what))
+    loader = yaml.SafeLoader("")  # Its constructor turns the node into a value, as safe_load.
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _mapping(path, node, what):
+    if not isinstance(node, yaml.MappingNode):
+        raise SuiteError("%s: %s must be a mapping (key: value lines)" % (_where(path, node), what))
+    seen = {}
+    for key_node, value_node in node.value:
+        key = _scalar(path, key_node, "a key")
+        if not isinstance(key, str):
+            raise SuiteError("%s: key %r is not a name" % (_where(path, key_node), key))
+        if key in seen:
+            raise SuiteError("%s: %s repeats %r (first on line %d)" % (
+                _where(path, key_node), what, key, seen[key][0].start_mark.line + 1))
+        seen[key] = (key_node, value_node)
+    return seen
+
+
+def _flag(path, flags, key_node, value_node, key, known):
+    if key in RUNNER_FLAGS:
+        raise SuiteError("%s: --%s is set by the runner, not by a suite" % (
+            _where(path, key_node), key))
+    if key not in known:
+        close = [k for k in known if k.replace("_", "") == key.replace("_", "").replace("-", "")]
+        raise SuiteError("%s: %r is not a ./rubato launch flag%s" % (
+            _where(path, key_node), key, " (did you mean %r?)" % close[0] if close else ""))
+    value = _scalar(path, value_node, "flag %r" % key)
+    if known[key] and not isinstance(value, bool):
+        raise SuiteError("%s: --%s is a switch: give true or false, not %r" % (
+            _where(path, value_node), key, value))
+    if not known[key] and (value is None or isinstance(value, bool)):
+        raise SuiteError("%s: --%s needs a value, not %r" % (_where(path, value_node), key, value))
+    flags[key] = value
+
+
+def load(path):
+    """The suite in `path` (a file, or a name under experiments/suites/). SuiteError if it is
+    missing, not YAML, or wrong in any way."""
+    if not os.path.exists(path) and os.sep not in path:
+        candidate = os.path.join(SUITES_DIR, path + ".yaml")
+        if os.path.exists(candidate):
+            path = candidate
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        names = sorted(n[:-5] for n in os.listdir(SUITES_DIR) if n.endswith(".yaml"))
+        raise SuiteError("%s: cannot read it (%s); the built-in suites are %s" % (
+            path, e.strerror, ", ".join(names)))
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise SuiteError("%s:%s: not YAML: %s" % (
+            path, mark.line + 1 if mark else "?", getattr(e, "problem", None) or e))
+    if root is None:
+        raise SuiteError("%s: empty" % path)
+    top = _mapping(path, root, "the suite")
+    for key, (key_node, _) in top.items():
+        if key not in TOP_KEYS:
+            raise SuiteError("%s: unknown key %r (a suite has %s)" % (
+                _where(path, key_node), key, ", ".join(TOP_KEYS)))
+    if "name" not in top:
+        raise SuiteError("%s: no name" % path)
+    name = _scalar(path, top["name"][1], "name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+        raise SuiteError("%s: name %r: lowercase letters, digits and '-' only" % (
+            _where(path, top["name"][1]), name))
+    description = ""
+    if "description" in top:
+        description = str(_scalar(path, top["description"][1], "description"))
+    seeds = 3
+    if "seeds" in top:
+        seeds = _scalar(path, top["seeds"][1], "seeds")
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            raise SuiteError("%s: seeds must be a whole number >= 1, not %r" % (
+                _where(path, top["seeds"][1]), seeds))
+    target = 0.8
+    if "target_accuracy" in top:
+        target = _scalar(path, top["target_accuracy"][1], "target_accuracy")
+        if isinstance(target, bool) or not isinstance(target, (int, float)) \
+                or not 0 < target < 1:
+            raise SuiteError("%s: target_accuracy must be between 0 and 1, not %r" % (
+                _where(path, top["target_accuracy"][1]), target))
+
+    known = _launch_flags()
+    base = {}
+    if "base" in top:
+        for key, (key_node, value_node) in _mapping(path, top["base"][1], "base").items():
+            _flag(path, base, key_node, value_node, key, known)
+
+    cells = [("", {})]
+    if "cells" in top:
+        node = top["cells"][1]
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise SuiteError("%s: cells must be a non-empty list" % _where(path, node))
+        cells, names = [], {}
+        for cell_node in node.value:
+            entries = _mapping(path, cell_node, "a cell")
+            if "name" not in entries:
+                raise SuiteError("%s: a cell without a name" % _where(path, cell_node))
+            cell_name = _scalar(path, entries["name"][1], "a cell's name")
+            if not isinstance(cell_name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.:=-]*",
+                                                                  cell_name):
+                raise SuiteError("%s: cell name %r: lowercase letters, digits and . : = - only"
+                                 % (_where(path, entries["name"][1]), cell_name))
+            if cell_name in names:
+                raise SuiteError("%s: cell %r again (first on line %d)" % (
+                    _where(path, cell_node), cell_name, names[cell_name]))
+            names[cell_name] = cell_node.start_mark.line + 1
+            flags = {}
+            for key, (key_node, value_node) in entries.items():
+                if key != "name":
+                    _flag(path, flags, key_node, value_node, key, known)
+            cells.append((cell_name, flags))
+
+    axes = []
+    if "axes" in top:
+        for key, (key_node, value_node) in _mapping(path, top["axes"][1], "axes").items():
+            if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
+                raise SuiteError("%s: axis %r must be a non-empty list of values" % (
+                    _where(path, value_node), key))
+            values = []
+            for item in value_node.value:
+                one = {}
+                _flag(path, one, key_node, item, key, known)
+                if one[key] in values:
+                    raise SuiteError("%s: axis %r repeats %r" % (_where(path, item), key, one[key]))
+                values.append(one[key])
+            axes.append((key, values))
+
+    expanded = []
+    for cell_name, cell_flags in cells:
+        for combination in itertools.product(*[values for _, values in axes]):
+            flags = dict(base)
+            flags.update(cell_flags)
+            parts = [cell_name] if cell_name else []
+            for (key, _), value in zip(axes, combination):
+                flags[key] = value
+                parts.append("%s=%s" % (key, _text(value)))
+            expanded.append((",".join(parts) or "base", flags))
+    return Suite(path, name, description, seeds, target, expanded)
