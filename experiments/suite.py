@@ -159,9 +159,12 @@ def load(path):
         with open(path) as f:
             text = f.read()
     except OSError as e:
-        names = sorted(n[:-5] for n in os.listdir(SUITES_DIR) if n.endswith(".yaml"))
+        try:
+            names = sorted(n[:-5] for n in os.listdir(SUITES_DIR) if n.endswith(".yaml"))
+        except OSError:
+            names = []
         raise SuiteError("%s: cannot read it (%s); the built-in suites are %s" % (
-            path, e.strerror, ", ".join(names)))
+            path, e.strerror, ", ".join(names) or "missing (no %s)" % SUITES_DIR))
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as e:

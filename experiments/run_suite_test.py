@@ -1,0 +1,107 @@
+"""./rubato experiment end to end (experiments/run_suite.py) on a tiny suite with the real
+binaries: 2 cells x 2 seeds of a few steps, plus a cell whose runs fail. Its CSVs have the expected
+rows, a failed run is recorded and the sweep goes on, and running it again into the same directory
+reruns nothing (an interrupted sweep resumes).
+
+    bazel test //experiments:run_suite_test
+"""
+
+import csv
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from bazel import pyunit  # noqa: E402
+from experiments import run_suite  # noqa: E402
+
+DATA = "/usr/share/datasets/fashion-mnist"
+BIN_DIR = ROOT if os.path.exists(os.path.join(ROOT, "server", "rubato_server")) else \
+    os.path.join(ROOT, "bazel-bin")
+
+TINY = """\
+name: tiny
+seeds: 2
+target_accuracy: 0.5
+base: {workers: 2, steps: 20, train_limit: 2000, test_limit: 500, eval_every: 10,
+       log_every: 10, layers: 784-32-10, timeout: 120, data_dir: %s}
+cells:
+  - {name: bsp, mode: bsp}
+  - {name: async, mode: async}
+  - {name: broken, mode: bsp, layers: 784-0-10}
+"""
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class RunSuiteTest(unittest.TestCase):
+
+    def setUp(self):
+        if not os.path.isdir(DATA):
+            self.skipTest("no Fashion-MNIST at %s (Debian's dataset-fashion-mnist)" % DATA)
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.suite = os.path.join(self.tmp.name, "tiny.yaml")
+        with open(self.suite, "w") as f:
+            f.write(TINY % DATA)
+        self.out = os.path.join(self.tmp.name, "out")
+
+    def run_suite(self, *extra):
+        return run_suite.main([self.suite, "--out", self.out, "--bin_dir", BIN_DIR] + list(extra))
+
+    def test_a_tiny_suite_end_to_end_and_resumed(self):
+        self.assertEqual(self.run_suite(), 0)
+        rows = read(os.path.join(self.out, "results.csv"))
+        self.assertEqual([(r["cell"], r["seed"]) for r in rows],
+                         [("bsp", "1"), ("bsp", "2"), ("async", "1"), ("async", "2"),
+                          ("broken", "1"), ("broken", "2")])
+        for r in rows[:4]:
+            self.assertEqual(r["ok"], "True", r)
+            self.assertGreater(float(r["test_accuracy"]), 0.3, r)  # 20 steps: well above 0.1
+            self.assertGreater(float(r["applied_updates"]), 0, r)
+            self.assertNotEqual(r["cpu_busy"], "", r)
+        for r in rows[4:]:
+            self.assertEqual(r["ok"], "False", r)
+            self.assertNotEqual(r["error"], "", r)
+        summary = {r["cell"]: r for r in read(os.path.join(self.out, "summary.csv"))}
+        self.assertEqual(list(summary), ["bsp", "async", "broken"])
+        bsp = summary["bsp"]
+        self.assertEqual((bsp["runs"], bsp["failed"], bsp["test_accuracy_n"]), ("2", "0", "2"))
+        mean = (float(rows[0]["test_accuracy"]) + float(rows[1]["test_accuracy"])) / 2
+        self.assertAlmostEqual(float(bsp["test_accuracy_mean"]), mean, places=4)
+        self.assertLessEqual(float(bsp["test_accuracy_ci95_lo"]), mean)
+        self.assertGreaterEqual(float(bsp["test_accuracy_ci95_hi"]), mean)
+        self.assertEqual((summary["broken"]["failed"], summary["broken"]["test_accuracy_n"]),
+                         ("2", "0"))
+        for r in rows:
+            name = "%s.seed-%s" % (r["cell"], r["seed"])
+            self.assertTrue(os.path.exists(os.path.join(self.out, "runs", name + ".log")), name)
+            if r["ok"] == "True":
+                self.assertTrue(os.path.exists(os.path.join(self.out, "runs", name,
+                                                            "summary.json")), name)
+        with open(os.path.join(self.out, "runs", "broken.seed-1.log")) as f:
+            self.assertIn("784-0-10", f.read())  # The launcher's own error, kept.
+
+        # Again into the same directory: every finished run is kept, none is run again.
+        logs = {n: os.path.getmtime(os.path.join(self.out, "runs", n + ".log"))
+                for n in ("bsp.seed-1", "async.seed-2")}
+        self.assertEqual(self.run_suite("--only", "^(bsp|async)$"), 0)
+        for name, mtime in logs.items():
+            self.assertEqual(os.path.getmtime(os.path.join(self.out, "runs", name + ".log")),
+                             mtime, name + " was run again")
+        self.assertEqual(len(read(os.path.join(self.out, "results.csv"))), 4)
+
+    def test_bad_arguments_are_usage_errors(self):
+        self.assertEqual(self.run_suite("--only", "nothing-matches"), 2)
+        self.assertEqual(self.run_suite("--only", "(unclosed"), 2)
+        self.assertEqual(run_suite.main([os.path.join(self.tmp.name, "missing.yaml")]), 2)
+
+
+if __name__ == "__main__":
+    sys.exit(pyunit.main("experiments/run_suite_test"))
