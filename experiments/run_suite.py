@@ -203,9 +203,9 @@ def main(argv):
         with lock:
             print(message, flush=True)
 
+    cells = len({r.cell for r in runs})
     log("rubato experiment: suite %s (%s), %d runs (%d cells x %d seeds) into %s" % (
-        s.name, s.path, len(runs), len({r.cell for r in runs}), len(runs) // max(1, len(
-            {r.cell for r in runs})), out))
+        s.name, s.path, len(runs), cells, len(runs) // cells, out))
     rows, durations = [], []
     for k, run in enumerate(runs):
         began = time.monotonic()

@@ -45,8 +45,8 @@ class Membership {
   const std::vector<char>& member() const { return member_; }
 
   // OK for a member; ABORTED for a dropped worker, and for any worker not registered with a shard
-  // restored from a checkpoint (it registered with the shard's previous process); FAILED_PRECONDITION
-  // for an unknown one.
+  // restored from a checkpoint (it registered with the shard's previous process);
+  // FAILED_PRECONDITION for an unknown one.
   absl::Status CheckMember(int id) const;
   void SetMember(int id, bool member);
 
@@ -61,8 +61,9 @@ class Membership {
   int64_t Clock(int w) const { return clock_[w]; }
   // Every worker has pushed steps 0 .. clock-1 to every tensor (a restored checkpoint).
   void RestoreClocks(int64_t clock);
-  // This shard was restored from its checkpoint of `step` (for CheckMember's answer).
+  // This shard was restored from its checkpoint of `step` (CheckMember's answer, stats).
   void SetRestored(int64_t step) { restored_step_ = step; }
+  int64_t restored_step() const { return restored_step_; }  // -1: started afresh.
   // The smallest clock among members (kMaxStep with none).
   int64_t MinMemberClock() const;
 

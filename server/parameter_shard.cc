@@ -416,7 +416,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     // and ssp, whose versions count every worker's updates (a rejoined worker that took the version
     // would skip steps it never computed and, under ssp, wait on a clock no one will reach).
     response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
-    response.set_restored_step(restored_step_);
+    response.set_restored_step(members_.restored_step());
     response.set_recovery_id(recovery_id_.load());
   }
   for (const PullStatePtr& p : ready) Complete(p);
@@ -590,7 +590,6 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   SetUpCheckpointing();
   initialised_ = true;
   restored_versions_ = versions;
-  restored_step_.store(c.step());
   return absl::OkStatus();
 }
 
@@ -620,7 +619,7 @@ absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest&
     }
     // Restored from that very step and nothing applied since (a whole job resumed): restarting
     // would restore the same state, so the shard joins the recovery as it stands.
-    bool untouched = initialised_ && restored_step_.load() == request.step();
+    bool untouched = initialised_ && members_.restored_step() == request.step();
     for (const auto& t : tensors_) untouched = untouched && t->version() == request.step();
     if (untouched) {
       recovery_id_.store(request.recovery_id());
@@ -1198,7 +1197,7 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_rejected_pushes(rejected_pushes_);
   s.set_duplicate_gradients(duplicate_gradients_);
   s.set_applied_updates(applied - restored_versions_);
-  s.set_restored_step(restored_step_);
+  s.set_restored_step(members_.restored_step());
   s.set_last_checkpoint_step(last_checkpoint_step_);
   s.set_dropped_workers(dropped_workers_);
   s.set_dropped_gradients(dropped_gradients_);

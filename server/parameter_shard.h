@@ -291,7 +291,6 @@ class ParameterShard {
   };
   absl::Mutex checkpoint_mu_;
   std::map<int64_t, PendingCheckpoint> pending_checkpoints_ ABSL_GUARDED_BY(checkpoint_mu_);
-  std::atomic<int64_t> restored_step_{-1};
   std::atomic<uint64_t> recovery_id_{0};
   int64_t restored_versions_ = 0;  // Their sum at the restore (set before training).
   std::atomic<int64_t> last_checkpoint_step_{-1};

@@ -156,8 +156,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(checkpoint_dir, error);
     if (error || access(checkpoint_dir.c_str(), W_OK) != 0) {
       return Fail(absl::StrCat("--checkpoint_dir ", checkpoint_dir,
-                               " cannot be created or is not "
-                               "writable",
+                               " cannot be created or is not writable",
                                error ? ": " + error.message() : ""));
     }
   } else if (restore_step >= 0) {

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/net_diagnose.h"
 #include "common/placement.h"
@@ -280,6 +281,12 @@ class GrpcPsClient final : public PsClient {
         return absl::FailedPreconditionError(absl::StrCat(
             "server at ", options_.servers[s], " is shard ", responses[s].shard_id(), " of ",
             responses[s].num_shards(), ", but this worker has it as shard ", s, " of ", shards));
+      }
+      // The worker seeks its data to this step (and may send it back in a Rollback).
+      if (responses[s].resume_step() < 0 || responses[s].resume_step() >= kMaxStep) {
+        return absl::InternalError(absl::StrCat("server at ", options_.servers[s],
+                                                " answered resume_step ",
+                                                responses[s].resume_step(), ", not in [0, 2^48)"));
       }
     }
     // A step some shard has not seen from this worker is pushed again everywhere; shards that had

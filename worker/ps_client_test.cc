@@ -83,6 +83,56 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
     return reactor;
   }
 
+  // Registration: answers as shard `shard_id` of `shards` in `mode`, at `resume_step`, of
+  // recovery `recovery_id`. A Rollback is recorded and then taken as done (the shard "restarted"
+  // from that step as that recovery).
+  void SetRegistration(int shard_id, int shards, ConsistencyMode mode, int64_t resume_step,
+                       uint64_t recovery_id) {
+    absl::MutexLock lock(&mu_);
+    shard_id_ = shard_id;
+    shards_ = shards;
+    mode_ = mode;
+    resume_step_ = resume_step;
+    recovery_id_ = recovery_id;
+  }
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const RegisterRequest* /*request*/,
+                                     RegisterResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      response->set_shard_id(shard_id_);
+      response->set_num_shards(shards_);
+      response->mutable_consistency()->set_mode(mode_);
+      response->set_resume_step(resume_step_);
+      response->set_recovery_id(recovery_id_);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
+                                     const RollbackRequest* request,
+                                     RollbackResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      rollbacks_.push_back(absl::StrCat("worker ", request->worker_id(), " to step ",
+                                        request->step(), " as ", request->recovery_id()));
+      resume_step_ = request->step();
+      recovery_id_ = request->recovery_id();
+    }
+    response->set_restarting(true);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  std::vector<std::string> rollbacks() {
+    absl::MutexLock lock(&mu_);
+    return rollbacks_;
+  }
+
   std::vector<std::string> pushes() {
     absl::MutexLock lock(&mu_);
     return pushes_;
@@ -98,6 +148,12 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
   absl::Mutex mu_;
   std::vector<absl::Time> arrivals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> pushes_ ABSL_GUARDED_BY(mu_);
+  int shard_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int shards_ ABSL_GUARDED_BY(mu_) = 1;
+  ConsistencyMode mode_ ABSL_GUARDED_BY(mu_) = BSP;
+  int64_t resume_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t recovery_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> rollbacks_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> answers_;
 };
 
@@ -159,6 +215,48 @@ PsClientOptions TwoLayerOptions(const std::vector<std::string>& servers) {
     options.model.push_back(t);
   }
   return options;
+}
+
+// Issue 13: under bsp, a shard restored from its checkpoint of step 10 (recovery 77) stands behind
+// one that went on to step 12. Registering rolls the one ahead back to step 10 as recovery 77,
+// registers again, and continues from step 10. Under async the same answers roll nothing back.
+TEST(GrpcPsClientTest, RegisteringUnderBspRollsTheShardsAheadBackToTheRestoredOne) {
+  for (ConsistencyMode mode : {BSP, ASYNC}) {
+    SCOPED_TRACE(mode == BSP ? "bsp" : "async");
+    FakeShard ahead(absl::ZeroDuration());
+    FakeShard restored(absl::ZeroDuration());
+    ahead.service.SetRegistration(0, 2, mode, 12, 0);
+    restored.service.SetRegistration(1, 2, mode, 10, 77);
+    PsClientOptions options = TwoLayerOptions({ahead.address, restored.address});
+    options.worker_id = 0;
+    options.consistency.set_mode(mode);
+    absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::vector<std::vector<float>> initial(4, std::vector<float>(4, 0.0f));
+    absl::StatusOr<int64_t> resume = (*client)->Register(initial, 8, 12);
+    ASSERT_TRUE(resume.ok()) << resume.status();
+    EXPECT_EQ(*resume, 10);
+    EXPECT_TRUE(restored.service.rollbacks().empty());
+    if (mode == BSP) {
+      EXPECT_EQ(ahead.service.rollbacks(), std::vector<std::string>{"worker 0 to step 10 as 77"});
+    } else {
+      EXPECT_TRUE(ahead.service.rollbacks().empty());
+    }
+  }
+}
+
+// A server's resume_step is where the worker seeks its data: one out of range is refused.
+TEST(GrpcPsClientTest, AResumeStepOutOfRangeIsRefusedNamingTheServer) {
+  FakeShard shard(absl::ZeroDuration());
+  shard.service.SetRegistration(0, 1, BSP, -5, 0);
+  PsClientOptions options = TwoLayerOptions({shard.address});
+  absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<std::vector<float>> initial(4, std::vector<float>(4, 0.0f));
+  absl::StatusOr<int64_t> resume = (*client)->Register(initial, 8, 0);
+  ASSERT_FALSE(resume.ok());
+  EXPECT_NE(resume.status().message().find(shard.address), std::string::npos) << resume.status();
+  EXPECT_NE(resume.status().message().find("resume_step -5"), std::string::npos) << resume.status();
 }
 
 // A layer's push carries only its tensors, to their shards, sent from the caller's vectors (which
