@@ -394,6 +394,8 @@ class WorkerView:
         self.eval = {}
         self.done = {}
         self.evals = []  # (seconds since launch, test accuracy) of every evaluation.
+        self.eval_steps = []  # The step of each of self.evals.
+        self.started_at = None  # Seconds since launch when the worker's start record came.
 
     def feed(self, stream, began):
         for raw in iter(stream.readline, b""):
@@ -410,8 +412,15 @@ class WorkerView:
                 event = record.get("event")
                 if event in ("start", "step", "eval", "done"):
                     setattr(self, event, record)
-                if event in ("eval", "done") and "test_accuracy" in record:
+                if event == "start" and self.started_at is None:
+                    self.started_at = time.monotonic() - began
+                # A done record repeats its final eval's accuracy; count that evaluation once.
+                if event == "eval" and "test_accuracy" in record:
                     self.evals.append((time.monotonic() - began, record["test_accuracy"]))
+                    self.eval_steps.append(record.get("step"))
+                elif event == "done" and "test_accuracy" in record and not self.evals:
+                    self.evals.append((time.monotonic() - began, record["test_accuracy"]))
+                    self.eval_steps.append(record.get("steps"))
 
 
 def free_ports(n):
@@ -1413,6 +1422,15 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
         summary["per_worker"] = [d for _, d in done]
     reached = [t for v in views for t, acc in v.evals if acc >= args.target_accuracy]
     summary["time_to_target_s"] = round(min(reached), 3) if reached else None
+    # Every evaluation, on the launch's clock (seconds since the launch began), for plots of
+    # accuracy against wall time; and when each worker's training began on that clock (its
+    # records' "t" count from there).
+    summary["evals"] = sorted(
+        ({"worker": v.index, "t": round(t, 3), "step": step, "test_accuracy": acc}
+         for v in views for (t, acc), step in zip(v.evals, v.eval_steps)),
+        key=lambda e: e["t"])
+    summary["worker_started_s"] = [None if v.started_at is None else round(v.started_at, 3)
+                                   for v in views]
     worker_steps = sum(v.step.get("step", 0) for v in views)
     batch = sum(v.start.get("batch_size", 0) for v in views) / max(1, len(views))
     summary["worker_steps_per_s"] = round(worker_steps / max(wall, 1e-9), 2)

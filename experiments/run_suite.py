@@ -8,6 +8,10 @@ Output, in DIR (default runs/experiments/SUITE-YYYYmmdd-HHMMSS):
   results.csv             one row per run (RESULT_COLUMNS)
   summary.csv             per cell: runs, runs that failed, and for every metric its mean and
                           95% confidence interval over the runs that finished (experiments/stats.py)
+  suite.json              the suite as run: its cells' flags, the command, when it began
+  report.md, report.html  the results table, the plots (plots/*.png, *.svg), the command, the
+                          versions and the machine (experiments/report.py, which redraws them:
+                          python3 experiments/report.py DIR)
 
 A run whose directory already holds a summary.json is not run again, so an interrupted sweep
 resumes when given the same --out. A run that fails is recorded (ok false, its error) and the
@@ -18,7 +22,9 @@ straggler. For the same reason the machine's CPU use is sampled during each run;
 which it was saturated (over 95% busy on average) is flagged in results.csv (cpu_busy) and warned
 about, since its timings measure the machine, not the consistency model.
 
-Not done yet (issue 14): the plots and report.md / report.html.
+Accuracy at an equal wall-clock budget (accuracy_at_budget) is each run's latest evaluation by
+the suite's budget_s, or by default by the fastest cell's median wall time
+(experiments/analysis.py pick_budget); it is filled in once every run is done.
 """
 
 import argparse
@@ -34,14 +40,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from experiments import stats, suite  # noqa: E402
+from experiments import analysis, report, stats, suite  # noqa: E402
 
 LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
 # What results.csv holds for each run, from its summary.json.
 METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "worker_steps_per_s", "examples_per_s",
            "applied_updates", "dropped_gradients", "dropped_workers",
-           "mean_staleness_lower_bound")
-RESULT_COLUMNS = ("suite", "cell", "seed", "ok", "error", "cpu_busy") + METRICS
+           "mean_staleness_lower_bound", "accuracy_at_budget")
+RESULT_COLUMNS = ("suite", "cell", "seed", "ok", "error", "cpu_busy", "budget_s") + METRICS
 SATURATED = 0.95
 
 
@@ -97,6 +103,9 @@ def run_one(run, out_dir, bin_dir, target, log):
     for m in METRICS:
         value = summary.get(m)
         row[m] = "" if value is None else value
+    if summary.get("mode") == "allreduce":  # No servers: every rank applies every step itself.
+        row["applied_updates"] = row["mean_staleness_lower_bound"] = ""
+    row["evals"] = summary.get("evals") or []  # For accuracy_at_budget; not a CSV column.
     if cpu is not None and cpu > SATURATED:
         log("warning: %s: the machine was %.0f%% busy during the run: its timings measure the "
             "machine, not the mode (raise --min_step_ms or use fewer workers)" % (run.name,
@@ -204,6 +213,8 @@ def main(argv):
             print(message, flush=True)
 
     cells = len({r.cell for r in runs})
+    described = describe(s, runs, argv)
+    write_json(os.path.join(out, "suite.json"), described)
     log("rubato experiment: suite %s (%s), %d runs (%d cells x %d seeds) into %s" % (
         s.name, s.path, len(runs), cells, len(runs) // cells, out))
     rows, durations = [], []
@@ -223,11 +234,52 @@ def main(argv):
             "" if row["ok"] else ", FAILED: %s" % row["error"],
             "%d min %02d s" % divmod(int(eta), 60)))
         write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
+    # Accuracy at an equal wall-clock budget, now that every run's wall time is known.
+    budget = analysis.pick_budget(rows, s.budget_s)
+    for row in rows:
+        row["budget_s"] = "" if budget is None else "%.3f" % budget
+        if row["ok"] and budget is not None:
+            acc = analysis.accuracy_at(row["evals"], budget)
+            row["accuracy_at_budget"] = "" if acc is None else acc
+    write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
     write_csv(os.path.join(out, "summary.csv"), summary_columns(), summarize(rows))
+    described["budget_s_used"] = budget
+    write_json(os.path.join(out, "suite.json"), described)
     failed = sum(1 for r in rows if not r["ok"])
     log("rubato experiment: %d runs, %d failed; %s, %s" % (
         len(rows), failed, os.path.join(out, "results.csv"), os.path.join(out, "summary.csv")))
+    try:
+        md, page, plots = report.write(out)
+        log("rubato experiment: report in %s and %s (%d plots)" % (md, page, len(plots)))
+    except report.ReportError as e:
+        log("rubato experiment: error: no report: %s" % e)
+        return 1
     return 1 if failed == len(rows) else 0
+
+
+def describe(s, runs, argv):
+    """suite.json: the suite as this sweep runs it, for the report."""
+    cells = []
+    for r in runs:
+        if r.cell not in [c["name"] for c in cells]:
+            cells.append({"name": r.cell, "flags": r.flags})
+    common = {k: v for k, v in cells[0]["flags"].items()
+              if all(c["flags"].get(k, object()) == v for c in cells)}
+    return {"name": s.name, "description": s.description, "path": os.path.relpath(s.path, ROOT)
+            if os.path.abspath(s.path).startswith(ROOT + os.sep) else s.path,
+            "command": " ".join(["./rubato", "experiment"] + argv),
+            "began": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seeds": len(runs) // len(cells),
+            "target_accuracy": s.target_accuracy, "budget_s": s.budget_s,
+            "timeline": [c for c in s.timeline if any(c == x["name"] for x in cells)],
+            "base": common, "cells": cells}
+
+
+def write_json(path, value):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """./rubato experiment end to end (experiments/run_suite.py) on a tiny suite with the real
 binaries: 2 cells x 2 seeds of a few steps, plus a cell whose runs fail. Its CSVs have the expected
-rows, a failed run is recorded and the sweep goes on, and running it again into the same directory
-reruns nothing (an interrupted sweep resumes).
+rows, a failed run is recorded and the sweep goes on, its plots are valid PNG and SVG files that
+report.md and report.html link, and running it again into the same directory reruns nothing (an
+interrupted sweep resumes).
 
     bazel test //experiments:run_suite_test
 """
 
 import csv
 import os
+import re
+import struct
 import sys
 import tempfile
 import unittest
+import xml.etree.ElementTree as ElementTree
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,6 +43,31 @@ cells:
 def read(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def png_size(path):
+    """(width, height) of a well-formed PNG: its signature, every chunk's CRC, IHDR first and
+    IEND last. Raises ValueError naming what is wrong otherwise."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("%s: not a PNG signature" % path)
+    at, kinds, size = 8, [], None
+    while at < len(data):
+        if at + 12 > len(data):
+            raise ValueError("%s: truncated chunk at byte %d" % (path, at))
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        crc, = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        if len(body) != length or zlib.crc32(kind + body) != crc:
+            raise ValueError("%s: chunk %r at byte %d is damaged" % (path, kind, at))
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        kinds.append(kind)
+        at += 12 + length
+    if not kinds or kinds[0] != b"IHDR" or kinds[-1] != b"IEND" or b"IDAT" not in kinds:
+        raise ValueError("%s: chunks %r" % (path, kinds))
+    return size
 
 
 class RunSuiteTest(unittest.TestCase):
@@ -87,6 +117,16 @@ class RunSuiteTest(unittest.TestCase):
                                                             "summary.json")), name)
         with open(os.path.join(self.out, "runs", "broken.seed-1.log")) as f:
             self.assertIn("784-0-10", f.read())  # The launcher's own error, kept.
+        # Accuracy at an equal budget: the fastest cell's median wall time, for every finished run.
+        budget = float(rows[0]["budget_s"])
+        medians = [(float(rows[k]["wall_s"]) + float(rows[k + 1]["wall_s"])) / 2 for k in (0, 2)]
+        self.assertAlmostEqual(budget, min(medians), places=3)  # Two runs: their mean.
+        for r in rows[:4]:
+            self.assertEqual(float(r["budget_s"]), budget, r)
+            if float(r["wall_s"]) <= budget:  # Finished by then: its last evaluation counts.
+                self.assertEqual(r["accuracy_at_budget"], r["test_accuracy"], r)
+        self.assertNotEqual(summary["bsp"]["accuracy_at_budget_n"], "0")
+        self.check_report()
 
         # Again into the same directory: every finished run is kept, none is run again.
         logs = {n: os.path.getmtime(os.path.join(self.out, "runs", n + ".log"))
@@ -96,6 +136,36 @@ class RunSuiteTest(unittest.TestCase):
             self.assertEqual(os.path.getmtime(os.path.join(self.out, "runs", name + ".log")),
                              mtime, name + " was run again")
         self.assertEqual(len(read(os.path.join(self.out, "results.csv"))), 4)
+
+    def check_report(self):
+        plots = os.path.join(self.out, "plots")
+        names = sorted(n[:-4] for n in os.listdir(plots) if n.endswith(".png"))
+        for expected in ("accuracy_vs_time", "time_to_target", "throughput", "staleness",
+                         "timeline"):
+            self.assertIn(expected, names)
+        for name in names:
+            width, height = png_size(os.path.join(plots, name + ".png"))
+            self.assertGreater(min(width, height), 100, name)
+            root = ElementTree.parse(os.path.join(plots, name + ".svg")).getroot()
+            self.assertTrue(root.tag.endswith("svg"), name)
+        with open(os.path.join(self.out, "report.md")) as f:
+            md = f.read()
+        with open(os.path.join(self.out, "report.html")) as f:
+            page = f.read()
+        ElementTree.fromstring(page.split("\n", 1)[1])  # Well-formed, past <!DOCTYPE html>.
+        for name in names:
+            self.assertIn("](plots/%s.png)" % name, md)
+            self.assertIn("(plots/%s.svg)" % name, md)
+            self.assertIn('<img src="plots/%s.png"' % name, page)
+            self.assertIn('<a href="plots/%s.svg">' % name, page)
+        # Every image the report names exists.
+        for link in re.findall(r"plots/[^)\"]+", md + page):
+            self.assertTrue(os.path.exists(os.path.join(self.out, link)), link)
+        for cell in ("bsp", "async", "broken"):
+            self.assertIn("| %s |" % cell, md)
+        self.assertIn("./rubato experiment", md)
+        self.assertIn("broken seed 1:", md)  # The failed runs, with their errors.
+        self.assertIn("CPUs", md)  # The machine.
 
     def test_bad_arguments_are_usage_errors(self):
         self.assertEqual(self.run_suite("--only", "nothing-matches"), 2)

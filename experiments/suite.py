@@ -14,6 +14,11 @@ A suite is YAML:
       - {name: bsp, mode: bsp, slow_workers: "3:4"}
     axes:                            # optional: flags swept as a cartesian product
       slowdown: [1, 2, 4]
+    budget_s: 30                     # optional: the wall-clock budget at which the report
+                                     # compares accuracy (default: the fastest cell's median
+                                     # wall time)
+    timeline: [bsp, async]           # optional: cells whose per-worker timeline is drawn
+                                     # (default: the first four)
 
 With both, every cell is crossed with every combination of the axes; with neither, the suite is
 the base alone. A cell's flags override the base's, an axis's override both. Flag names are the
@@ -37,7 +42,8 @@ from deploy import launch  # noqa: E402
 SUITES_DIR = os.path.join(HERE, "suites")
 # Set by the runner for each run, never by a suite.
 RUNNER_FLAGS = ("run_dir", "bin_dir", "seed", "help")
-TOP_KEYS = ("name", "description", "seeds", "target_accuracy", "base", "cells", "axes")
+TOP_KEYS = ("name", "description", "seeds", "target_accuracy", "base", "cells", "axes",
+            "budget_s", "timeline")
 
 
 class SuiteError(ValueError):
@@ -75,17 +81,24 @@ class Run:
                     out.append("--" + key)
             else:
                 out += ["--" + key, _text(value)]
-        return out + ["--seed", str(self.seed)]
+        out += ["--seed", str(self.seed)]
+        if "straggler_seed" not in self.flags:  # Random delays differ from seed to seed too.
+            out += ["--straggler_seed", str(self.seed)]
+        return out
 
 
 class Suite:
-    def __init__(self, path, name, description, seeds, target_accuracy, cells):
+    def __init__(self, path, name, description, seeds, target_accuracy, cells, budget_s=None,
+                 timeline=None):
         self.path = path
         self.name = name
         self.description = description
         self.seeds = seeds
         self.target_accuracy = target_accuracy
         self.cells = cells  # [(cell name, {flag: value})], in file order
+        self.budget_s = budget_s  # None: the report picks the fastest cell's median wall time.
+        # The cells whose per-worker timelines the report draws.
+        self.timeline = timeline if timeline is not None else [c for c, _ in cells[:4]]
 
     def runs(self, seeds=None, only=None):
         """Every run, cell by cell, seeds 1..N (`seeds` overrides the suite's); `only`: a regular
@@ -257,4 +270,24 @@ def load(path):
                 flags[key] = value
                 parts.append("%s=%s" % (key, _text(value)))
             expanded.append((",".join(parts) or "base", flags))
-    return Suite(path, name, description, seeds, target, expanded)
+
+    budget = None
+    if "budget_s" in top:
+        budget = _scalar(path, top["budget_s"][1], "budget_s")
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+            raise SuiteError("%s: budget_s must be a number of seconds > 0, not %r" % (
+                _where(path, top["budget_s"][1]), budget))
+    timeline = None
+    if "timeline" in top:
+        node = top["timeline"][1]
+        if not isinstance(node, yaml.SequenceNode):
+            raise SuiteError("%s: timeline must be a list of cell names" % _where(path, node))
+        names = [c for c, _ in expanded]
+        timeline = []
+        for item in node.value:
+            cell = _scalar(path, item, "a timeline cell")
+            if cell not in names:
+                raise SuiteError("%s: timeline: no cell %r (cells: %s)" % (
+                    _where(path, item), cell, ", ".join(names)))
+            timeline.append(cell)
+    return Suite(path, name, description, seeds, target, expanded, budget, timeline)

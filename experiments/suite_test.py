@@ -60,7 +60,8 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual(len(runs), 8)
         self.assertEqual(runs[0].name, "sync,slowdown=1.seed-1")
         self.assertEqual(runs[1].argv(), ["--workers", "2", "--steps", "10", "--mode", "bsp",
-                                          "--slowdown", "1", "--seed", "2"])
+                                          "--slowdown", "1", "--seed", "2",
+                                          "--straggler_seed", "2"])
         self.assertEqual(len(s.runs(seeds=3, only="^async")), 6)
 
     def test_a_switch_is_given_only_when_true(self):
@@ -71,7 +72,24 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual(s.cells, [("base", {"workers": 1, "oversubscribe": True,
                                              "resume": False})])
         self.assertEqual(s.runs(seeds=1)[0].argv(), ["--workers", "1", "--oversubscribe",
-                                                     "--seed", "1"])
+                                                     "--seed", "1", "--straggler_seed", "1"])
+
+    def test_budget_and_timeline(self):
+        s = suite.load(self.write("""\
+            name: t
+            budget_s: 12.5
+            cells: [{name: a, mode: bsp}, {name: b, mode: async}, {name: c}, {name: d}, {name: e}]
+            base: {straggler_seed: 7}
+            """))
+        self.assertEqual(s.budget_s, 12.5)
+        self.assertEqual(s.timeline, ["a", "b", "c", "d"])  # By default the first four cells.
+        self.assertEqual(s.runs(seeds=1)[0].argv()[-4:], ["--mode", "bsp", "--seed", "1"])
+        s = suite.load(self.write("name: t\ncells: [{name: a}, {name: b}]\ntimeline: [b]\n"))
+        self.assertEqual((s.budget_s, s.timeline), (None, ["b"]))
+        self.assert_error("name: t\ncells: [{name: a}]\ntimeline: [z]\n",
+                          "PATH:3: timeline: no cell 'z' (cells: a)")
+        self.assert_error("name: t\ntimeline: a\n", "PATH:2: timeline must be a list")
+        self.assert_error("name: t\nbudget_s: -1\n", "PATH:2: budget_s must be a number")
 
     def test_every_mistake_names_its_line(self):
         self.assert_error("name: x\nbase:\n  workers: 2\n  wokers: 3\n",
@@ -120,8 +138,19 @@ class SuiteFileTest(unittest.TestCase):
             self.assertIn(mode, names)
             self.assertEqual(dict(stragglers.cells)[mode]["slow_workers"], "3:4")
         self.assertEqual(dict(stragglers.cells)["bsp"]["workers"], 4)
+        self.assertEqual(stragglers.timeline, ["bsp", "backup-1", "ssp-2", "async", "allreduce"])
         severity = suite.load("severity")
         self.assertEqual(len(severity.cells), 5 * 5)
+        delays = suite.load("random-delays")
+        self.assertEqual(len(delays.cells), 5 * 3)
+        self.assertEqual({f["delay_distribution"] for _, f in delays.cells},
+                         {"exponential", "lognormal", "pareto"})
+        crash = suite.load("crash")
+        self.assertTrue(all(f["crash_workers"] == "3:250" for _, f in crash.cells))
+        scaling = suite.load("scaling")
+        self.assertEqual(sorted({f["workers"] for _, f in scaling.cells}), [1, 2, 4, 8])
+        for s in (stragglers, severity, delays, crash, scaling):
+            self.assertGreaterEqual(s.seeds, 3, s.name)
 
 
 class StatsTest(unittest.TestCase):
