@@ -22,23 +22,27 @@ ABSL_FLAG(std::optional<std::string>, mode, std::nullopt,
 ABSL_FLAG(std::optional<bool>, staleness_aware_lr, std::nullopt,
           "async, ssp: divide each gradient's learning rate by its staleness (Zhang et al. 2016).");
 ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
-          "Server-side optimizer: sgd (default).");
+          "Server-side optimizer: sgd (default), adam, adamw, lars, larc, lamb "
+          "(common/optimizer.h).");
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt, "Learning rate (default 0.1).");
 ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt,
-          "Weight decay (default 0): L2 for sgd, adam, lars; decoupled for adamw, lamb.");
-ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "sgd (default 0), lars (default 0.9).");
+          "Weight decay (default 0): L2 for sgd, adam, lars, larc; decoupled for adamw, lamb.");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
+          "sgd (default 0), lars, larc (default 0.9).");
 ABSL_FLAG(std::optional<bool>, nesterov, std::nullopt, "sgd: Nesterov momentum.");
 ABSL_FLAG(std::optional<double>, beta1, std::nullopt, "adam, adamw, lamb (default 0.9).");
 ABSL_FLAG(std::optional<double>, beta2, std::nullopt, "adam, adamw, lamb (default 0.999).");
 ABSL_FLAG(std::optional<double>, epsilon, std::nullopt,
-          "adam, adamw (default 1e-8); lamb (default 1e-6); lars (default 0).");
-ABSL_FLAG(std::optional<double>, trust_coefficient, std::nullopt, "lars: eta (default 0.001).");
+          "adam, adamw, larc (default 1e-8); lamb (default 1e-6); lars (default 0).");
+ABSL_FLAG(std::optional<double>, trust_coefficient, std::nullopt,
+          "lars: eta (default 0.001); larc: eta (default 0.02).");
 ABSL_FLAG(std::optional<std::string>, exclude_from_weight_decay, std::nullopt,
           "Comma-separated regular expressions of tensor names without weight decay "
           "(default: every tensor of rank <= 1).");
-ABSL_FLAG(std::optional<std::string>, exclude_from_layer_adaptation, std::nullopt,
-          "lars, lamb: comma-separated regular expressions of tensor names with trust ratio 1 "
-          "(default: every tensor of rank <= 1).");
+ABSL_FLAG(
+    std::optional<std::string>, exclude_from_layer_adaptation, std::nullopt,
+    "lars, larc, lamb: comma-separated regular expressions of tensor names with trust ratio 1 "
+    "(default: every tensor of rank <= 1).");
 ABSL_FLAG(std::optional<double>, clip_global_norm, std::nullopt,
           "> 0: each worker clips its gradient to this global L2 norm before pushing.");
 ABSL_FLAG(std::optional<int64_t>, lr_reference_batch, std::nullopt,

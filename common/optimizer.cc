@@ -30,14 +30,14 @@ constexpr int64_t kBlock = 4096;
 // waking a thread costs more than the pass.
 constexpr int64_t kGrainBlocks = 8;
 
-enum class Type { kSgd, kAdam, kAdamW, kLars, kLamb };
+enum class Type { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb };
 
-constexpr const char* kKnownTypes = "sgd, adam, adamw, lars, lamb";
+constexpr const char* kKnownTypes = "sgd, adam, adamw, lars, larc, lamb";
 
 bool ParseType(absl::string_view name, Type* type) {
   static constexpr std::pair<const char*, Type> kTypes[] = {
       {"sgd", Type::kSgd},   {"adam", Type::kAdam}, {"adamw", Type::kAdamW},
-      {"lars", Type::kLars}, {"lamb", Type::kLamb},
+      {"lars", Type::kLars}, {"larc", Type::kLarc}, {"lamb", Type::kLamb},
   };
   for (const auto& [n, t] : kTypes) {
     if (name == n) {
@@ -48,10 +48,11 @@ bool ParseType(absl::string_view name, Type* type) {
   return false;
 }
 
-bool UsesMomentum(Type t) { return t == Type::kSgd || t == Type::kLars; }
+bool IsLarsFamily(Type t) { return t == Type::kLars || t == Type::kLarc; }
+bool UsesMomentum(Type t) { return t == Type::kSgd || IsLarsFamily(t); }
 bool UsesBetas(Type t) { return t == Type::kAdam || t == Type::kAdamW || t == Type::kLamb; }
 bool UsesEpsilon(Type t) { return t != Type::kSgd; }
-bool UsesTrustRatio(Type t) { return t == Type::kLars || t == Type::kLamb; }
+bool UsesTrustRatio(Type t) { return IsLarsFamily(t) || t == Type::kLamb; }
 
 // ---------------------------------------------------------------------------------------------
 // Block kernels: straight loops over `count` (<= kBlock) elements that GCC vectorises. Scalars
@@ -336,9 +337,11 @@ class OptimizerImpl final : public Optimizer {
   // Takes scratch_mu_ only when TryLock succeeds and releases it on the same condition, which
   // the thread-safety analysis cannot follow; scratch_ is touched only while it is held.
   void UpdateLamb(float lr, float wd, bool adapt, const float* g, float* w, int64_t n,
-                  TensorOptimizerState* state, ThreadPool* pool) const
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+                  TensorOptimizerState* state,
+                  ThreadPool* pool) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void UpdateLars(float lr, float wd, bool adapt, const float* g, float* w, int64_t n,
+                  TensorOptimizerState* state, ThreadPool* pool) const;
+  void UpdateLarc(float lr, float wd, bool adapt, const float* g, float* w, int64_t n,
                   TensorOptimizerState* state, ThreadPool* pool) const;
   AdamScalars AdamScalarsAt(int64_t t) const;
 
@@ -376,6 +379,9 @@ void OptimizerImpl::Update(float lr, absl::Span<const float> grad, absl::Span<fl
       break;
     case Type::kLars:
       UpdateLars(lr, wd, role.layer_adaptation, grad.data(), weights.data(), n, state, pool);
+      break;
+    case Type::kLarc:
+      UpdateLarc(lr, wd, role.layer_adaptation, grad.data(), weights.data(), n, state, pool);
       break;
   }
 }
@@ -512,6 +518,31 @@ void OptimizerImpl::UpdateLars(float lr, float wd, bool adapt, const float* g, f
   });
 }
 
+void OptimizerImpl::UpdateLarc(float lr, float wd, bool adapt, const float* g, float* w, int64_t n,
+                               TensorOptimizerState* state, ThreadPool* pool) const {
+  EnsureSlot(&state->slot1, n, "slot1");
+  float* v = state->slot1.data();
+  // The rate this tensor's step gets: min(local, lr), i.e. lr * min(local / lr, 1).
+  double rate = lr;
+  if (adapt) {
+    // ||w||^2 and ||g||^2: LarsNormsBlock with no decay folded into the gradient.
+    const SquaredNorms norms = SumOverBlocks(
+        n, pool, [&](int64_t b, int64_t count) { return LarsNormsBlock(g + b, w + b, count, 0); });
+    const double w_norm = std::sqrt(norms.a);
+    const double g_norm = std::sqrt(norms.b);
+    if (HasTrustRatio(w_norm, g_norm)) {
+      const double local =
+          config_.trust_coefficient() * w_norm / (g_norm + wd * w_norm + config_.epsilon());
+      rate = std::min(local, static_cast<double>(lr));
+    }
+  }
+  const float mu = static_cast<float>(config_.momentum());
+  const float scale = static_cast<float>(rate);
+  ForEachBlock(n, pool, [&](int64_t b, int64_t count) {
+    LarsApplyBlock(g + b, w + b, v + b, count, wd, mu, scale);
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Config.
 
@@ -590,7 +621,7 @@ absl::Status ValidateComplete(const OptimizerConfig& c, Type type) {
   } else if (c.has_epsilon()) {
     return NotApplicable("epsilon", c.type());
   }
-  if (type == Type::kLars) {
+  if (IsLarsFamily(type)) {
     if (!std::isfinite(c.trust_coefficient()) || c.trust_coefficient() <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer.trust_coefficient must be a positive finite number, got ",
@@ -623,7 +654,7 @@ absl::StatusOr<Type> TypeOf(const OptimizerConfig& config) {
 absl::StatusOr<OptimizerConfig> CompleteOptimizerConfig(const OptimizerConfig& config) {
   ASSIGN_OR_RETURN(const Type type, TypeOf(config));
   OptimizerConfig c = config;
-  if (UsesMomentum(type) && !c.has_momentum()) c.set_momentum(type == Type::kLars ? 0.9 : 0.0);
+  if (UsesMomentum(type) && !c.has_momentum()) c.set_momentum(IsLarsFamily(type) ? 0.9 : 0.0);
   if (UsesBetas(type)) {
     if (!c.has_beta1()) c.set_beta1(0.9);
     if (!c.has_beta2()) c.set_beta2(0.999);
@@ -632,6 +663,7 @@ absl::StatusOr<OptimizerConfig> CompleteOptimizerConfig(const OptimizerConfig& c
     c.set_epsilon(type == Type::kLamb ? 1e-6 : type == Type::kLars ? 0.0 : 1e-8);
   }
   if (type == Type::kLars && !c.has_trust_coefficient()) c.set_trust_coefficient(0.001);
+  if (type == Type::kLarc && !c.has_trust_coefficient()) c.set_trust_coefficient(0.02);
   RETURN_IF_ERROR(ValidateComplete(c, type));
   return c;
 }

@@ -20,14 +20,21 @@
 //   lars   g' = g + wd*w; trust = eta*||w||/(||g'|| + eps) if both norms > 0 else 1;
 //          v <- mu*v + lr*trust*g'; w <- w - v
 //          (You, Gitman & Ginsburg 2017, arXiv 1708.03888; the TF/TPU reference form)
+//   larc   LARS with the local rate clipped at the global one (NVIDIA's LARC, apex.parallel.LARC,
+//          clip mode, from the large-batch work of You, Gitman & Ginsburg): g' = g + wd*w;
+//          local = eta*||w||/(||g|| + wd*||w|| + eps) if both norms > 0, else the step is plain;
+//          rate = lr * min(local/lr, 1) = min(local, lr); v <- mu*v + rate*g'; w <- w - v.
+//          eta defaults to 0.02 and eps to 1e-8 (apex's). Like lars, the rate sits inside the
+//          momentum buffer; apex scales the gradient by min(local/lr, 1) and multiplies the buffer
+//          by lr instead, which is the same update whenever lr does not change between steps.
 //   lamb   m, v, m_hat, v_hat as adam (g' = g); r = m_hat/(sqrt(v_hat) + eps); u = r + wd*w;
 //          trust = ||w||/||u|| if both norms > 0 else 1; w <- w - lr*trust*u
 //          (You et al. 2019, arXiv 1904.00962, Algorithm 2, phi = identity)
 //
 // Tensors excluded from weight decay get wd = 0; tensors excluded from layer adaptation get
-// trust = 1 (lars, lamb). See OptimizerConfig in proto/cluster.proto for the exclusion rules.
-// Norms are over the whole tensor: Rubato places whole tensors on shards (common/placement.h),
-// so a shard always holds every element a norm needs.
+// trust = 1 (lars, larc: rate lr; lamb). See OptimizerConfig in proto/cluster.proto for the
+// exclusion rules. Norms are over the whole tensor: Rubato places whole tensors on shards
+// (common/placement.h), so a shard always holds every element a norm needs.
 #ifndef RUBATO_COMMON_OPTIMIZER_H_
 #define RUBATO_COMMON_OPTIMIZER_H_
 
@@ -49,14 +56,14 @@ namespace rubato {
 // Per-tensor optimizer state. Slots are sized lazily by the first Update.
 struct TensorOptimizerState {
   int64_t step = 0;          // Updates applied (t after the update).
-  std::vector<float> slot1;  // sgd/lars: momentum buffer; adam/adamw/lamb: first moment m.
+  std::vector<float> slot1;  // sgd/lars/larc: momentum buffer; adam/adamw/lamb: first moment m.
   std::vector<float> slot2;  // adam/adamw/lamb: second moment v.
 };
 
 // How the exclusion rules treat one tensor.
 struct TensorRole {
   bool weight_decay = true;      // False: wd = 0 for this tensor.
-  bool layer_adaptation = true;  // False: trust ratio 1 (lars, lamb only).
+  bool layer_adaptation = true;  // False: trust ratio 1 (lars, larc, lamb only).
 };
 
 class Optimizer {

@@ -305,8 +305,68 @@ TEST(LarsTest, EpsilonGuardsTheDenominator) {
   EXPECT_NEAR(out[0], 3 - 0.0025 * 0.6, 3e-7);  // an ulp of 3 is 2.4e-7
 }
 
+OptimizerConfig Larc(double lr, double wd, double momentum, double epsilon = 0) {
+  OptimizerConfig c = Config("larc", lr, wd);
+  c.set_momentum(momentum);
+  c.set_epsilon(epsilon);
+  return c;
+}
+
+TEST(LarcTest, LocalRateBelowTheGlobalOneIsKept) {
+  // ||w|| = 5, ||g|| = 1, eta = 0.02 (the default): local = 0.1 < lr = 1, so rate 0.1.
+  auto opt = Make(Larc(1.0, 0, 0.9));
+  ASSERT_EQ(opt->config().trust_coefficient(), 0.02);
+  std::vector<float> w = {3.0f, 4.0f};
+  const std::vector<float> g = {0.6f, 0.8f};
+  TensorOptimizerState state;
+  opt->Update(1.0f, g, absl::MakeSpan(w), kFull, &state);
+  EXPECT_NEAR(w[0], 3 - 0.06, 1e-6);
+  EXPECT_NEAR(w[1], 4 - 0.08, 1e-6);
+  // Step 2: ||w|| = 4.9, local = 0.098; v = 0.9*v + 0.098*g.
+  opt->Update(1.0f, g, absl::MakeSpan(w), kFull, &state);
+  EXPECT_NEAR(state.slot1[0], 0.9 * 0.06 + 0.098 * 0.6, 1e-7);
+  EXPECT_NEAR(w[0], 2.94 - (0.9 * 0.06 + 0.098 * 0.6), 1e-6);
+}
+
+TEST(LarcTest, LocalRateAboveTheGlobalOneIsClipped) {
+  // local = 0.1 > lr = 0.05: the step is plain momentum SGD at 0.05 (min(local/lr, 1) = 1).
+  auto opt = Make(Larc(0.05, 0, 0.9));
+  const std::vector<float> out = Step(*opt, 0.05f, {3.0f, 4.0f}, {0.6f, 0.8f});
+  EXPECT_NEAR(out[0], 3 - 0.05 * 0.6, 1e-6);
+  EXPECT_NEAR(out[1], 4 - 0.05 * 0.8, 1e-6);
+  // Unlike lars, whose rate would be 0.05 * 0.001 * 5 / 1 = 2.5e-4 here.
+  auto lars = Make(Lars(0.05, 0, 0.9));
+  EXPECT_NEAR(Step(*lars, 0.05f, {3.0f, 4.0f}, {0.6f, 0.8f})[0], 3 - 2.5e-4 * 0.6, 1e-6);
+}
+
+TEST(LarcTest, WeightDecayEntersTheGradientAndTheDenominator) {
+  // wd = 0.5: local = 0.02*5/(1 + 0.5*5) = 0.1/3.5; g' = g + 0.5*w = (2.1, 2.8).
+  auto opt = Make(Larc(1.0, 0.5, 0.0));
+  const std::vector<float> out = Step(*opt, 1.0f, {3.0f, 4.0f}, {0.6f, 0.8f});
+  EXPECT_NEAR(out[0], 3 - 0.1 / 3.5 * 2.1, 1e-6);
+  EXPECT_NEAR(out[1], 4 - 0.1 / 3.5 * 2.8, 1e-6);
+}
+
+TEST(LarcTest, PlainRateForZeroNormsAndExcludedTensors) {
+  auto opt = Make(Larc(0.1, 0, 0.9));
+  const std::vector<float> from_zero = Step(*opt, 0.1f, {0.0f, 0.0f}, {0.6f, 0.8f});
+  EXPECT_NEAR(from_zero[0], -0.06, 1e-7);
+  EXPECT_EQ(Step(*opt, 0.1f, {3.0f, 4.0f}, {0.0f, 0.0f}), std::vector<float>({3.0f, 4.0f}));
+  // Excluded: lr 0.1 although local would be 0.02*5/1 = 0.1 too; use lr 1 to tell them apart.
+  auto big = Make(Larc(1.0, 0, 0.9));
+  EXPECT_NEAR(Step(*big, 1.0f, {3.0f, 4.0f}, {0.6f, 0.8f}, kExcluded)[0], 3 - 0.6, 1e-6);
+  EXPECT_NEAR(Step(*big, 1.0f, {3.0f, 4.0f}, {0.6f, 0.8f}, kFull)[0], 3 - 0.06, 1e-6);
+}
+
+TEST(LarcTest, EpsilonGuardsTheDenominator) {
+  // local = 0.02*5/(1 + 1) = 0.05.
+  auto opt = Make(Larc(1.0, 0, 0.9, 1.0));
+  const std::vector<float> out = Step(*opt, 1.0f, {3.0f, 4.0f}, {0.6f, 0.8f});
+  EXPECT_NEAR(out[0], 3 - 0.05 * 0.6, 3e-7);
+}
+
 TEST(RoleTest, DefaultExcludesRankAtMostOne) {
-  for (const char* type : {"sgd", "adam", "adamw", "lars", "lamb"}) {
+  for (const char* type : {"sgd", "adam", "adamw", "lars", "larc", "lamb"}) {
     auto opt = Make(Config(type, 0.1, 0.01));
     const TensorRole kernel = opt->RoleOf("dense/kernel", {784, 256});
     EXPECT_TRUE(kernel.weight_decay && kernel.layer_adaptation) << type;
@@ -342,7 +402,7 @@ TEST(RoleTest, PatternsAreSearchedAndReplaceTheDefault) {
 
 struct RefState {
   int64_t t = 0;
-  std::vector<double> m, v;  // sgd/lars use m as the momentum buffer
+  std::vector<double> m, v;  // sgd/lars/larc use m as the momentum buffer
 };
 
 double RefNorm(const std::vector<double>& x) {
@@ -402,6 +462,19 @@ void RefUpdate(const OptimizerConfig& c, double lr, const std::vector<float>& gr
       s->m[i] = c.momentum() * s->m[i] + lr * trust * gp[i];
       w[i] -= s->m[i];
     }
+  } else if (type == "larc") {
+    double rate = lr;
+    if (role.layer_adaptation) {
+      std::vector<double> g(grad.begin(), grad.end());
+      const double wn = RefNorm(w), gn = RefNorm(g);
+      if (wn > 0 && gn > 0) {
+        rate = std::min(lr, c.trust_coefficient() * wn / (gn + wd * wn + c.epsilon()));
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      s->m[i] = c.momentum() * s->m[i] + rate * (grad[i] + wd * w[i]);
+      w[i] -= s->m[i];
+    }
   } else {
     ADD_FAILURE() << "reference has no " << type;
   }
@@ -459,7 +532,9 @@ std::vector<RandomCase> RandomCases() {
     // Exclusions by name instead of the rank default: the kernels keep decay, everything else
     // (bias, embedding, scale) loses it; only "embedding" loses the trust ratio.
     c.add_exclude_from_weight_decay("bias|embedding|scale");
-    if (c.type() == "lars" || c.type() == "lamb") c.add_exclude_from_layer_adaptation("^embed");
+    if (c.type() == "lars" || c.type() == "larc" || c.type() == "lamb") {
+      c.add_exclude_from_layer_adaptation("^embed");
+    }
     cases.push_back({label + "_wd_excluded", c, lr});
   };
   add("sgd", Config("sgd", 0.05), 0.05f);
@@ -471,6 +546,8 @@ std::vector<RandomCase> RandomCases() {
   add("adam", Config("adam", 0.01), 0.01f);
   add("adamw", Config("adamw", 0.01), 0.01f);
   add("lars", Config("lars", 1.0), 1.0f);
+  // lr 0.05: some tensors' local rate is above it (clipped), others' below.
+  add("larc", Config("larc", 0.05), 0.05f);
   add("lamb", Config("lamb", 0.01), 0.01f);
   return cases;
 }
@@ -554,7 +631,7 @@ TEST(ThreadCountTest, ResultsDoNotDependOnThePool) {
 TEST(ThreadCountTest, ConcurrentUpdatesOfDifferentTensorsMatchSequentialOnes) {
   // LAMB keeps u between its passes in one buffer per optimizer; an update that finds it taken
   // recomputes u instead. Either way the bits are the same.
-  for (const char* type : {"lamb", "lars", "adamw"}) {
+  for (const char* type : {"lamb", "lars", "larc", "adamw"}) {
     SCOPED_TRACE(type);
     auto opt = Make(Config(type, 0.01, 0.01));
     ASSERT_NE(opt, nullptr);
@@ -695,6 +772,11 @@ TEST(ConfigTest, FillsDefaultsPerType) {
   EXPECT_EQ(sgd->momentum(), 0);
   EXPECT_FALSE(sgd->has_beta1() || sgd->has_epsilon() || sgd->has_trust_coefficient());
 
+  auto larc = CompleteOptimizerConfig(Config("larc", 0.1));
+  ASSERT_TRUE(larc.ok()) << larc.status();
+  EXPECT_EQ(larc->momentum(), 0.9);
+  EXPECT_EQ(larc->epsilon(), 1e-8);
+  EXPECT_EQ(larc->trust_coefficient(), 0.02);
   auto lars = CompleteOptimizerConfig(Config("lars", 0.1));
   ASSERT_TRUE(lars.ok()) << lars.status();
   EXPECT_EQ(lars->momentum(), 0.9);
@@ -773,6 +855,9 @@ TEST(ConfigTest, RejectsBadFieldsByName) {
   ExpectRejected(c, "optimizer.epsilon must be > 0");
   c = Config("lars", 0.1);
   c.set_trust_coefficient(0);
+  ExpectRejected(c, "optimizer.trust_coefficient");
+  c = Config("larc", 0.1);
+  c.set_trust_coefficient(-0.02);
   ExpectRejected(c, "optimizer.trust_coefficient");
 
   c = Config("lamb", 0.1);
