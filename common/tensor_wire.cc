@@ -376,6 +376,57 @@ void AddFloats(const ByteChunks& bytes, float* acc) {
   });
 }
 
+namespace {
+
+// out[i] = value i (or += with kAdd), and the values' squares summed into *squares. Eight float
+// lanes per block, so that the loop vectorises; each block's total is added in double.
+template <bool kAdd>
+void MoveFloatsWithSquares(const ByteChunks& bytes, float* out, double* squares) {
+  double total = 0;
+  ForEachFloatRun(bytes, [out, &total](int64_t first, const char* p, int64_t count) {
+    float* d = out + first;
+    for (int64_t b = 0; b < count; b += kSquaresBlock) {
+      const int64_t end = std::min(count, b + kSquaresBlock);
+      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = b;
+      for (; i + 8 <= end; i += 8) {
+        for (int k = 0; k < 8; ++k) {
+          const float x = LoadFloat(p + 4 * (i + k));
+          if constexpr (kAdd) {
+            d[i + k] += x;
+          } else {
+            d[i + k] = x;
+          }
+          lanes[k] += x * x;
+        }
+      }
+      double block = 0;
+      for (; i < end; ++i) {
+        const float x = LoadFloat(p + 4 * i);
+        if constexpr (kAdd) {
+          d[i] += x;
+        } else {
+          d[i] = x;
+        }
+        block += static_cast<double>(x) * x;
+      }
+      for (float l : lanes) block += l;
+      total += block;
+    }
+  });
+  *squares += total;
+}
+
+}  // namespace
+
+void CopyFloats(const ByteChunks& bytes, float* out, double* squares) {
+  MoveFloatsWithSquares<false>(bytes, out, squares);
+}
+
+void AddFloats(const ByteChunks& bytes, float* acc, double* squares) {
+  MoveFloatsWithSquares<true>(bytes, acc, squares);
+}
+
 absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePush* out) {
   *out = WirePush();
   return ParseTensorList(message, "PushRequest", 3, max_tensors, &out->gradients,

@@ -67,6 +67,12 @@ absl::Status CheckFloatChunks(absl::string_view what, const ByteChunks& bytes, i
 void CopyFloats(const ByteChunks& bytes, float* out);
 // acc[i] += value i.
 void AddFloats(const ByteChunks& bytes, float* acc);
+// As CopyFloats and AddFloats, in the same pass adding the values' squares to *squares (summed in
+// float lanes over blocks of kSquaresBlock values, each block's sum added in double: the precision
+// of a double sum to within a few float roundings per block, at the speed of a float one).
+void CopyFloats(const ByteChunks& bytes, float* out, double* squares);
+void AddFloats(const ByteChunks& bytes, float* acc, double* squares);
+inline constexpr int64_t kSquaresBlock = 1024;
 
 // One TensorValue as it arrived.
 struct WireTensor {

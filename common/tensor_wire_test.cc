@@ -49,6 +49,32 @@ TEST(TensorWireTest, FloatsAcrossEveryPieceBoundary) {
   }
 }
 
+TEST(TensorWireTest, CopyAndAddWithSquaresMatchTheirPlainFormsAndADoubleSum) {
+  // Across blocks (1024 values), runs that are not multiples of 8, and cuts inside a float.
+  std::vector<float> values(5000);
+  double expected = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<float>(std::sin(0.1 * i) * (1 + i % 7));
+    expected += static_cast<double>(values[i]) * values[i];
+  }
+  const std::string bytes = Bytes(values);
+  for (const std::vector<size_t>& cuts :
+       std::vector<std::vector<size_t>>{{}, {4 * 1023 + 2}, {4 * 9 + 1, 4 * 2500}, {1, 19997}}) {
+    const ByteChunks chunks = Cut(bytes, cuts);
+    std::vector<float> plain(values.size()), fused(values.size());
+    double squares = 10.0;  // Added to, not overwritten.
+    CopyFloats(chunks, plain.data());
+    CopyFloats(chunks, fused.data(), &squares);
+    EXPECT_EQ(plain, fused);
+    EXPECT_NEAR(squares - 10.0, expected, 1e-6 * expected);
+    squares = 0;
+    AddFloats(chunks, plain.data());
+    AddFloats(chunks, fused.data(), &squares);
+    EXPECT_EQ(plain, fused);
+    EXPECT_NEAR(squares, expected, 1e-6 * expected);
+  }
+}
+
 TEST(TensorWireTest, FirstNonFiniteFindsTheFirstNanOrInfWhereverItIs) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {

@@ -83,7 +83,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms",
                  "max_message_mb")
 # Flags given to servers only.
-SERVER_FLAGS = ("update_threads", "apply_threads", "memory_budget_mb", "checkpoint_dir",
+SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb", "checkpoint_dir",
                 "checkpoint_every_steps", "checkpoint_keep", "restore_step")
 # Flags given to workers only.
 WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
@@ -1380,6 +1380,12 @@ def main(argv):
                                 "%.1f s" % ttt if ttt is not None else "not reached",
                                 summary["worker_steps_per_s"], summary["dropped_gradients"],
                                 staleness))
+        noise = summary.get("noise_scale")
+        if noise and noise["b_simple_ema"] is not None:
+            print("rubato: gradient noise scale B_simple = tr(Sigma)/|G|^2 = %.0f examples "
+                  "(moving average over %d steps at the end; each step's gradients at batch %d "
+                  "and %d)" % (noise["b_simple_ema"], noise["steps_measured"], noise["b_small"],
+                               noise["b_big"]))
         print("rubato: summary in %s" % os.path.join(run_dir, "summary.json"), flush=True)
     if failure:
         print("rubato launch: error: %s (logs in %s)" % (failure, run_dir), file=sys.stderr)
@@ -1420,8 +1426,11 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
         summary["test_accuracy"] = max(done, key=lambda d: d[0])[1]["test_accuracy"]
         summary["steps"] = max(d["steps"] for _, d in done)
         summary["per_worker"] = [d for _, d in done]
-    reached = [t for v in views for t, acc in v.evals if acc >= args.target_accuracy]
-    summary["time_to_target_s"] = round(min(reached), 3) if reached else None
+    reached = [(t, step) for v in views for (t, acc), step in zip(v.evals, v.eval_steps)
+               if acc >= args.target_accuracy]
+    summary["time_to_target_s"] = round(min(reached)[0], 3) if reached else None
+    # The job step at which a worker first measured it (the evaluation's own step).
+    summary["steps_to_target"] = min(reached)[1] if reached else None
     # Every evaluation, on the launch's clock (seconds since the launch began), for plots of
     # accuracy against wall time; and when each worker's training began on that clock (its
     # records' "t" count from there).
@@ -1452,12 +1461,38 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
             histogram[i] += int(n)
     summary.update(totals)
     summary["staleness_histogram"] = dict(zip(STALENESS_BUCKETS, histogram))
+    noise = noise_scale([s.stats for s in servers])
+    if noise:
+        summary["noise_scale"] = noise
     total = sum(histogram)
     if total:
         lows = [0, 1, 2, 3, 4, 8, 16, 32]
         summary["mean_staleness_lower_bound"] = round(
             sum(l * n for l, n in zip(lows, histogram)) / total, 3)
     return summary
+
+
+def noise_scale(stats):
+    """The job's gradient noise scale from its shards' final statistics (bsp, backup): the sums
+    of their moving averages of |G|^2 and tr(Sigma) (server/noise_scale.h), and their ratio
+    B_simple; None unless every shard measured the same step with one batch size."""
+    parts = [s.get("noiseScale") for s in stats if isinstance(s, dict)]
+    if not parts or any(not isinstance(p, dict) for p in parts) or len(parts) != len(stats):
+        return None
+    try:
+        steps = {int(p.get("step", 0)) for p in parts}
+        batch = {int(p.get("batchSmall", 0)) for p in parts}
+        g2 = sum(float(p.get("g2Ema", 0)) for p in parts)
+        trace = sum(float(p.get("traceEma", 0)) for p in parts)
+        measured = min(int(p.get("steps", 0)) for p in parts)
+        workers = min(int(p.get("workers", 0)) for p in parts)
+    except (TypeError, ValueError):
+        return None
+    if len(steps) != 1 or len(batch) != 1 or min(batch) <= 0 or measured <= 0:
+        return None
+    return {"b_simple_ema": round(trace / g2, 4) if g2 > 0 else None, "g2_ema": g2,
+            "trace_ema": trace, "step": steps.pop(), "steps_measured": measured,
+            "b_small": min(batch), "b_big": min(batch) * workers}
 
 
 def _camel(name):

@@ -17,6 +17,7 @@ plots, each drawn only where the suite has what it needs:
   staleness           the histogram of gradient staleness per cell (summed over seeds)
   timeline            per worker of one run of each suite.timeline cell: compute, communication
                       and waiting over the run (analysis.timeline says how waiting is estimated)
+  noise_scale         the gradient noise scale the servers measured over training (bsp, backup)
 
 Matplotlib comes from Debian (python3-matplotlib, which ./rubato setup installs); a Python that
 does not see Debian's packages (a pyenv one, say) is pointed at them.
@@ -100,8 +101,8 @@ class Data:
     def runs(self, cell):
         return [(seed, s) for (c, seed), s in sorted(self.summaries.items()) if c == cell]
 
-    def steps(self, cell, seed):
-        """{worker: its step records} of one run."""
+    def records(self, cell, seed, event, needs):
+        """{worker: its `event` records that have the key `needs`} of one run."""
         run_dir = os.path.join(self.out, "runs", "%s.seed-%d" % (cell, seed))
         out = {}
         for name in sorted(os.listdir(run_dir)):
@@ -115,10 +116,14 @@ class Data:
                         r = json.loads(line)
                     except ValueError:
                         continue
-                    if r.get("event") == "step" and "comm_ms" in r:
+                    if r.get("event") == event and needs in r:
                         records.append(r)
             out[worker] = records
         return out
+
+    def steps(self, cell, seed):
+        """{worker: its step records} of one run."""
+        return self.records(cell, seed, "step", "comm_ms")
 
 
 def _read_csv(path):
@@ -369,6 +374,34 @@ def plot_timeline(plt, data, plots_dir):
     return _save(plt, fig, plots_dir, "timeline", rect=(0, 0.04, 0.9, 0.97))
 
 
+def plot_noise_scale(plt, data, plots_dir):
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    drawn, b_big = False, None
+    for i, (cell, _) in enumerate(data.cells):
+        for k, (seed, _) in enumerate(data.runs(cell)):
+            noise = data.records(cell, seed, "noise", "b_simple_ema").get(0, [])
+            points = [(r["step"], r["b_simple_ema"]) for r in noise
+                      if r.get("b_simple_ema") is not None]
+            if not points:
+                continue
+            ax.plot([p[0] for p in points], [p[1] for p in points], color="C%d" % (i % 10),
+                    lw=1.0, alpha=0.8, label=cell if k == 0 else None)
+            b_big = noise[-1].get("b_big")
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    if b_big:
+        ax.axhline(b_big, color="k", lw=0.8, ls=":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("B_simple (examples)")
+    ax.set_title("%s: gradient noise scale B_simple = tr(Sigma)/|G|^2 over training, from the "
+                 "servers' moving averages\n(one line per run; dotted: the global batch)"
+                 % data.suite["name"], fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, plots_dir, "noise_scale")
+
+
 PLOTS = [
     ("accuracy_vs_time", plot_accuracy,
      "Test accuracy against wall time since launch. The line is the median over the seeds of "
@@ -386,6 +419,9 @@ PLOTS = [
      "compute floor and slowdown), communication, waiting for others, and other time "
      "(evaluations). Waiting is estimated: a worker's pull and push time less the least any "
      "worker had in the same interval."),
+    ("noise_scale", plot_noise_scale,
+     "The gradient noise scale the servers measured (bsp and backup runs; McCandlish et al. "
+     "2018): training at a batch near it is about half as fast per step as at an infinite batch."),
 ]
 
 
@@ -431,7 +467,7 @@ def table(data):
               "final accuracy (epochs: %s)" % "/".join(epochs),
               "accuracy at %s" % ("%.1f s" % budget if budget else "budget"),
               "wall (s)", "examples/s", "updates applied", "mean staleness >=",
-              "busiest CPU"]
+              "B_simple", "busiest CPU"]
     rows = {r["cell"]: r for r in data.summary}
     out = []
     for cell, _ in data.cells:
@@ -447,7 +483,7 @@ def table(data):
             _pm(r, "time_to_target_s", 1) + ("" if ttt_n == ok else " (%d/%d)" % (ttt_n, ok)),
             _pm(r, "test_accuracy", 4), _pm(r, "accuracy_at_budget", 4), _pm(r, "wall_s", 1),
             _pm(r, "examples_per_s", 0), _pm(r, "applied_updates", 0),
-            _pm(r, "mean_staleness_lower_bound", 2),
+            _pm(r, "mean_staleness_lower_bound", 2), _pm(r, "noise_scale", 0),
             "%.0f%%" % (100 * max(busy)) if busy else "",
         ])
     return header, out
@@ -484,6 +520,8 @@ def notes(data):
         "has no servers (n/a).",
         "Mean staleness is a lower bound from the servers' staleness histogram (each bucket "
         "counted at its lowest value).",
+        "B_simple is the gradient noise scale tr(Sigma)/|G|^2 the servers measured (bsp and "
+        "backup only), from their moving averages at the end of the run.",
         "Busiest CPU is the machine's highest mean CPU use during one of the cell's runs; above "
         "95% the run measured the machine rather than the mode.",
     ]

@@ -44,9 +44,10 @@ from experiments import analysis, report, stats, suite  # noqa: E402
 
 LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
 # What results.csv holds for each run, from its summary.json.
-METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "worker_steps_per_s", "examples_per_s",
+METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "steps_to_target", "worker_steps_per_s",
+           "examples_per_s",
            "applied_updates", "dropped_gradients", "dropped_workers",
-           "mean_staleness_lower_bound", "accuracy_at_budget")
+           "mean_staleness_lower_bound", "noise_scale", "accuracy_at_budget")
 RESULT_COLUMNS = ("suite", "cell", "seed", "ok", "error", "cpu_busy", "budget_s") + METRICS
 SATURATED = 0.95
 
@@ -103,6 +104,8 @@ def run_one(run, out_dir, bin_dir, target, log):
     for m in METRICS:
         value = summary.get(m)
         row[m] = "" if value is None else value
+    noise = summary.get("noise_scale") or {}
+    row["noise_scale"] = "" if noise.get("b_simple_ema") is None else noise["b_simple_ema"]
     if summary.get("mode") == "allreduce":  # No servers: every rank applies every step itself.
         row["applied_updates"] = row["mean_staleness_lower_bound"] = ""
     row["evals"] = summary.get("evals") or []  # For accuracy_at_budget; not a CSV column.

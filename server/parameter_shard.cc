@@ -175,7 +175,8 @@ ParameterShard::ParameterShard(const ShardOptions& options, std::unique_ptr<Opti
       policy_(options.cluster.consistency()),
       optimizer_(std::move(optimizer)),
       max_wait_(absl::Milliseconds(options.cluster.wait_timeout_ms())),
-      members_(options.shard_id, options.cluster.num_workers(), options.cluster.lease_ms()) {
+      members_(options.shard_id, options.cluster.num_workers(), options.cluster.lease_ms()),
+      noise_(options.shard_id, options.noise_ema_decay) {
   auto view = std::make_shared<TensorAggregator::Members>();
   view->member.assign(options.cluster.num_workers(), 0);
   member_view_ = std::move(view);
@@ -223,6 +224,7 @@ TensorAggregator::Context ParameterShard::Context() const {
   ctx.pool = pool_.get();
   ctx.members = &member_view_;
   ctx.schedule = schedule_ptr_.load(std::memory_order_acquire);
+  ctx.noise = &noise_;
   return ctx;
 }
 
@@ -360,6 +362,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         index_[spec.name()] = i;
       }
       members_.SetTensorCount(static_cast<int>(tensors_.size()));
+      noise_.SetTensors(static_cast<int>(tensors_.size()));
       SetUpCheckpointing();
       initialised_ = true;
     } else {
@@ -395,6 +398,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     members_.SetMember(id, true);
     w.finished = false;
     w.batch_size = request.batch_size();
+    noise_.SetBatch(request.batch_size());
     w.steps_per_epoch = request.steps_per_epoch();
     w.total_steps = request.total_steps();
     w.last_step = request.resume_step() - 1;
@@ -585,6 +589,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   tensors_ = std::move(tensors);
   index_ = std::move(index);
   members_.SetTensorCount(static_cast<int>(tensors_.size()));
+  noise_.SetTensors(static_cast<int>(tensors_.size()));
   if (!policy_.Synchronous()) members_.RestoreClocks(c.step());
   members_.SetRestored(c.step());
   SetUpCheckpointing();
@@ -754,7 +759,7 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
   progress->left = static_cast<int>(which.size());
   progress->outcomes.resize(which.size());
   progress->done = std::move(done);
-  auto gradient_done = [progress](absl::Status status) {
+  auto gradient_done = [this, progress, step](absl::Status status) {
     {
       absl::MutexLock lock(&progress->mu);
       if (!status.ok() && progress->error.ok()) progress->error = std::move(status);
@@ -765,6 +770,11 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
       return;
     }
     PushResponse response;
+    // The step before this one: complete on every shard once this worker could compute this
+    // one (bsp, backup), so every shard answers the same step's figures.
+    if (std::optional<NoiseScaleStats> noise = noise_.StatsAt(step - 1); noise.has_value()) {
+      *response.mutable_noise_scale() = std::move(*noise);
+    }
     for (const GradientOutcome& o : progress->outcomes) {
       switch (o.kind) {
         case GradientOutcome::kAccepted:
@@ -1207,6 +1217,7 @@ GetStatsResponse ParameterShard::Stats() const {
   for (const auto& n : staleness_histogram_) s.add_staleness_histogram(n);
   s.set_learning_rate(last_learning_rate_);
   if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());
+  if (policy_.Synchronous()) *s.mutable_noise_scale() = noise_.Stats();
   int64_t pending = 0;
   for (const PullStatePtr& p : parked_) pending += p->Over() ? 0 : 1;
   s.set_pending_pulls(pending);

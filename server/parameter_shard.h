@@ -67,6 +67,7 @@
 #include "proto/parameter_server.pb.h"
 #include "server/consistency_policy.h"
 #include "server/membership.h"
+#include "server/noise_scale.h"
 #include "server/tensor_aggregator.h"
 
 namespace rubato {
@@ -90,6 +91,8 @@ struct ShardOptions {
   // OK once that is arranged (the server restarts from it), an error naming why it cannot be.
   // Null: the shard keeps no checkpoints and refuses roll-backs.
   std::function<absl::Status(int64_t step, uint64_t recovery_id)> on_rollback;
+  // bsp, backup: decay of the noise scale's moving averages, in [0, 1) (server/noise_scale.h).
+  double noise_ema_decay = 0.95;
 };
 
 // Every tensor of a shard at one job step, for a checkpoint. Under bsp and backup each tensor was
@@ -283,6 +286,9 @@ class ParameterShard {
   std::atomic<int64_t> dropped_gradients_{0};
   std::atomic<int64_t> staleness_histogram_[8] = {};
   std::atomic<double> last_learning_rate_{0};
+  // bsp, backup: the gradient noise scale's terms, fed by every synchronous update (through
+  // Context(), which is const; the monitor is thread-safe on its own).
+  mutable NoiseScaleMonitor noise_;
   // Checkpoint captures not yet complete, by step. Locked after a tensor's lock, never before.
   struct PendingCheckpoint {
     std::vector<TensorSnapshot> weights;

@@ -69,6 +69,9 @@ ABSL_FLAG(int, update_threads, 1, "Threads that share the optimizer update of a 
 ABSL_FLAG(
     int, apply_threads, 2,
     "Threads that apply pushed gradients, different tensors in parallel, off gRPC's threads.");
+ABSL_FLAG(double, noise_ema_decay, 0.95,
+          "bsp, backup: decay in [0, 1) of the gradient noise scale's moving averages (about "
+          "(1 + d) / (1 - d) steps averaged; server/noise_scale.h).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints of this shard here (created if missing), and at start restore the "
           "newest one that reads back whole, passing over damaged ones (server/checkpoint.h).");
@@ -169,6 +172,10 @@ int main(int argc, char** argv) {
   options.cluster = *spec;
   options.update_threads = absl::GetFlag(FLAGS_update_threads);
   options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  options.noise_ema_decay = absl::GetFlag(FLAGS_noise_ema_decay);
+  if (!(options.noise_ema_decay >= 0 && options.noise_ema_decay < 1)) {
+    return Fail(absl::StrCat("--noise_ema_decay must be in [0, 1), got ", options.noise_ema_decay));
+  }
   // The writer is created after the shard (it needs the shard's CheckpointProto), so captures go
   // through this pointer, set before any worker can register and cleared before the writer goes.
   absl::Mutex writer_mu;

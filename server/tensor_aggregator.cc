@@ -56,15 +56,48 @@ absl::Status TensorAggregator::CheckStep(const Context& ctx, int worker, int64_t
   return absl::OkStatus();
 }
 
-void TensorAggregator::Accumulate(const ByteChunks& data) {
+void TensorAggregator::Accumulate(const ByteChunks& data, bool measure) {
   if (sum_.empty()) sum_.resize(elements_);
-  if (added_ == 0) {
-    CopyFloats(data, sum_.data());
+  if (added_ == 0) squared_norms_ = 0;
+  if (!measure) {
+    added_ == 0 ? CopyFloats(data, sum_.data()) : AddFloats(data, sum_.data());
+  } else if (added_ == 0) {
+    CopyFloats(data, sum_.data(), &squared_norms_);
   } else {
-    AddFloats(data, sum_.data());
+    AddFloats(data, sum_.data(), &squared_norms_);
   }
   ++added_;
 }
+
+namespace {
+
+// v[i] /= divisor (kDivide), returning the sum of the results' squares, summed as
+// common/tensor_wire.cc's MoveFloatsWithSquares does.
+template <bool kDivide>
+double DivideAndSquare(float* v, int64_t n, float divisor) {
+  double total = 0;
+  for (int64_t b = 0; b < n; b += kSquaresBlock) {
+    const int64_t end = std::min(n, b + kSquaresBlock);
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = b;
+    for (; i + 8 <= end; i += 8) {
+      for (int k = 0; k < 8; ++k) {
+        if constexpr (kDivide) v[i + k] /= divisor;
+        lanes[k] += v[i + k] * v[i + k];
+      }
+    }
+    double block = 0;
+    for (; i < end; ++i) {
+      if constexpr (kDivide) v[i] /= divisor;
+      block += static_cast<double>(v[i]) * v[i];
+    }
+    for (float l : lanes) block += l;
+    total += block;
+  }
+  return total;
+}
+
+}  // namespace
 
 void TensorAggregator::AddHeld(int w, Released* released) {
   Held& h = held_[w];
@@ -105,7 +138,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     // async, ssp: applied now, alone.
     outcome->staleness = std::max<int64_t>(0, version_ - pulled_version_[worker]);
     added_ = 0;
-    Accumulate(*gradient.data);
+    Accumulate(*gradient.data, /*measure=*/false);
     received_count_ = 1;
     const double lr =
         ctx.policy->LearningRate(*ctx.schedule, version_, members->count, outcome->staleness);
@@ -203,7 +236,14 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
   for (int w = 0; w < num_workers_; ++w) {
     if (received_[w] && !held_[w].data.empty()) AddHeld(w, released);
   }
-  if (added_ > 1) {
+  if (ctx.policy->Synchronous() && ctx.noise != nullptr) {
+    // The mean, and |mean|^2 in the same pass, for the noise scale.
+    const double mean_squared =
+        added_ > 1 ? DivideAndSquare<true>(sum_.data(), elements_, static_cast<float>(added_))
+                   : DivideAndSquare<false>(sum_.data(), elements_, 1.0f);
+    ctx.noise->Add(version_,
+                   EstimateNoiseTerms(added_, squared_norms_ / std::max(added_, 1), mean_squared));
+  } else if (added_ > 1) {
     const float n = static_cast<float>(added_);
     for (float& v : sum_) v /= n;
   }

@@ -34,6 +34,7 @@
 #include "common/tensor_wire.h"
 #include "common/thread_pool.h"
 #include "server/consistency_policy.h"
+#include "server/noise_scale.h"
 
 namespace rubato {
 
@@ -62,10 +63,13 @@ struct GradientOutcome {
 };
 
 // What a call set free, for the caller to finish once it holds no lock: pulls whose every tensor
-// is in, and held gradients that were added (OK) or waited too long (DEADLINE_EXCEEDED).
+// is in, and held gradients that were added (OK) or waited too long (DEADLINE_EXCEEDED); and, for
+// each synchronous step applied, the step and the tensor's noise-scale terms
+// (server/noise_scale.h).
 struct Released {
   std::vector<std::shared_ptr<PullWaiter>> pulls;
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> acks;
+  std::vector<std::pair<int64_t, NoiseTerms>> noise;
 };
 
 class TensorAggregator {
@@ -94,6 +98,10 @@ class TensorAggregator {
     ThreadPool* pool = nullptr;  // Splits one large update; may be null.
     const std::shared_ptr<const Members>* members = nullptr;  // std::atomic_load it
     const LearningRateScheduler* schedule = nullptr;
+    // bsp, backup: gets each applied step's noise-scale terms, before the new version is visible
+    // (so a worker that has pulled version s + 1 of every tensor finds step s measured). May be
+    // null.
+    NoiseScaleMonitor* noise = nullptr;
   };
 
   TensorAggregator(std::string name, std::vector<int64_t> shape, std::vector<float> initial,
@@ -160,7 +168,8 @@ class TensorAggregator {
   void DrainInOrder(const Members& members, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds held gradient `w` and acknowledges it.
   void AddHeld(int w, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Accumulate(const ByteChunks& data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `measure`: also add the gradient's squared norm to squared_norms_.
+  void Accumulate(const ByteChunks& data, bool measure = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StepComplete(const Context& ctx, const Members& members) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Mean of the accumulated gradients, one optimizer step, version + 1, waiters released.
@@ -179,8 +188,10 @@ class TensorAggregator {
   std::shared_ptr<std::vector<float>> weights_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   TensorOptimizerState optimizer_state_ ABSL_GUARDED_BY(mu_);
-  // The current step's gradients: the sum of those added so far (allocated at first use).
+  // The current step's gradients: the sum of those added so far (allocated at first use), and the
+  // sum of their squared norms (bsp, backup: for the noise scale).
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  double squared_norms_ ABSL_GUARDED_BY(mu_) = 0;
   int added_ ABSL_GUARDED_BY(mu_) = 0;
   int next_worker_ ABSL_GUARDED_BY(mu_) = 0;         // bsp: lower ids are added or skipped.
   std::vector<char> received_ ABSL_GUARDED_BY(mu_);  // (workers) for the current step

@@ -237,10 +237,7 @@ class InProcessPsClient final : public PsClient {
     });
     done.WaitForNotification();
     RETURN_IF_ERROR(Annotate(shard, response).status());
-    if (result != nullptr) {
-      result->dropped += response->dropped();
-      result->max_staleness = std::max(result->max_staleness, response->max_staleness());
-    }
+    if (result != nullptr) AddPushResponse(*response, result);
     return absl::OkStatus();
   }
 

@@ -34,9 +34,16 @@ absl::StatusOr<int64_t> PsClient::StartPush(int64_t, absl::Span<const int>,
   return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
 }
 
+void PsClient::AddPushResponse(const PushResponse& response, PushResult* result) {
+  result->dropped += response.dropped();
+  result->max_staleness = std::max(result->max_staleness, response.max_staleness());
+  if (response.has_noise_scale()) result->noise.push_back(response.noise_scale());
+}
+
 void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
   total->dropped += part.dropped;
   total->max_staleness = std::max(total->max_staleness, part.max_staleness);
+  total->noise.insert(total->noise.end(), part.noise.begin(), part.noise.end());
   if (part.min_version >= 0) {
     total->min_version =
         total->min_version < 0 ? part.min_version : std::min(total->min_version, part.min_version);
@@ -348,10 +355,7 @@ class GrpcPsClient final : public PsClient {
     }
     if (result != nullptr) {
       *result = PushResult();
-      for (const PushResponse& r : responses) {
-        result->dropped += r.dropped();
-        result->max_staleness = std::max(result->max_staleness, r.max_staleness());
-      }
+      for (const PushResponse& r : responses) AddPushResponse(r, result);
     }
     return absl::OkStatus();
   }
@@ -449,10 +453,7 @@ class GrpcPsClient final : public PsClient {
     if (timing != nullptr) *timing = p->timing;
     if (result != nullptr) {
       PushResult part;
-      for (const PushResponse& r : p->responses) {
-        part.dropped += r.dropped();
-        part.max_staleness = std::max(part.max_staleness, r.max_staleness());
-      }
+      for (const PushResponse& r : p->responses) AddPushResponse(r, &part);
       part.min_version = p->min_version;
       AddPushResult(part, result);
     }

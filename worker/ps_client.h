@@ -56,6 +56,8 @@ class PsClient {
     int64_t dropped = 0;
     int64_t max_staleness = 0;
     int64_t min_version = -1;  // WaitPush with a pull: the smallest version pulled (-1: none)
+    // bsp, backup: each answering shard's newest noise-scale terms (server/noise_scale.h).
+    std::vector<NoiseScaleStats> noise;
   };
   virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                             PushResult* result = nullptr) = 0;
@@ -92,6 +94,8 @@ class PsClient {
   // Adds what one ticket's shards reported (`part`) into `total`, as WaitPush does: dropped
   // gradients summed, the largest staleness, the smallest version pulled (-1: none).
   static void AddPushResult(const PushResult& part, PushResult* total);
+  // Adds one shard's answer to a push into `result`.
+  static void AddPushResponse(const PushResponse& response, PushResult* result);
 
   virtual absl::Status Heartbeat(int64_t step) = 0;
 

@@ -22,6 +22,7 @@
 #define RUBATO_WORKER_TRAINING_LOOP_H_
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -76,6 +77,9 @@ struct TrainingResult {
   double final_loss = 0;       // Mean training loss over the last log interval.
   EvalResult test;             // At the end.
   double wall_seconds = 0;
+  // bsp, backup: the job's gradient noise scale B_simple from the shards' moving averages at the
+  // last step measured (NaN if none; server/noise_scale.h).
+  double noise_scale = std::nan("");
 };
 
 // Whether RunTraining will overlap pushes with the backward pass, and if not, why not (for logs).

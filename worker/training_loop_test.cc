@@ -2,6 +2,7 @@
 // workers in one process, without sockets, checked for what the consistency modes promise.
 #include "worker/training_loop.h"
 
+#include <cmath>
 #include <random>
 #include <sstream>
 #include <string>
@@ -54,6 +55,7 @@ Dataset Synthetic(int n, uint64_t seed) {
 struct JobResult {
   std::vector<std::vector<std::vector<float>>> params;  // per worker
   std::vector<TrainingResult> results;
+  std::vector<std::string> progress;  // per worker: its JSON lines
   GetStatsResponse stats;
 };
 
@@ -86,6 +88,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
   JobResult job;
   job.params.resize(workers);
   job.results.resize(workers);
+  job.progress.resize(workers);
   std::vector<std::string> errors(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -130,6 +133,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
       }
       job.results[w] = *result;
       job.params[w] = params;
+      job.progress[w] = progress.str();
       (void)(*client)->Finish(steps);
     });
   }
@@ -155,6 +159,31 @@ TEST(TrainingLoopTest, BspIsBitExactWithAndWithoutOverlapAndLearns) {
   // Every tensor of shard 0 went through 60 versions, one update per step.
   for (const TensorStats& t : a.stats.tensors()) EXPECT_EQ(t.version(), 60);
   EXPECT_EQ(a.stats.staleness_histogram(0), a.stats.applied_updates() * 3);
+  // The gradient noise scale: every step measured by the shard, and worker 0 logged the job's
+  // figure (both shards' terms added up) for each step both had reported, in order.
+  EXPECT_EQ(a.stats.noise_scale().step(), 59);
+  EXPECT_EQ(a.stats.noise_scale().steps(), 60);
+  EXPECT_EQ(a.stats.noise_scale().workers(), 3);
+  EXPECT_EQ(a.stats.noise_scale().batch_small(), 16);
+  std::istringstream lines(a.progress[0]);
+  int records = 0;
+  int64_t last = -1;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("\"event\":\"noise\"") == std::string::npos) continue;
+    ++records;
+    EXPECT_NE(line.find("\"b_small\":16,\"b_big\":48,"), std::string::npos) << line;
+    const size_t at = line.find("\"step\":");
+    ASSERT_NE(at, std::string::npos) << line;
+    const int64_t step = std::stoll(line.substr(at + 7));
+    EXPECT_GT(step, last) << line;
+    last = step;
+  }
+  EXPECT_EQ(records, 59) << a.progress[0];  // Steps 0 to 58, each from the next step's push.
+  EXPECT_EQ(a.progress[1].find("\"event\":\"noise\""), std::string::npos);  // Worker 0 alone.
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_TRUE(std::isfinite(a.results[w].noise_scale)) << "worker " << w;
+    EXPECT_GT(a.results[w].noise_scale, 0) << "worker " << w;
+  }
 }
 
 TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {
@@ -163,6 +192,9 @@ TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {
     for (int w = 0; w < 3; ++w) EXPECT_EQ(j.results[w].computed_steps, 40);
     // Every gradient applied alone: 3 workers x 40 steps per tensor.
     for (const TensorStats& t : j.stats.tensors()) EXPECT_EQ(t.version(), 120);
+    // No pair of batch sizes to compare: no noise scale.
+    EXPECT_FALSE(j.stats.has_noise_scale());
+    EXPECT_TRUE(std::isnan(j.results[0].noise_scale));
     if (mode == SSP) {
       // ssp:1 bounds how far a worker runs ahead, so staleness stays small (< 8 updates).
       for (int b = 5; b < 8; ++b) EXPECT_EQ(j.stats.staleness_histogram(b), 0) << "bucket " << b;
