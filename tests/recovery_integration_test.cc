@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -394,6 +395,36 @@ TEST(RecoveryIntegrationTest, AnExportedModelEvaluatesToTheJobsLastAccuracy) {
   EXPECT_EQ(accuracy, *job_accuracy) << "the exported weights are not the ones the job evaluated";
   EXPECT_EQ(Field(eval->stdout_text, "steps"), absl::StrCat(kSteps));
   EXPECT_EQ(Field(eval->stdout_text, "mode"), "bsp");
+  // Its epsilon-sharpness (worker/sharpness.h): a rise of the training loss within the box, larger
+  // for the larger box, on the loss the model was trained on.
+  absl::StatusOr<ProcessResult> sharp = (*job)->Run(
+      "sharpness", *binary,
+      {"--sharpness=" + path, absl::StrCat("--data_dir=", kFashionMnistDir),
+       "--sharpness_examples=2000", "--sharpness_steps=3", "--sharpness_epsilon=1e-2,1e-3"},
+      absl::Seconds(60));
+  ASSERT_TRUE(IsOk(sharp));
+  ASSERT_EQ(sharp->exit_status, 0) << sharp->stderr_text;
+  std::vector<double> phi;
+  for (absl::string_view line : absl::StrSplit(sharp->stdout_text, '\n')) {
+    if (!absl::StrContains(line, "\"event\":\"sharpness\"")) continue;
+    double v = -1, loss = -1, max_loss = -1;
+    ASSERT_TRUE(absl::SimpleAtod(Field(std::string(line), "sharpness"), &v)) << line;
+    ASSERT_TRUE(absl::SimpleAtod(Field(std::string(line), "loss"), &loss)) << line;
+    ASSERT_TRUE(absl::SimpleAtod(Field(std::string(line), "max_loss"), &max_loss)) << line;
+    EXPECT_GT(loss, 0.1) << line;  // A real training loss, not a placeholder.
+    EXPECT_GT(max_loss, loss) << line;
+    EXPECT_NEAR(v, 100 * (max_loss - loss) / (1 + loss), 1e-3 * v + 1e-4) << line;
+    phi.push_back(v);
+  }
+  ASSERT_EQ(phi.size(), 2u) << sharp->stdout_text;
+  EXPECT_GT(phi[0], phi[1]) << "a 10x larger box found a smaller rise";
+  absl::StatusOr<ProcessResult> bad_eps =
+      (*job)->Run("sharpness-bad", *binary,
+                  {"--sharpness=" + path, "--sharpness_epsilon=1e-3,zero"}, absl::Seconds(60));
+  ASSERT_TRUE(IsOk(bad_eps));
+  EXPECT_EQ(bad_eps->exit_status, 2);
+  EXPECT_TRUE(HasLineContaining(bad_eps->stderr_text, "'zero' is not a positive number"))
+      << bad_eps->stderr_text;
   // A damaged file is refused, naming it.
   ASSERT_EQ(::truncate(path.c_str(), 100), 0);
   absl::StatusOr<ProcessResult> bad = (*job)->Run(

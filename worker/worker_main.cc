@@ -37,6 +37,7 @@
 #include "common/placement.h"
 #include "common/security.h"
 #include "common/security_flags.h"
+#include "common/status_macros.h"
 #include "worker/allreduce_client.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
@@ -46,6 +47,7 @@
 #include "worker/model_file.h"
 #include "worker/model_spec.h"
 #include "worker/ps_client.h"
+#include "worker/sharpness.h"
 #include "worker/straggler_model.h"
 #include "worker/training_loop.h"
 
@@ -84,6 +86,14 @@ ABSL_FLAG(std::string, export_model, "",
 ABSL_FLAG(std::string, eval_model, "",
           "Evaluate this exported model on the test set (--data_dir, --test_limit, --backend) and "
           "exit; no servers or other workers are needed.");
+ABSL_FLAG(std::string, sharpness, "",
+          "Compute the epsilon-sharpness (Keskar et al. 2017) of this exported model on the first "
+          "--sharpness_examples training examples and exit (worker/sharpness.h).");
+ABSL_FLAG(std::string, sharpness_epsilon, "1e-3,5e-4",
+          "--sharpness: the box sizes, comma-separated (the paper reports 1e-3 and 5e-4).");
+ABSL_FLAG(int, sharpness_steps, 10, "--sharpness: projected gradient-ascent steps.");
+ABSL_FLAG(int64_t, sharpness_examples, 10000,
+          "--sharpness: training examples the loss is taken over (the first ones).");
 ABSL_FLAG(std::string, ring_transport, "auto",
           "allreduce: how blocks travel between ranks. tcp: a plain TCP data connection set up "
           "through the authenticated gRPC service (fast; not encrypted); grpc: on a gRPC stream "
@@ -214,38 +224,121 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// An exported model, a split of the data it must fit, and a backend to run it (--eval_model,
+// --sharpness). Every failure is a usage error naming what is wrong.
+struct ModelOnData {
+  rubato::LoadedModel model;
+  rubato::Dataset data;
+  std::unique_ptr<rubato::ModelBackend> backend;
+};
+
+absl::StatusOr<ModelOnData> LoadModelOnData(const std::string& path, rubato::Split split,
+                                            int64_t limit) {
+  ModelOnData m;
+  ASSIGN_OR_RETURN(m.model, rubato::LoadModel(path));
+  ASSIGN_OR_RETURN(m.data, rubato::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), split, limit));
+  const rubato::ModelSpec& spec = m.model.spec;
+  if (spec.input.size() != m.data.dim || rubato::ModelNumClasses(spec) != m.data.num_classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": model '", m.model.file.model(), "' takes ", spec.input.size(),
+                     " inputs and ", rubato::ModelNumClasses(spec), " classes; the data has ",
+                     m.data.dim, " and ", m.data.num_classes));
+  }
+  ASSIGN_OR_RETURN(m.backend, CreateBackend(absl::GetFlag(FLAGS_backend), spec,
+                                            absl::GetFlag(FLAGS_compute_threads), 0,
+                                            absl::GetFlag(FLAGS_cuda_device)));
+  return m;
+}
+
 // --eval_model: the exported model's test loss and accuracy, as one JSON line.
 int EvalModel(const std::string& path) {
   rubato::SetLogTag("eval");
-  absl::StatusOr<rubato::LoadedModel> loaded = rubato::LoadModel(path);
-  if (!loaded.ok()) return Fail(kExitUsage, std::string(loaded.status().message()));
-  auto test = rubato::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), rubato::Split::kTest,
-                                       absl::GetFlag(FLAGS_test_limit));
-  if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
-  if (loaded->spec.input.size() != test->dim ||
-      rubato::ModelNumClasses(loaded->spec) != test->num_classes) {
-    return Fail(
-        kExitUsage,
-        absl::StrCat(path, ": model '", loaded->file.model(), "' takes ", loaded->spec.input.size(),
-                     " inputs and ", rubato::ModelNumClasses(loaded->spec),
-                     " classes; the data has ", test->dim, " and ", test->num_classes));
-  }
-  auto backend =
-      CreateBackend(absl::GetFlag(FLAGS_backend), loaded->spec,
-                    absl::GetFlag(FLAGS_compute_threads), 0, absl::GetFlag(FLAGS_cuda_device));
-  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  absl::StatusOr<ModelOnData> m =
+      LoadModelOnData(path, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
+  if (!m.ok()) return Fail(kExitUsage, std::string(m.status().message()));
+  const rubato::LoadedModel* loaded = &m->model;
+  const rubato::Dataset* test = &m->data;
+  rubato::ModelBackend* backend = m->backend.get();
   std::vector<absl::Span<const float>> spans(loaded->params.begin(), loaded->params.end());
   absl::StatusOr<rubato::EvalResult> r =
-      (*backend)->Evaluate(spans, test->features.data(), test->labels.data(), test->size);
+      backend->Evaluate(spans, test->features.data(), test->labels.data(), test->size);
   if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
   std::cout << absl::StrFormat(
                    "{\"event\":\"eval_model\",\"path\":\"%s\",\"model\":\"%s\","
                    "\"steps\":%d,\"mode\":\"%s\",\"backend\":\"%s\",\"test_loss\":%.5f,"
                    "\"test_accuracy\":%.5f,\"examples\":%d,\"job_test_accuracy\":%.5f}",
                    absl::CEscape(path), loaded->file.model(), loaded->file.steps(),
-                   loaded->file.mode(), (*backend)->name(), r->loss, r->accuracy, r->examples,
+                   loaded->file.mode(), backend->name(), r->loss, r->accuracy, r->examples,
                    loaded->file.test_accuracy())
             << std::endl;
+  return 0;
+}
+
+// --sharpness: the exported model's epsilon-sharpness on training examples, one JSON line per
+// epsilon.
+int Sharpness(const std::string& path) {
+  rubato::SetLogTag("sharpness");
+  std::vector<double> epsilons;
+  for (absl::string_view e : absl::StrSplit(absl::GetFlag(FLAGS_sharpness_epsilon), ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(e, &v) || !(v > 0) || !std::isfinite(v)) {
+      return Fail(kExitUsage, absl::StrCat("--sharpness_epsilon: '", e,
+                                           "' is not a positive number (give e.g. 1e-3,5e-4)"));
+    }
+    epsilons.push_back(v);
+  }
+  const int steps = absl::GetFlag(FLAGS_sharpness_steps);
+  const int64_t examples = absl::GetFlag(FLAGS_sharpness_examples);
+  if (steps < 1 || examples < 1) {
+    return Fail(kExitUsage, "--sharpness_steps and --sharpness_examples must be >= 1");
+  }
+  absl::StatusOr<ModelOnData> m = LoadModelOnData(path, rubato::Split::kTrain, examples);
+  if (!m.ok()) return Fail(kExitUsage, std::string(m.status().message()));
+  const rubato::LoadedModel* loaded = &m->model;
+  const rubato::Dataset* train = &m->data;
+  rubato::ModelBackend* backend = m->backend.get();
+  // The mean loss over the examples and its gradient, in chunks whose gradients are averaged by
+  // their share of the examples.
+  constexpr int64_t kChunk = 1000;
+  std::vector<std::vector<float>> chunk_grads;
+  for (const auto& p : loaded->params) chunk_grads.emplace_back(p.size());
+  rubato::LossAndGradient loss =
+      [&](absl::Span<const std::vector<float>> params,
+          std::vector<std::vector<float>>* grads) -> absl::StatusOr<double> {
+    std::vector<absl::Span<const float>> in(params.begin(), params.end());
+    std::vector<absl::Span<float>> out(chunk_grads.begin(), chunk_grads.end());
+    grads->assign(params.size(), {});
+    for (size_t t = 0; t < params.size(); ++t) (*grads)[t].assign(params[t].size(), 0.0f);
+    double total = 0;
+    for (int64_t first = 0; first < train->size; first += kChunk) {
+      const int64_t n = std::min(kChunk, train->size - first);
+      absl::StatusOr<float> l = backend->ForwardBackward(
+          in, train->features.data() + first * train->dim, train->labels.data() + first, n, out);
+      if (!l.ok()) return l.status();
+      const double share = static_cast<double>(n) / train->size;
+      total += *l * share;
+      for (size_t t = 0; t < params.size(); ++t) {
+        float* g = (*grads)[t].data();
+        const float* c = chunk_grads[t].data();
+        for (size_t i = 0; i < chunk_grads[t].size(); ++i) g[i] += static_cast<float>(c[i] * share);
+      }
+    }
+    return total;
+  };
+  for (double eps : epsilons) {
+    absl::StatusOr<rubato::SharpnessResult> r =
+        rubato::EpsilonSharpness(loaded->params, loss, {eps, steps});
+    if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
+    std::cout << absl::StrFormat(
+                     "{\"event\":\"sharpness\",\"path\":\"%s\",\"model\":\"%s\","
+                     "\"global_batch\":%d,\"optimizer\":\"%s\",\"epsilon\":%g,\"steps\":%d,"
+                     "\"examples\":%d,\"loss\":%.6f,\"max_loss\":%.6f,\"sharpness\":%.4f,"
+                     "\"best_step\":%d}",
+                     absl::CEscape(path), loaded->file.model(), loaded->file.global_batch(),
+                     loaded->file.optimizer(), eps, steps, train->size, r->loss, r->max_loss,
+                     r->sharpness, r->best_step)
+              << std::endl;
+  }
   return 0;
 }
 
@@ -258,6 +351,9 @@ int main(int argc, char** argv) {
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
   if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {
     return EvalModel(path);
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_sharpness); !path.empty()) {
+    return Sharpness(path);
   }
 
   auto cluster = rubato::ClusterSpecFromFlags(/*need_servers=*/true);
@@ -522,11 +618,14 @@ int main(int argc, char** argv) {
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
                    "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
                    "\"params_fnv1a\":\"%016x\","
-                   "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f}",
+                   "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f%s}",
                    worker_id, result->steps, result->computed_steps, result->skipped_steps,
                    result->redone_steps, result->rejoins, result->wall_seconds,
                    ParamsFingerprint(params), result->final_loss, result->test.loss,
-                   result->test.accuracy)
+                   result->test.accuracy,
+                   std::isfinite(result->noise_scale)
+                       ? absl::StrFormat(",\"noise_scale\":%.6g", result->noise_scale)
+                       : "")
             << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_export_model); !path.empty() && worker_id == 0) {
     rubato::ModelFile about;
