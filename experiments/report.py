@@ -515,9 +515,9 @@ def notes(data):
         "equal work (%s)." % ("%.1f s" % budget if budget else "the budget",
                                "the suite's budget_s" if s.get("budget_s") else
                                "the fastest cell's median wall time"),
-        "Updates applied counts the optimizer steps the servers made, summed over shards; async "
-        "applies one per gradient, bsp one per step of all workers, and the all-reduce mode "
-        "has no servers (n/a).",
+        "Updates applied counts the tensor updates the servers made, summed over shards: one per "
+        "tensor per step under bsp and backup, one per tensor per gradient under async and ssp; "
+        "the all-reduce mode has no servers (n/a).",
         "Mean staleness is a lower bound from the servers' staleness histogram (each bucket "
         "counted at its lowest value).",
         "B_simple is the gradient noise scale tr(Sigma)/|G|^2 the servers measured (bsp and "

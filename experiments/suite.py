@@ -14,6 +14,9 @@ A suite is YAML:
       - {name: bsp, mode: bsp, slow_workers: "3:4"}
     axes:                            # optional: flags swept as a cartesian product
       slowdown: [1, 2, 4]
+      recipe:                        # or named sets of flags, swept together
+        - {name: sgd, optimizer: sgd, lr_scaling: linear}
+        - {name: lamb, optimizer: lamb, learning_rate: 0.002}
     budget_s: 30                     # optional: the wall-clock budget at which the report
                                      # compares accuracy (default: the fastest cell's median
                                      # wall time)
@@ -245,19 +248,45 @@ def load(path):
                     _flag(path, flags, key_node, value_node, key, known)
             cells.append((cell_name, flags))
 
+    # Each axis: (its name, [(the value's name in cell names, {flag: value})]).
     axes = []
     if "axes" in top:
         for key, (key_node, value_node) in _mapping(path, top["axes"][1], "axes").items():
             if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
                 raise SuiteError("%s: axis %r must be a non-empty list of values" % (
                     _where(path, value_node), key))
-            values = []
+            named = isinstance(value_node.value[0], yaml.MappingNode)
+            if named and not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", key):
+                raise SuiteError("%s: axis name %r: lowercase letters, digits, _ and - only" % (
+                    _where(path, key_node), key))
+            values, names = [], {}
             for item in value_node.value:
+                if named != isinstance(item, yaml.MappingNode):
+                    raise SuiteError("%s: axis %r mixes single values and named flag sets" % (
+                        _where(path, item), key))
                 one = {}
-                _flag(path, one, key_node, item, key, known)
-                if one[key] in values:
-                    raise SuiteError("%s: axis %r repeats %r" % (_where(path, item), key, one[key]))
-                values.append(one[key])
+                if named:
+                    # A named set of flags: {name: sgd-linear, optimizer: sgd, lr_scaling: linear}.
+                    entries = _mapping(path, item, "a value of axis %r" % key)
+                    if "name" not in entries:
+                        raise SuiteError("%s: a value of axis %r without a name" % (
+                            _where(path, item), key))
+                    label = _scalar(path, entries["name"][1], "a value's name")
+                    if not isinstance(label, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.:=-]*",
+                                                                      label):
+                        raise SuiteError("%s: value name %r: lowercase letters, digits and "
+                                         ". : = - only" % (_where(path, entries["name"][1]), label))
+                    for flag, (flag_node, flag_value) in entries.items():
+                        if flag != "name":
+                            _flag(path, one, flag_node, flag_value, flag, known)
+                else:
+                    _flag(path, one, key_node, item, key, known)
+                    label = _text(one[key])
+                if label in names:
+                    raise SuiteError("%s: axis %r repeats %r (first on line %d)" % (
+                        _where(path, item), key, label, names[label]))
+                names[label] = item.start_mark.line + 1
+                values.append((label, one))
             axes.append((key, values))
 
     expanded = []
@@ -266,9 +295,9 @@ def load(path):
             flags = dict(base)
             flags.update(cell_flags)
             parts = [cell_name] if cell_name else []
-            for (key, _), value in zip(axes, combination):
-                flags[key] = value
-                parts.append("%s=%s" % (key, _text(value)))
+            for (key, _), (label, value_flags) in zip(axes, combination):
+                flags.update(value_flags)
+                parts.append("%s=%s" % (key, label))
             expanded.append((",".join(parts) or "base", flags))
 
     budget = None

@@ -74,6 +74,33 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual(s.runs(seeds=1)[0].argv(), ["--workers", "1", "--oversubscribe",
                                                      "--seed", "1", "--straggler_seed", "1"])
 
+    def test_an_axis_of_named_flag_sets(self):
+        s = suite.load(self.write("""\
+            name: recipes
+            base: {workers: 4}
+            axes:
+              batch_size: [16, 64]
+              recipe:
+                - {name: sgd-linear, optimizer: sgd, lr_scaling: linear}
+                - {name: lamb, optimizer: lamb, learning_rate: 0.002}
+            """))
+        self.assertEqual([c for c, _ in s.cells],
+                         ["batch_size=16,recipe=sgd-linear", "batch_size=16,recipe=lamb",
+                          "batch_size=64,recipe=sgd-linear", "batch_size=64,recipe=lamb"])
+        self.assertEqual(dict(s.cells)["batch_size=64,recipe=lamb"],
+                         {"workers": 4, "batch_size": 64, "optimizer": "lamb",
+                          "learning_rate": 0.002})
+        bad = "name: x\naxes:\n  recipe:\n    - {name: a, optimizer: sgd}\n"
+        self.assert_error(bad + "    - sgd\n", "PATH:5: axis 'recipe' mixes single values")
+        self.assert_error(bad + "    - {optimizer: lamb}\n",
+                          "PATH:5: a value of axis 'recipe' without a name")
+        self.assert_error(bad + "    - {name: a, optimizer: lamb}\n",
+                          "PATH:5: axis 'recipe' repeats 'a' (first on line 4)")
+        self.assert_error(bad + "    - {name: b, optimiser: lamb}\n",
+                          "PATH:5: 'optimiser' is not a ./rubato launch flag")
+        self.assert_error("name: x\naxes:\n  Recipe:\n    - {name: a}\n",
+                          "PATH:3: axis name 'Recipe'")
+
     def test_budget_and_timeline(self):
         s = suite.load(self.write("""\
             name: t
@@ -149,7 +176,13 @@ class SuiteFileTest(unittest.TestCase):
         self.assertTrue(all(f["crash_workers"] == "3:250" for _, f in crash.cells))
         scaling = suite.load("scaling")
         self.assertEqual(sorted({f["workers"] for _, f in scaling.cells}), [1, 2, 4, 8])
-        for s in (stragglers, severity, delays, crash, scaling):
+        study = suite.load("lr-scaling")
+        self.assertEqual(len(study.cells), 5 * 6)
+        globals_ = {f["workers"] * f["batch_size"] for _, f in study.cells}
+        self.assertEqual(sorted(globals_), [64, 256, 1024, 4096, 8192])
+        self.assertEqual({f["optimizer"] for _, f in study.cells},
+                         {"sgd", "lars", "larc", "lamb"})
+        for s in (stragglers, severity, delays, crash, scaling, study):
             self.assertGreaterEqual(s.seeds, 3, s.name)
 
 
