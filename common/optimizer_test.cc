@@ -249,11 +249,17 @@ TEST(LambTest, EpsilonAndBiasCorrectionAtStepOne) {
   EXPECT_NEAR(w[0], 3 - 2 * 0.05, 1e-6);
 }
 
-OptimizerConfig Lars(double lr, double wd, double momentum, double epsilon = 0) {
-  OptimizerConfig c = Config("lars", lr, wd);
+// lars or larc with the given momentum and epsilon.
+OptimizerConfig TrustRatioConfig(const char* type, double lr, double wd, double momentum,
+                                 double epsilon) {
+  OptimizerConfig c = Config(type, lr, wd);
   c.set_momentum(momentum);
   c.set_epsilon(epsilon);
   return c;
+}
+
+OptimizerConfig Lars(double lr, double wd, double momentum, double epsilon = 0) {
+  return TrustRatioConfig("lars", lr, wd, momentum, epsilon);
 }
 
 TEST(LarsTest, TrustRatioAndMomentumByHand) {
@@ -306,10 +312,7 @@ TEST(LarsTest, EpsilonGuardsTheDenominator) {
 }
 
 OptimizerConfig Larc(double lr, double wd, double momentum, double epsilon = 0) {
-  OptimizerConfig c = Config("larc", lr, wd);
-  c.set_momentum(momentum);
-  c.set_epsilon(epsilon);
-  return c;
+  return TrustRatioConfig("larc", lr, wd, momentum, epsilon);
 }
 
 TEST(LarcTest, LocalRateBelowTheGlobalOneIsKept) {

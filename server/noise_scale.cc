@@ -31,10 +31,8 @@ void NoiseScaleEma::Add(double g2, double trace) {
 double NoiseScaleEma::g2() const { return steps_ == 0 ? 0 : g2_ / (1 - power_); }
 double NoiseScaleEma::trace() const { return steps_ == 0 ? 0 : trace_ / (1 - power_); }
 
-NoiseScaleMonitor::NoiseScaleMonitor(int shard_id, double ema_decay) : ema_(ema_decay) {
-  latest_.set_shard_id(shard_id);
-  latest_.set_step(-1);
-}
+NoiseScaleMonitor::NoiseScaleMonitor(int shard_id, double ema_decay)
+    : shard_id_(shard_id), ema_(ema_decay) {}
 
 void NoiseScaleMonitor::SetTensors(int tensors) {
   absl::MutexLock lock(&mu_);
@@ -80,15 +78,16 @@ void NoiseScaleMonitor::Measure(int64_t step, const NoiseTerms& sum) {
   // says nothing and must not poison the averages.
   if (!std::isfinite(sum.g2) || !std::isfinite(trace)) return;
   ema_.Add(sum.g2, trace);
-  latest_.set_step(step);
-  latest_.set_g2(sum.g2);
-  latest_.set_trace(trace);
-  latest_.set_g2_ema(ema_.g2());
-  latest_.set_trace_ema(ema_.trace());
-  latest_.set_steps(ema_.steps());
-  latest_.set_batch_small(batch_);
-  latest_.set_workers(sum.workers);
-  history_[step] = latest_;
+  NoiseScaleStats& s = history_[step];
+  s.set_shard_id(shard_id_);
+  s.set_step(step);
+  s.set_g2(sum.g2);
+  s.set_trace(trace);
+  s.set_g2_ema(ema_.g2());
+  s.set_trace_ema(ema_.trace());
+  s.set_steps(ema_.steps());
+  s.set_batch_small(batch_);
+  s.set_workers(sum.workers);
   if (history_.size() > kHistory) history_.erase(history_.begin());
 }
 
@@ -102,7 +101,13 @@ std::optional<NoiseScaleStats> NoiseScaleMonitor::StatsAt(int64_t step) const {
 
 NoiseScaleStats NoiseScaleMonitor::Stats() const {
   absl::MutexLock lock(&mu_);
-  NoiseScaleStats s = latest_;
+  NoiseScaleStats s;
+  if (history_.empty()) {
+    s.set_shard_id(shard_id_);
+    s.set_step(-1);
+  } else {
+    s = history_.rbegin()->second;
+  }
   if (unequal_batches_) s.set_batch_small(0);
   return s;
 }

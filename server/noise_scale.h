@@ -118,9 +118,10 @@ class NoiseScaleMonitor {
   };
   std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   int64_t next_ ABSL_GUARDED_BY(mu_) = -1;  // The next step to measure (-1: the first given).
+  const int shard_id_;
   NoiseScaleEma ema_ ABSL_GUARDED_BY(mu_);
-  NoiseScaleStats latest_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, NoiseScaleStats> history_ ABSL_GUARDED_BY(mu_);  // The last kHistory steps.
+  // The figures as of each of the last kHistory steps measured; the newest is Stats().
+  std::map<int64_t, NoiseScaleStats> history_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rubato

@@ -772,8 +772,10 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     PushResponse response;
     // The step before this one: complete on every shard once this worker could compute this
     // one (bsp, backup), so every shard answers the same step's figures.
-    if (std::optional<NoiseScaleStats> noise = noise_.StatsAt(step - 1); noise.has_value()) {
-      *response.mutable_noise_scale() = std::move(*noise);
+    if (policy_.Synchronous()) {
+      if (std::optional<NoiseScaleStats> noise = noise_.StatsAt(step - 1); noise.has_value()) {
+        *response.mutable_noise_scale() = std::move(*noise);
+      }
     }
     for (const GradientOutcome& o : progress->outcomes) {
       switch (o.kind) {

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/optimizer.h"
 #include "common/status_macros.h"
+#include "worker/job_noise_scale.h"
 
 namespace rubato {
 namespace {
@@ -28,56 +29,6 @@ absl::Status AtStep(int64_t step, const absl::Status& s) {
                static_cast<long long>(step));
   std::_Exit(3);
 }
-
-// The job's gradient noise scale (bsp, backup): the shards' terms of one step added up
-// (server/noise_scale.h). A "noise" record is written for each step that every shard has reported.
-class JobNoiseScale {
- public:
-  explicit JobNoiseScale(size_t shards) : latest_(shards) {
-    for (NoiseScaleStats& s : latest_) s.set_step(-1);
-  }
-
-  // Takes one step's reports; returns the record of a step newly reported by every shard, or "".
-  std::string Update(int worker, const std::vector<NoiseScaleStats>& reports) {
-    for (const NoiseScaleStats& r : reports) {
-      const int shard = r.shard_id();
-      if (shard < 0 || shard >= static_cast<int>(latest_.size())) continue;  // Not ours to trust.
-      if (r.step() > latest_[shard].step()) latest_[shard] = r;
-    }
-    const int64_t step = latest_.empty() ? -1 : latest_[0].step();
-    double g2 = 0, trace = 0, g2_ema = 0, trace_ema = 0;
-    for (const NoiseScaleStats& s : latest_) {
-      if (s.step() != step || s.batch_small() <= 0) return "";
-      g2 += s.g2();
-      trace += s.trace();
-      g2_ema += s.g2_ema();
-      trace_ema += s.trace_ema();
-    }
-    if (step <= measured_step_) return "";
-    measured_step_ = step;
-    if (g2_ema > 0) b_simple_ema_ = trace_ema / g2_ema;
-    const NoiseScaleStats& first = latest_[0];
-    return absl::StrFormat(
-        "{\"event\":\"noise\",\"worker\":%d,\"step\":%d,\"b_small\":%d,\"b_big\":%d,"
-        "\"g2\":%.6g,\"trace\":%.6g,\"b_simple\":%s,\"g2_ema\":%.6g,\"trace_ema\":%.6g,"
-        "\"b_simple_ema\":%s,\"steps\":%d}",
-        worker, step, first.batch_small(), first.batch_small() * first.workers(), g2, trace,
-        Ratio(trace, g2), g2_ema, trace_ema, Ratio(trace_ema, g2_ema), first.steps());
-  }
-
-  // B_simple from the moving averages of the newest step (NaN before the first).
-  double b_simple_ema() const { return b_simple_ema_; }
-
- private:
-  // trace / g2 as JSON: null where |G|^2's estimate is not positive (one step's can be <= 0).
-  static std::string Ratio(double trace, double g2) {
-    return g2 > 0 ? absl::StrFormat("%.6g", trace / g2) : "null";
-  }
-
-  std::vector<NoiseScaleStats> latest_;
-  int64_t measured_step_ = -1;
-  double b_simple_ema_ = std::nan("");
-};
 
 // One push of a step: a layer's tensors [first_tensor, ...) with overlap, every tensor without.
 struct LayerPush {
