@@ -225,6 +225,25 @@ class HelpersTest(unittest.TestCase):
             with open(path) as f:
                 self.assertNotEqual(f.read(), first)
 
+    def test_noise_scale_adds_the_shards_moving_averages(self):
+        def shard(step, g2, trace, batch=64, workers=4, steps=100):
+            return {"noiseScale": {"shardId": 0, "step": str(step), "g2Ema": g2,
+                                   "traceEma": trace, "steps": str(steps), "batchSmall": batch,
+                                   "workers": workers}}
+        got = launch.noise_scale([shard(99, 1.0, 300.0), shard(99, 3.0, 500.0)])
+        self.assertEqual(got, {"b_simple_ema": 200.0, "g2_ema": 4.0, "trace_ema": 800.0,
+                               "step": 99, "steps_measured": 100, "b_small": 64, "b_big": 256})
+        # Nothing to say: shards at different steps or batches, one without figures (async, or
+        # a shard whose statistics were lost), nothing measured, or a non-positive |G|^2.
+        self.assertIsNone(launch.noise_scale([shard(99, 1, 1), shard(98, 1, 1)]))
+        self.assertIsNone(launch.noise_scale([shard(99, 1, 1), shard(99, 1, 1, batch=32)]))
+        self.assertIsNone(launch.noise_scale([shard(99, 1, 1), {"appliedUpdates": "3"}]))
+        self.assertIsNone(launch.noise_scale([shard(99, 1, 1), None]))
+        self.assertIsNone(launch.noise_scale([shard(99, 1, 1, steps=0)]))
+        self.assertIsNone(launch.noise_scale([]))
+        self.assertIsNone(launch.noise_scale([shard(99, 1, 1, batch=0)]))
+        self.assertIsNone(launch.noise_scale([shard(99, -1.0, 5.0)])["b_simple_ema"])
+
     def test_parse_args_max_message_mb(self):
         self.assertEqual(launch.parse_args([]).max_message_mb, "4")
         self.assertEqual(launch.parse_args(["--layers", "784-4096-4096-10"]).max_message_mb, "97")
