@@ -14,7 +14,8 @@ Output, in DIR (default runs/experiments/SUITE-YYYYmmdd-HHMMSS):
                           python3 experiments/report.py DIR)
 
 A run whose directory already holds a summary.json is not run again, so an interrupted sweep
-resumes when given the same --out. A run that fails is recorded (ok false, its error) and the
+resumes when given the same --out; the run that was interrupted itself (its summary.json says
+"interrupted") is run again. A run that fails is recorded (ok false, its error) and the
 sweep goes on. A progress line gives the runs done and an estimate of the time left.
 
 Runs go one at a time: several jobs at once on a small machine would make the machine itself the
@@ -72,13 +73,23 @@ class CpuSampler:
         return (busy1 - busy0) / max(total1 - total0, 1)
 
 
+def finished(run_dir):
+    """Whether the run in `run_dir` ran to its end: it has a summary.json that is not the record
+    of an interruption (the launcher stopped by a signal writes one too, with that error)."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f).get("error") != "interrupted"
+    except (OSError, ValueError):
+        return False
+
+
 def run_one(run, out_dir, bin_dir, target, log):
     """Runs `run` (suite.Run) into out_dir/runs/<name>; returns its results.csv row."""
     run_dir = os.path.join(out_dir, "runs", run.name)
     summary_path = os.path.join(run_dir, "summary.json")
     row = {"cell": run.cell, "seed": run.seed}
     cpu = None
-    if not os.path.exists(summary_path):
+    if not finished(run_dir):
         argv = [sys.executable, LAUNCH, "--bin_dir", bin_dir, "--run_dir", run_dir,
                 "--target_accuracy", str(target), "--refresh", "1"] + run.argv()
         os.makedirs(os.path.dirname(run_dir), exist_ok=True)
@@ -223,7 +234,7 @@ def main(argv):
     rows, durations = [], []
     for k, run in enumerate(runs):
         began = time.monotonic()
-        resumed = os.path.exists(os.path.join(out, "runs", run.name, "summary.json"))
+        resumed = finished(os.path.join(out, "runs", run.name))
         row = run_one(run, out, args.bin_dir, s.target_accuracy, log)
         row["suite"] = s.name
         rows.append(row)

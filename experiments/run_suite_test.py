@@ -8,6 +8,7 @@ interrupted sweep resumes).
 """
 
 import csv
+import json
 import os
 import re
 import struct
@@ -128,13 +129,19 @@ class RunSuiteTest(unittest.TestCase):
         self.assertNotEqual(summary["bsp"]["accuracy_at_budget_n"], "0")
         self.check_report()
 
-        # Again into the same directory: every finished run is kept, none is run again.
+        # Again into the same directory: every finished run is kept, none is run again, except
+        # one whose launcher was interrupted (as a killed sweep leaves its last run).
         logs = {n: os.path.getmtime(os.path.join(self.out, "runs", n + ".log"))
                 for n in ("bsp.seed-1", "async.seed-2")}
+        interrupted = os.path.join(self.out, "runs", "async.seed-1", "summary.json")
+        with open(interrupted, "w") as f:
+            json.dump({"ok": False, "error": "interrupted"}, f)
         self.assertEqual(self.run_suite("--only", "^(bsp|async)$"), 0)
         for name, mtime in logs.items():
             self.assertEqual(os.path.getmtime(os.path.join(self.out, "runs", name + ".log")),
                              mtime, name + " was run again")
+        with open(interrupted) as f:
+            self.assertTrue(json.load(f)["ok"], "the interrupted run was not run again")
         self.assertEqual(len(read(os.path.join(self.out, "results.csv"))), 4)
 
     def check_report(self):
