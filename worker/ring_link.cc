@@ -61,7 +61,9 @@ class GrpcRingLink::Stream final
   absl::Status Enqueue(grpc::ByteBuffer block) {
     {
       absl::MutexLock lock(&mu_);
-      if (!error_.ok()) return error_;
+      // A failed stream: the receiver's reason (OnDone's status) rather than the generic one a
+      // failed read or write left, when it comes within FinalErrorLocked's wait.
+      if (!error_.ok()) return FinalErrorLocked();
       ++queued_;
       if (writing_) {
         queue_.push_back(std::move(block));
