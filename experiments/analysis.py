@@ -6,7 +6,11 @@ so that each can be tested on known inputs:
 - band(curves, grid): the median and the min..max over seeds of accuracy against time;
 - severity(flags): how much slower than the others a run's slowest worker computes;
 - timeline(records_by_worker, started): per worker and log interval, the time spent computing,
-  communicating and waiting.
+  communicating and waiting;
+- global_batch(flags), batch_series(cells), batch_grid(series, rows): the runs of a suite whose
+  cells differ in global batch (the lr-scaling study), as a line per configuration against it;
+- noise_summary(rows, flags): the gradient noise scale B_simple the runs measured, over the suite
+  and per global batch.
 
 Times are seconds on the launch's clock (since ./rubato launch began), as in summary.json.
 """
@@ -145,6 +149,97 @@ def totals(intervals):
         for k, v in parts.items():
             out[k] += v
     return out
+
+
+def global_batch(flags):
+    """The examples per step of a run: --workers x --batch_size (the launcher's and the worker's
+    defaults, 2 and 64, where unset)."""
+    return int(flags.get("workers", 2)) * int(flags.get("batch_size", 64))
+
+
+def name_parts(name):
+    """A cell's name as [(key, value)]: its axes' parts "key=value", and the cell's own name (a
+    part without "=") under the key ""."""
+    return [tuple(p.split("=", 1)) if "=" in p else ("", p) for p in name.split(",")]
+
+
+def batch_series(cells, planned=None):
+    """The lines of a plot against the global batch: {label: [(global batch, cell)]}, each sorted
+    by batch, the labels in first-seen order; None when `cells` ([(name, flags)]) do not differ in
+    global batch. A label is the parts of the cell's name that the global batch does not determine
+    ("recipe=lamb" for "batch=256,recipe=lamb"; "all" when none is left), judged over `planned`
+    (every cell of the suite; default `cells`) so that a sweep still running gets the same labels.
+    """
+    seen = {}  # key -> {global batch: {its values there}}
+    for name, flags in planned or cells:
+        for key, value in name_parts(name):
+            seen.setdefault(key, {}).setdefault(global_batch(flags), set()).add(value)
+    tied = {k for k, by_batch in seen.items() if all(len(v) == 1 for v in by_batch.values())}
+    series = {}
+    for name, flags in cells:
+        label = ",".join("%s=%s" % (k, v) if k else v for k, v in name_parts(name)
+                         if k not in tied) or "all"
+        series.setdefault(label, []).append((global_batch(flags), name))
+    if len({b for points in series.values() for b, _ in points}) < 2:
+        return None
+    return {label: sorted(points) for label, points in series.items()}
+
+
+def finished_runs(rows, cell=None):
+    """The rows of results.csv (or of the runner) whose run finished (ok), of `cell` if given."""
+    return [r for r in rows if r.get("ok") in (True, "True") and cell in (None, r["cell"])]
+
+
+def numbers(rows, column):
+    """A column's values that are numbers; blanks, NaN and infinities are left out."""
+    out = []
+    for r in rows:
+        try:
+            value = float(r.get(column, ""))
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            out.append(value)
+    return out
+
+
+def batch_grid(series, rows):
+    """One entry per line and global batch of `series` (batch_series), in its order: {"label",
+    "batch", "cell", "runs" (all of the cell's rows), "ok" (those that finished), "accuracy" (the
+    final test accuracy of each), "steps" (the steps to target of those that reached it), "noise"
+    (the median B_simple of those that measured it, else None)}. `rows`: results.csv's."""
+    out = []
+    for label, points in series.items():
+        for batch, cell in points:
+            done = finished_runs(rows, cell)
+            noise = numbers(done, "noise_scale")
+            out.append({"label": label, "batch": batch, "cell": cell,
+                        "runs": sum(1 for r in rows if r["cell"] == cell), "ok": len(done),
+                        "accuracy": numbers(done, "test_accuracy"),
+                        "steps": numbers(done, "steps_to_target"),
+                        "noise": median(noise) if noise else None})
+    return out
+
+
+def noise_summary(rows, flags):
+    """The gradient noise scale B_simple that the finished runs measured (results.csv's
+    noise_scale: each job's, from the servers' moving averages at its end), or None when none did:
+    {"median": over all those runs, "runs": how many, "by_batch": {global batch: (median, runs)},
+    "low", "high": the (global batch, median) of by_batch's smallest and largest median}. `flags`:
+    {cell: its flags}, for the global batch of each run."""
+    values, by_batch = [], {}
+    for r in finished_runs(rows):
+        if r["cell"] not in flags:
+            continue
+        for value in numbers([r], "noise_scale"):
+            values.append(value)
+            by_batch.setdefault(global_batch(flags[r["cell"]]), []).append(value)
+    if not values:
+        return None
+    per_batch = {b: (median(v), len(v)) for b, v in sorted(by_batch.items())}
+    ranked = sorted((m, b) for b, (m, _) in per_batch.items())
+    return {"median": median(values), "runs": len(values), "by_batch": per_batch,
+            "low": ranked[0][::-1], "high": ranked[-1][::-1]}
 
 
 def slug(name):

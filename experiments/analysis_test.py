@@ -1,6 +1,7 @@
 """experiments/analysis.py on known inputs: accuracy at a time, the budget, the median band, the
-straggler severity of a cell's flags, and the per-worker timeline's split into compute,
-communication and waiting.
+straggler severity of a cell's flags, the per-worker timeline's split into compute,
+communication and waiting, and the runs of a suite that sweeps the global batch (lines per
+configuration, per-cell figures, the measured noise scale).
 
     bazel test //experiments:analysis_test
 """
@@ -93,6 +94,118 @@ class AnalysisTest(unittest.TestCase):
         self.assertEqual(parts["other"], 0)
         self.assertAlmostEqual(parts["compute"] / parts["communication"], 15 / 6)
         self.assertEqual(analysis.timeline(records, {}), {})  # Never started: no line.
+
+
+def lr_cell(batch, recipe, workers=4):
+    """A cell of a small lr-scaling suite: the batch axis sets batch_size and eval_every (tied to
+    it), the recipe axis the optimizer."""
+    flags = {"workers": workers, "mode": "bsp", "batch_size": batch // workers,
+             "eval_every": 4096 // batch}
+    flags.update({"sgd": {"optimizer": "sgd", "momentum": 0.9},
+                  "lamb": {"optimizer": "lamb", "weight_decay": 0.01}}[recipe])
+    return ("batch=%d,recipe=%s" % (batch, recipe), flags)
+
+
+LR_CELLS = [lr_cell(b, r) for b in (64, 1024, 256) for r in ("sgd", "lamb")]
+
+
+def row(cell, seed, ok="True", **values):
+    out = {"cell": cell, "seed": str(seed), "ok": ok}
+    out.update({k: str(v) for k, v in values.items()})
+    return out
+
+
+class GlobalBatchTest(unittest.TestCase):
+
+    def test_the_global_batch_is_workers_times_batch_size(self):
+        self.assertEqual(analysis.global_batch({"workers": 4, "batch_size": 16}), 64)
+        self.assertEqual(analysis.global_batch({"workers": "4", "batch_size": "2048"}), 8192)
+        self.assertEqual(analysis.global_batch({"workers": 8}), 512)  # batch_size 64 by default.
+        self.assertEqual(analysis.global_batch({}), 128)  # 2 workers by default.
+
+    def test_a_line_per_configuration_with_its_batches_in_order(self):
+        series = analysis.batch_series(LR_CELLS)
+        self.assertEqual(list(series), ["recipe=sgd", "recipe=lamb"])  # eval_every is tied too.
+        self.assertEqual(series["recipe=sgd"], [(64, "batch=64,recipe=sgd"),
+                                                (256, "batch=256,recipe=sgd"),
+                                                (1024, "batch=1024,recipe=sgd")])  # As numbers.
+        self.assertEqual([b for b, _ in series["recipe=lamb"]], [64, 256, 1024])
+
+    def test_a_sweep_still_running_keeps_its_labels(self):
+        done = [LR_CELLS[0], LR_CELLS[1], LR_CELLS[4]]  # sgd at 64 and 256, lamb at 64 only.
+        self.assertEqual(analysis.batch_series(done, planned=LR_CELLS),
+                         {"recipe=sgd": [(64, "batch=64,recipe=sgd"),
+                                         (256, "batch=256,recipe=sgd")],
+                          "recipe=lamb": [(64, "batch=64,recipe=lamb")]})
+        self.assertIsNone(analysis.batch_series(LR_CELLS[:2], planned=LR_CELLS))  # Only 64 yet.
+        # Alone, these two would look as if the batch named the recipe too.
+        done = [LR_CELLS[0], LR_CELLS[5]]
+        self.assertEqual(analysis.batch_series(done, planned=LR_CELLS),
+                         {"recipe=sgd": [(64, "batch=64,recipe=sgd")],
+                          "recipe=lamb": [(256, "batch=256,recipe=lamb")]})
+        self.assertEqual(list(analysis.batch_series(done)), ["all"])
+
+    def test_cells_of_one_global_batch_are_no_sweep(self):
+        cells = [("bsp", {"workers": 4, "batch_size": 64, "mode": "bsp"}),
+                 ("wide", {"workers": 2, "batch_size": 128, "mode": "bsp"}),
+                 ("async", {"workers": 4, "batch_size": 64, "mode": "async"})]
+        self.assertIsNone(analysis.batch_series(cells))
+        self.assertIsNone(analysis.batch_series([("base", {})]))
+
+    def test_labels_keep_a_cells_own_name_and_drop_what_the_batch_names(self):
+        cells = [("small", {"batch_size": 16}), ("large", {"batch_size": 256})]
+        self.assertEqual(analysis.batch_series(cells),
+                         {"all": [(32, "small"), (512, "large")]})
+        cells = [("%s,workers=%d" % (m, w), {"mode": m, "workers": w})
+                 for m in ("bsp", "async") for w in (2, 8)]
+        self.assertEqual(analysis.batch_series(cells),
+                         {"bsp": [(128, "bsp,workers=2"), (512, "bsp,workers=8")],
+                          "async": [(128, "async,workers=2"), (512, "async,workers=8")]})
+
+    def test_per_cell_figures_count_finished_runs_and_reached_targets(self):
+        series = analysis.batch_series([c for c in LR_CELLS if "=1024," not in c[0]])
+        rows = [row("batch=64,recipe=sgd", 1, test_accuracy=0.86, steps_to_target=600,
+                    noise_scale=276.0),
+                row("batch=64,recipe=sgd", 2, test_accuracy=0.85, steps_to_target="",
+                    noise_scale=""),
+                row("batch=64,recipe=sgd", 3, test_accuracy=0.87, steps_to_target=400,
+                    noise_scale=200.0),
+                row("batch=64,recipe=sgd", 4, ok="False", test_accuracy="", noise_scale=1.0,
+                    steps_to_target=5),
+                row("batch=256,recipe=sgd", 1, test_accuracy=0.1, steps_to_target="",
+                    noise_scale="nan"),
+                row("batch=64,recipe=lamb", 1, test_accuracy=0.8, steps_to_target=900,
+                    noise_scale=300)]
+        grid = {(g["label"], g["batch"]): g for g in analysis.batch_grid(series, rows)}
+        self.assertEqual(list(grid), [("recipe=sgd", 64), ("recipe=sgd", 256),
+                                      ("recipe=lamb", 64), ("recipe=lamb", 256)])
+        sgd = grid[("recipe=sgd", 64)]
+        self.assertEqual((sgd["runs"], sgd["ok"]), (4, 3))
+        self.assertEqual(sgd["accuracy"], [0.86, 0.85, 0.87])
+        self.assertEqual(sgd["steps"], [600, 400])  # The run that never reached it is missing.
+        self.assertEqual(sgd["noise"], 238.0)  # The failed run's and the blank left out.
+        diverged = grid[("recipe=sgd", 256)]
+        self.assertEqual((diverged["steps"], diverged["noise"]), ([], None))
+        self.assertEqual(grid[("recipe=lamb", 256)]["runs"], 0)
+
+    def test_the_noise_scale_over_the_suite_and_per_batch(self):
+        flags = dict(LR_CELLS)
+        rows = [row("batch=64,recipe=sgd", 1, noise_scale=100),
+                row("batch=64,recipe=lamb", 1, noise_scale=300),
+                row("batch=64,recipe=lamb", 2, noise_scale="nan"),
+                row("batch=256,recipe=sgd", 1, noise_scale=""),
+                row("batch=256,recipe=lamb", 1, noise_scale="inf"),
+                row("batch=1024,recipe=sgd", 1, noise_scale=900),
+                row("batch=1024,recipe=sgd", 2, noise_scale=1000),
+                row("batch=1024,recipe=lamb", 1, noise_scale=50),
+                row("batch=1024,recipe=lamb", 2, ok="False", noise_scale=1e9),
+                row("not-in-the-suite", 1, noise_scale=1e9)]
+        noise = analysis.noise_summary(rows, flags)
+        self.assertEqual((noise["median"], noise["runs"]), (300, 5))
+        self.assertEqual(noise["by_batch"], {64: (200, 2), 1024: (900, 3)})
+        self.assertEqual((noise["low"], noise["high"]), ((64, 200), (1024, 900)))
+        self.assertIsNone(analysis.noise_summary(rows[2:5], flags))
+        self.assertIsNone(analysis.noise_summary([], flags))
 
 
 if __name__ == "__main__":

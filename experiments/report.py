@@ -18,6 +18,14 @@ plots, each drawn only where the suite has what it needs:
   timeline            per worker of one run of each suite.timeline cell: compute, communication
                       and waiting over the run (analysis.timeline says how waiting is estimated)
   noise_scale         the gradient noise scale the servers measured over training (bsp, backup)
+  accuracy_vs_batch   final accuracy (equal epochs) against the global batch, workers x
+                      batch_size, a line per configuration (the lr-scaling study's recipes), with
+                      the measured noise scale B_simple marked (suites whose cells differ in it)
+  steps_to_target_vs_batch
+                      the steps to the target accuracy against the global batch, likewise
+
+Such suites also get a table per configuration and global batch in report.md and report.html.
+A sweep still running (no summary.csv yet) is summarized from its results.csv so far.
 
 Matplotlib comes from Debian (python3-matplotlib, which ./rubato setup installs); a Python that
 does not see Debian's packages (a pyenv one, say) is pointed at them.
@@ -26,6 +34,7 @@ does not see Debian's packages (a pyenv one, say) is pointed at them.
 import csv
 import html
 import json
+import math
 import os
 import platform
 import subprocess
@@ -35,7 +44,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from experiments import analysis  # noqa: E402
+from experiments import analysis, stats  # noqa: E402
 
 DEBIAN_PACKAGES = "/usr/lib/python3/dist-packages"
 STALENESS_BUCKETS = ["0", "1", "2", "3", "4-7", "8-15", "16-31", ">=32"]
@@ -80,12 +89,19 @@ class Data:
             with open(os.path.join(out, "suite.json")) as f:
                 self.suite = json.load(f)
             self.results = _read_csv(os.path.join(out, "results.csv"))
-            self.summary = _read_csv(os.path.join(out, "summary.csv"))
+            summary = os.path.join(out, "summary.csv")
+            # The runner writes summary.csv once every run is done; before, results.csv has the
+            # runs so far.
+            self.partial = not os.path.exists(summary)
+            self.summary = _summarize(self.results) if self.partial else _read_csv(summary)
         except (OSError, ValueError) as e:
             raise ReportError("%s: not an experiment's output (%s)" % (out, e))
-        self.cells = [(c["name"], c["flags"]) for c in self.suite["cells"]
-                      if any(r["cell"] == c["name"] for r in self.results)]
+        self.planned = [(c["name"], c["flags"]) for c in self.suite["cells"]]
+        self.cells = [(c, f) for c, f in self.planned
+                      if any(r["cell"] == c for r in self.results)]
         self.flags = dict(self.cells)
+        # Lines per configuration against the global batch, where the cells differ in it.
+        self.batch_series = analysis.batch_series(self.cells, self.planned)
         self.summaries = {}  # (cell, seed) -> summary.json of a run that finished
         for r in self.results:
             if r["ok"] != "True":
@@ -129,6 +145,14 @@ class Data:
 def _read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def _summarize(results):
+    """summary.csv's rows from results.csv's, as the runner would write them."""
+    from experiments import run_suite  # Here, not at the top: run_suite imports this module.
+    rows = [dict({m: r.get(m, "") for m in run_suite.METRICS}, cell=r["cell"],
+                 ok=r["ok"] == "True") for r in results]
+    return run_suite.summarize(rows)
 
 
 def _save(plt, fig, plots_dir, name, rect=(0, 0, 1, 1)):
@@ -402,6 +426,156 @@ def plot_noise_scale(plt, data, plots_dir):
     return _save(plt, fig, plots_dir, "noise_scale")
 
 
+NOISE_LABEL = "measured B_simple (McCandlish et al. 2018)"
+
+
+def noise_text(noise):
+    """The measured noise scale in words: its median over the runs and its range over the global
+    batches (each run measures its own)."""
+    if noise is None:
+        return "No run measured B_simple."
+    return ("%s: median %.0f over %d runs; its median per global batch ranges from %.0f (batch "
+            "%d) to %.0f (batch %d)." % ("M" + NOISE_LABEL[1:], noise["median"], noise["runs"],
+                                          noise["low"][1], noise["low"][0], noise["high"][1],
+                                          noise["high"][0]))
+
+
+def _noise(data):
+    return analysis.noise_summary(data.results, dict(data.planned))
+
+
+def _mark_noise(ax, noise):
+    """B_simple on a plot against the global batch: a line at its median over the runs, a band
+    over its medians per global batch."""
+    if noise is None or noise["median"] <= 0:
+        return
+    low, high = noise["low"][1], noise["high"][1]
+    if 0 < low < high:
+        ax.axvspan(low, high, color="grey", alpha=0.12, lw=0,
+                   label="B_simple, median per batch: %.0f to %.0f" % (low, high))
+    ax.axvline(noise["median"], color="k", lw=1.0, ls="-.",
+               label="%s, median %.0f" % (NOISE_LABEL, noise["median"]))
+
+
+def _batch_axis(ax, batches):
+    """A log2 x axis with a tick at each global batch, and the legend beside the plot."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches)
+    ax.set_xticklabels([str(b) for b in batches])
+    ax.set_xticks([], minor=True)
+    ax.set_xlabel("global batch (workers x batch_size per worker)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def _log_label(value, _):
+    """A log axis's tick label: plain numbers at 1, 2 and 5 times a power of ten, none between."""
+    if value <= 0:
+        return ""
+    return "%g" % value if round(value / 10 ** math.floor(math.log10(value) + 1e-9)) in (
+        1, 2, 5) else ""
+
+
+def _epochs(data):
+    return "/".join(sorted({str(f.get("epochs", "?")) for _, f in data.cells}))
+
+
+def plot_accuracy_vs_batch(plt, data, plots_dir):
+    if data.batch_series is None:
+        return None
+    grid = {g["cell"]: g for g in analysis.batch_grid(data.batch_series, data.results)}
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    batches = set()
+    for i, (label, points) in enumerate(data.batch_series.items()):
+        pts = [(b, grid[c]["accuracy"]) for b, c in points if grid[c]["accuracy"]]
+        if not pts:
+            continue
+        xs = [b for b, _ in pts]
+        color = "C%d" % (i % 10)
+        ax.plot(xs, [analysis.median(v) for _, v in pts], "--" if i >= 10 else "-",
+                marker="o", ms=4, lw=1.4, color=color, label=label)
+        ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], color=color,
+                        alpha=0.12, lw=0)
+        batches.update(xs)
+    if len(batches) < 2:
+        plt.close(fig)
+        return None
+    ax.axhline(data.suite["target_accuracy"], color="k", lw=0.8, ls=":")
+    _mark_noise(ax, _noise(data))
+    _batch_axis(ax, sorted(batches))
+    ax.set_ylabel("final test accuracy (epochs: %s)" % _epochs(data))
+    ax.set_title("%s: final test accuracy at an equal number of epochs against the global "
+                 "batch\nline: median over seeds; band: lowest to highest run; dotted: target"
+                 % data.suite["name"], fontsize=9)
+    return _save(plt, fig, plots_dir, "accuracy_vs_batch")
+
+
+def plot_steps_vs_batch(plt, data, plots_dir):
+    if data.batch_series is None:
+        return None
+    grid = {g["cell"]: g for g in analysis.batch_grid(data.batch_series, data.results)}
+    target = data.suite["target_accuracy"]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    batches, missing = set(), False
+    for i, (label, points) in enumerate(data.batch_series.items()):
+        color = "C%d" % (i % 10)
+        xs, ys, lo, hi, none = [], [], [], [], []
+        for batch, cell in points:
+            g = grid[cell]
+            if not g["steps"]:
+                if g["ok"]:  # Finished, never reached it: a gap in the line, not a zero.
+                    none.append(batch)
+                    xs.append(batch)
+                    ys.append(float("nan"))
+                    lo.append(0)
+                    hi.append(0)
+                continue
+            m = analysis.median(g["steps"])
+            xs.append(batch)
+            ys.append(m)
+            lo.append(m - min(g["steps"]))
+            hi.append(max(g["steps"]) - m)
+            if len(g["steps"]) < g["ok"]:
+                ax.annotate("%d/%d" % (len(g["steps"]), g["ok"]), (batch, m), xytext=(4, 3),
+                            textcoords="offset points", fontsize=6.5, color=color)
+            batches.add(batch)
+        if len(xs) > len(none):
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=3, lw=1.2,
+                        ls="--" if i >= 10 else "-", color=color, label=label)
+        if none:  # Near the top, a row per line so that lines missing at one batch all show.
+            ax.plot(none, [0.97 - 0.035 * (i % 10)] * len(none), "x", ms=5, mew=1.5, color=color,
+                    transform=ax.get_xaxis_transform(), clip_on=False)
+            batches.update(none)
+            missing = True
+    if len(batches) < 2 or not any(grid[c]["steps"] for c in grid):
+        plt.close(fig)
+        return None
+    if missing:
+        ax.plot([], [], "x", color="grey", mew=1.5,
+                label="no run reached %.2f (missing, not 0)" % target)
+    _mark_noise(ax, _noise(data))
+    _batch_axis(ax, sorted(batches))
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(_log_label))
+    ax.yaxis.set_minor_formatter(plt.FuncFormatter(_log_label))
+    ax.set_ylabel("steps to %.2f test accuracy" % target)
+    ax.set_title("%s: steps to %.2f test accuracy against the global batch\nmedian of the runs "
+                 "that reached it; bars: lowest to highest; k/n: how many did; x at the top: "
+                 "none did" % (data.suite["name"], target), fontsize=9)
+    return _save(plt, fig, plots_dir, "steps_to_target_vs_batch")
+
+
+def _batch_caption(what, how):
+    """The caption of a plot against the global batch, with the measured noise scale."""
+    def caption(data):
+        return ("%s against the global batch (workers x batch_size; log scale, base 2), a line "
+                "per configuration: %s The dash-dotted vertical line is the gradient noise scale "
+                "B_simple that the runs measured (McCandlish et al. 2018): at a batch equal to it "
+                "training takes about twice the fewest steps any batch could, and beyond it a "
+                "larger batch saves ever fewer steps; the grey band spans its medians per global "
+                "batch. %s" % (what, how, noise_text(_noise(data))))
+    return caption
+
+
 PLOTS = [
     ("accuracy_vs_time", plot_accuracy,
      "Test accuracy against wall time since launch. The line is the median over the seeds of "
@@ -422,6 +596,16 @@ PLOTS = [
     ("noise_scale", plot_noise_scale,
      "The gradient noise scale the servers measured (bsp and backup runs; McCandlish et al. "
      "2018): training at a batch near it is about half as fast per step as at an infinite batch."),
+    ("accuracy_vs_batch", plot_accuracy_vs_batch, _batch_caption(
+        "Final test accuracy after the same number of epochs (equal work, so fewer steps at "
+        "larger batches)",
+        "the median over the seeds, and a band from the lowest to the highest run.")),
+    ("steps_to_target_vs_batch", plot_steps_vs_batch, _batch_caption(
+        "Steps to the target accuracy (log scale)",
+        "the median over the runs that reached it (the step of the first evaluation at or above "
+        "it, so no finer than the cell's eval_every), bars from the lowest to the highest; k/n "
+        "where only k of the n runs that finished did. A cell none of whose runs reached it is "
+        "missing from its line (an x near the top), not drawn as 0.")),
 ]
 
 
@@ -489,6 +673,54 @@ def table(data):
     return header, out
 
 
+def batch_table(data):
+    """The table per configuration and global batch, for suites whose cells differ in it:
+    (header, rows) of strings, or None."""
+    if data.batch_series is None:
+        return None
+    header = ["configuration", "global batch", "runs ok",
+              "final accuracy (epochs: %s)" % _epochs(data),
+              "steps to %.2f" % data.suite["target_accuracy"], "runs that reached it",
+              "B_simple (median)"]
+    out = []
+    for g in analysis.batch_grid(data.batch_series, data.results):
+        out.append([g["label"], str(g["batch"]), "%d/%d" % (g["ok"], g["runs"]),
+                    _pm(_interval("a", g["accuracy"]), "a", 4),
+                    _pm(_interval("s", g["steps"]), "s", 0), "%d/%d" % (len(g["steps"]), g["ok"]),
+                    "n/a" if g["noise"] is None else "%.0f" % g["noise"]])
+    return header, out
+
+
+def _interval(metric, values):
+    """A summary.csv row of `values` for _pm: their mean and 95% interval (experiments/stats.py)."""
+    if not values:
+        return {}
+    lo, hi = stats.ci95(values)
+    return {metric + "_n": len(values), metric + "_mean": stats.mean(values),
+            metric + "_ci95_lo": lo, metric + "_ci95_hi": hi}
+
+
+def batch_notes(data):
+    """Sentences that say what the table per global batch compares."""
+    noise = _noise(data)
+    out = [
+        "Global batch: examples per step, workers x batch_size; each row is one cell of the "
+        "suite. Final accuracy: mean ± half-width of the 95% interval over the runs that "
+        "finished, after the same number of epochs at every batch.",
+        "Steps to target: the job step of the first evaluation at or above %.2f (so no finer "
+        "than the cell's eval_every), mean ± 95%% interval over the runs that reached it; the "
+        "next column says how many of the runs that finished did." % (
+            data.suite["target_accuracy"]),
+        "B_simple: the median over the cell's runs of the gradient noise scale tr(Sigma)/|G|^2 "
+        "that the servers measured (their moving averages at the end of each run). " +
+        noise_text(noise),
+    ]
+    if noise is not None:
+        out.append("B_simple per global batch (median over its runs, runs): " + ", ".join(
+            "%d: %.0f (%d)" % (b, m, n) for b, (m, n) in noise["by_batch"].items()) + ".")
+    return out
+
+
 def _pm(row, metric, digits):
     m = _float(row, metric + "_mean")
     if m is None:
@@ -533,6 +765,10 @@ def notes(data):
     if busy:
         out.append("Saturated machine (over 95%% busy) during: %s." % ", ".join(
             "%s seed %s" % (r["cell"], r["seed"]) for r in busy))
+    if data.partial:
+        out.append("The sweep had not finished (no summary.csv yet): this report has the %d runs "
+                   "that results.csv held, of %d." % (len(data.results),
+                                                      len(data.planned) * s["seeds"]))
     return out
 
 
@@ -545,18 +781,21 @@ def write(out):
     drawn = []
     for name, draw, caption in PLOTS:
         if draw(plt, data, plots_dir):
-            drawn.append((name, caption))
+            drawn.append((name, caption(data) if callable(caption) else caption))
     env = environment(out)
     header, rows = table(data)
+    batches = batch_table(data)
     s = data.suite
 
     md = ["# Experiment %s" % s["name"], "", s.get("description") or "", "",
           "Command: `%s`" % s["command"], "",
           "Suite file: `%s`; output: `%s`; began %s." % (s["path"], out, s.get("began", "?")), "",
-          "## Results", "",
-          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    md += [""] + ["- " + n for n in notes(data)] + ["", "## Plots", ""]
+          "## Results", ""] + _md_table(header, rows)
+    md += [""] + ["- " + n for n in notes(data)] + [""]
+    if batches:
+        md += ["## Against the global batch", ""] + _md_table(*batches) + [""]
+        md += ["- " + n for n in batch_notes(data)] + [""]
+    md += ["## Plots", ""]
     for name, caption in drawn:
         md += ["### %s" % name, "", "![%s](plots/%s.png)" % (name, name), "",
                "%s [SVG](plots/%s.svg)" % (caption, name), ""]
@@ -578,9 +817,12 @@ def write(out):
          "<p>Command: <code>%s</code></p>" % e(s["command"]),
          "<p>Suite file: <code>%s</code>; output: <code>%s</code>; began %s.</p>" % (
              e(s["path"]), e(out), e(s.get("began", "?"))),
-         "<h2>Results</h2><table><tr>%s</tr>" % "".join("<th>%s</th>" % e(c) for c in header)]
-    h += ["<tr>%s</tr>" % "".join("<td>%s</td>" % e(c) for c in r) for r in rows]
-    h += ["</table><ul>"] + ["<li>%s</li>" % e(n) for n in notes(data)] + ["</ul><h2>Plots</h2>"]
+         "<h2>Results</h2>"] + _html_table(header, rows)
+    h += ["<ul>"] + ["<li>%s</li>" % e(n) for n in notes(data)] + ["</ul>"]
+    if batches:
+        h += ["<h2>Against the global batch</h2>"] + _html_table(*batches)
+        h += ["<ul>"] + ["<li>%s</li>" % e(n) for n in batch_notes(data)] + ["</ul>"]
+    h += ["<h2>Plots</h2>"]
     for name, caption in drawn:
         h += ["<h3>%s</h3>" % e(name),
               "<p><img src=\"plots/%s.png\" alt=\"%s\"/></p>" % (name, name),
@@ -594,6 +836,18 @@ def write(out):
     html_path = os.path.join(out, "report.html")
     _write(html_path, "\n".join(h) + "\n")
     return md_path, html_path, [os.path.join(plots_dir, n + ".png") for n, _ in drawn]
+
+
+def _md_table(header, rows):
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _html_table(header, rows):
+    e = html.escape
+    return (["<table><tr>%s</tr>" % "".join("<th>%s</th>" % e(c) for c in header)]
+            + ["<tr>%s</tr>" % "".join("<td>%s</td>" % e(c) for c in r) for r in rows]
+            + ["</table>"])
 
 
 def _flags(flags):
