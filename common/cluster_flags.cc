@@ -2,8 +2,10 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cluster_spec.h"
@@ -59,6 +61,12 @@ ABSL_FLAG(std::optional<double>, lr_decay_factor, std::nullopt, "step decay fact
 ABSL_FLAG(std::optional<double>, lr_power, std::nullopt, "polynomial decay power (default 1).");
 ABSL_FLAG(std::optional<double>, final_lr_fraction, std::nullopt,
           "cosine, polynomial: final LR as a fraction of the peak (default 0).");
+ABSL_FLAG(std::optional<std::string>, adaptive_batch, std::nullopt,
+          "MIN:MAX (bsp): the servers move the global batch towards the measured gradient noise "
+          "scale within [MIN, MAX], every --adaptive_batch_every steps (common/batch_plan.h). "
+          "--batch_size is where it starts.");
+ABSL_FLAG(std::optional<int64_t>, adaptive_batch_every, std::nullopt,
+          "With --adaptive_batch: steps between decisions (default 50, at least 2).");
 ABSL_FLAG(std::optional<int64_t>, lease_ms, std::nullopt,
           "Worker lease in ms (default 10000): once training has started, a worker silent for "
           "longer is dropped from the barriers; workers heartbeat every lease/4.");
@@ -131,6 +139,21 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   if (auto v = absl::GetFlag(FLAGS_lr_decay_factor)) lr->set_decay_factor(*v);
   if (auto v = absl::GetFlag(FLAGS_lr_power)) lr->set_power(*v);
   if (auto v = absl::GetFlag(FLAGS_final_lr_fraction)) lr->set_final_lr_fraction(*v);
+  if (auto v = absl::GetFlag(FLAGS_adaptive_batch)) {
+    const std::vector<std::string> bounds = absl::StrSplit(*v, ':');
+    int64_t lo = 0, hi = 0;
+    if (bounds.size() != 2 || !absl::SimpleAtoi(bounds[0], &lo) ||
+        !absl::SimpleAtoi(bounds[1], &hi) || lo < 1 || hi < lo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--adaptive_batch: expected MIN:MAX global batches with 1 <= MIN <= MAX, got '", *v,
+          "'"));
+    }
+    spec.mutable_adaptive_batch()->set_min_global_batch(lo);
+    spec.mutable_adaptive_batch()->set_max_global_batch(hi);
+  }
+  if (auto v = absl::GetFlag(FLAGS_adaptive_batch_every)) {
+    spec.mutable_adaptive_batch()->set_every_steps(*v);
+  }
   if (auto v = absl::GetFlag(FLAGS_lease_ms)) spec.set_lease_ms(*v);
   if (auto v = absl::GetFlag(FLAGS_wait_timeout_ms)) spec.set_wait_timeout_ms(*v);
   if (auto v = absl::GetFlag(FLAGS_max_message_mb)) {

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/batch_plan.h"
 #include "common/limits.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
@@ -144,18 +145,18 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
     return absl::InvalidArgumentError("num_workers is required (--num_workers or the spec file)");
   }
   if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
-    return absl::InvalidArgumentError(absl::StrCat("num_workers must be in [1, ", kMaxWorkers,
-                                                   "], got ", spec.num_workers()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers must be in [1, ", kMaxWorkers, "], got ", spec.num_workers()));
   }
   if (spec.servers_size() > kMaxShards) {
     return absl::InvalidArgumentError(
         absl::StrCat("servers: at most ", kMaxShards, " shards, got ", spec.servers_size()));
   }
   if (spec.max_message_bytes() != 0 && (spec.max_message_bytes() < (int64_t{1} << 20) ||
-                                         spec.max_message_bytes() > kMaxMessageBytesLimit)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_message_bytes must be in [1 MiB, ", kMaxMessageBytesLimit, "], got ",
-                     spec.max_message_bytes()));
+                                        spec.max_message_bytes() > kMaxMessageBytesLimit)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes must be in [1 MiB, ",
+                                                   kMaxMessageBytesLimit, "], got ",
+                                                   spec.max_message_bytes()));
   }
   const ConsistencyConfig& c = spec.consistency();
   switch (c.mode()) {
@@ -172,8 +173,8 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
       break;
     case SSP:
       if (c.staleness() < 0 || c.staleness() > kMaxStaleness) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "consistency.staleness must be in [0, ", kMaxStaleness, "], got ", c.staleness()));
+        return absl::InvalidArgumentError(absl::StrCat("consistency.staleness must be in [0, ",
+                                                       kMaxStaleness, "], got ", c.staleness()));
       }
       break;
     default:
@@ -184,6 +185,22 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
         "consistency.staleness_aware_lr applies to async and ssp, not ", FormatConsistency(c)));
   }
   RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
+  RETURN_IF_ERROR(ValidateAdaptiveBatch(spec.adaptive_batch(), spec.num_workers()));
+  if (spec.adaptive_batch().max_global_batch() > 0) {
+    // The servers measure the noise scale only where every worker's gradient meets (bsp), and a
+    // decay horizon in steps has no meaning when the steps' batches change.
+    if (c.mode() != BSP) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adaptive_batch needs the bsp consistency mode, not ", FormatConsistency(c)));
+    }
+    const std::string& decay = spec.lr_schedule().decay();
+    if (!decay.empty() && decay != "constant") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adaptive_batch works with a constant learning rate after warmup (lr_schedule.decay "
+          "constant), not '",
+          decay, "': a decay horizon in steps moves when the batch changes"));
+    }
+  }
   // The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for
   // cosine decay) is checked again when the servers know the job (ParameterShard).
   ScheduleContext context;
@@ -200,9 +217,8 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
         absl::StrCat("lease_ms must be in [1, ", kMaxTimeoutMs, "], got ", spec.lease_ms()));
   }
   if (spec.wait_timeout_ms() <= 0 || spec.wait_timeout_ms() > kMaxTimeoutMs) {
-    return absl::InvalidArgumentError(absl::StrCat("wait_timeout_ms must be in [1, ",
-                                                   kMaxTimeoutMs, "], got ",
-                                                   spec.wait_timeout_ms()));
+    return absl::InvalidArgumentError(absl::StrCat("wait_timeout_ms must be in [1, ", kMaxTimeoutMs,
+                                                   "], got ", spec.wait_timeout_ms()));
   }
   return absl::OkStatus();
 }

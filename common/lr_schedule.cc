@@ -182,6 +182,14 @@ double LearningRateScheduler::At(int64_t t) const {
   return peak_;
 }
 
+double LearningRateScheduler::BatchFactor(int64_t global_batch) const {
+  if (global_batch == context_.global_batch || context_.global_batch < 1) return 1.0;
+  const double k = static_cast<double>(global_batch) / static_cast<double>(context_.global_batch);
+  if (schedule_.scaling() == "linear") return k;
+  if (schedule_.scaling() == "sqrt") return std::sqrt(k);
+  return 1.0;
+}
+
 std::string LearningRateScheduler::Describe() const {
   const LearningRateSchedule& c = schedule_;
   std::string out = absl::StrCat("learning rate: base ", base_, " at reference batch ");

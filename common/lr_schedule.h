@@ -40,6 +40,11 @@ class LearningRateScheduler {
   // Learning rate of update t (0-based: the update that takes version t to t + 1).
   double At(int64_t t) const;
 
+  // The factor by which the scaling rule changes the rate when the global batch becomes
+  // `global_batch` instead of the context's (an adaptive batch, common/batch_plan.h): 1 for none,
+  // global_batch / context.global_batch for linear, its square root for sqrt.
+  double BatchFactor(int64_t global_batch) const;
+
   double peak() const { return peak_; }
   int64_t warmup_steps() const { return warmup_steps_; }
   int64_t decay_horizon() const { return horizon_; }

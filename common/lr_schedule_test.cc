@@ -51,6 +51,21 @@ TEST(LrScheduleTest, SqrtScaling) {
   EXPECT_DOUBLE_EQ(MakeOrDie(0.1, s, Context(64)).peak(), 0.05);
 }
 
+TEST(LrScheduleTest, BatchFactorIsTheRuleForANewGlobalBatch) {
+  // An adaptive batch: from the job's 1024, the same rule as a job started at the new batch.
+  for (const char* scaling : {"none", "linear", "sqrt"}) {
+    LearningRateSchedule s;
+    s.set_reference_batch(256);
+    s.set_scaling(scaling);
+    const auto start = MakeOrDie(0.1, s, Context(1024));
+    for (int64_t batch : {64, 1024, 8192}) {
+      EXPECT_NEAR(start.peak() * start.BatchFactor(batch), MakeOrDie(0.1, s, Context(batch)).peak(),
+                  1e-15)
+          << scaling << " " << batch;
+    }
+  }
+}
+
 TEST(LrScheduleTest, NoScalingIsTheDefault) {
   LearningRateSchedule s;
   s.set_reference_batch(256);

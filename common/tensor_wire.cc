@@ -429,24 +429,43 @@ void AddFloats(const ByteChunks& bytes, float* acc, double* squares) {
 
 absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePush* out) {
   *out = WirePush();
-  return ParseTensorList(message, "PushRequest", 3, max_tensors, &out->gradients,
-                         [out](const Tag& tag, WireReader* r, bool* handled) -> absl::Status {
-                           if ((tag.field != 1 && tag.field != 2) || tag.type != kVarint) {
-                             return absl::OkStatus();
-                           }
-                           uint64_t v = 0;
-                           if (!r->ReadVarint(&v)) {
-                             return Malformed("PushRequest", *r, "truncated or overlong varint");
-                           }
-                           // int32 keeps the low 32 bits, as protobuf does.
-                           if (tag.field == 1) {
-                             out->worker_id = static_cast<int32_t>(static_cast<uint32_t>(v));
-                           } else {
-                             out->step = static_cast<int64_t>(v);
-                           }
-                           *handled = true;
-                           return absl::OkStatus();
-                         });
+  return ParseTensorList(
+      message, "PushRequest", 3, max_tensors, &out->gradients,
+      [out](const Tag& tag, WireReader* r, bool* handled) -> absl::Status {
+        if (tag.field == 5 && tag.type == kLengthDelimited) {
+          // noise_relay: a few numbers; anything longer is not one.
+          constexpr uint64_t kMaxRelayBytes = 64;
+          uint64_t n = 0;
+          ByteChunks bytes;
+          if (!r->ReadVarint(&n) || n > kMaxRelayBytes || !r->ReadBytes(n, &bytes)) {
+            return Malformed("PushRequest", *r, "noise_relay is truncated or too long");
+          }
+          NoiseScaleRelay relay;
+          if (!relay.ParseFromString(bytes.Flatten())) {
+            return Malformed("PushRequest", *r, "noise_relay does not parse");
+          }
+          out->noise_relay = std::move(relay);
+          *handled = true;
+          return absl::OkStatus();
+        }
+        if ((tag.field != 1 && tag.field != 2 && tag.field != 4) || tag.type != kVarint) {
+          return absl::OkStatus();
+        }
+        uint64_t v = 0;
+        if (!r->ReadVarint(&v)) {
+          return Malformed("PushRequest", *r, "truncated or overlong varint");
+        }
+        // int32 keeps the low 32 bits, as protobuf does.
+        if (tag.field == 1) {
+          out->worker_id = static_cast<int32_t>(static_cast<uint32_t>(v));
+        } else if (tag.field == 4) {
+          out->batch_size = static_cast<int32_t>(static_cast<uint32_t>(v));
+        } else {
+          out->step = static_cast<int64_t>(v);
+        }
+        *handled = true;
+        return absl::OkStatus();
+      });
 }
 
 absl::Status ParsePullResponse(const ByteChunks& message, int max_tensors,
@@ -465,6 +484,19 @@ void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out) {
   if (step != 0) {
     out->push_back(0x10);
     AppendVarint(static_cast<uint64_t>(step), out);
+  }
+}
+
+void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out) {
+  if (batch_size != 0) {
+    out->push_back(0x20);  // batch_size = 4
+    AppendVarint(static_cast<uint64_t>(static_cast<int64_t>(batch_size)), out);
+  }
+  if (relay != nullptr) {
+    const std::string bytes = relay->SerializeAsString();
+    out->push_back(0x2a);  // noise_relay = 5
+    AppendVarint(bytes.size(), out);
+    out->append(bytes);
   }
 }
 

@@ -19,12 +19,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "proto/parameter_server.pb.h"
 
 namespace rubato {
 
@@ -85,6 +87,8 @@ struct WirePush {
   int32_t worker_id = 0;
   int64_t step = 0;
   std::vector<WireTensor> gradients;
+  int32_t batch_size = 0;                      // PushRequest.batch_size
+  std::optional<NoiseScaleRelay> noise_relay;  // PushRequest.noise_relay, when present
 };
 
 // At most `max_tensors` tensors are read; one more is an InvalidArgument (a hostile message of
@@ -97,6 +101,8 @@ absl::Status ParsePullResponse(const ByteChunks& message, int max_tensors,
 // followed by its data bytes. A PullResponse is, for each tensor, EncodeTensorHeader(1, ...)
 // followed by its data bytes. Each appends to *out.
 void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out);
+// PushRequest's batch_size (when non-zero) and noise_relay (when given), after the header.
+void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out);
 // The header of field `field` (a TensorValue) whose data of `data_bytes` bytes follows it
 // immediately; version is written when non-zero (proto3 omits zero).
 void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size_t data_bytes,

@@ -158,6 +158,43 @@ TEST(TensorWireTest, OurFramingIsProtobufsAndBothParsersAgree) {
   EXPECT_EQ(back.tensors(0).data(), Bytes(g0));
 }
 
+TEST(TensorWireTest, PushExtrasAreProtobufsBatchSizeAndNoiseRelay) {
+  NoiseScaleRelay relay;
+  relay.set_step(41);
+  relay.set_g2_ema(0.25);
+  relay.set_trace_ema(-3.5);
+  std::string message;
+  EncodePushHeader(2, 43, &message);
+  EncodePushExtras(256, &relay, &message);
+  EncodeTensorHeader(3, "b", 0, 4, &message);
+  message += Bytes({1.5f});
+  PushRequest reference;
+  ASSERT_TRUE(reference.ParseFromString(message));
+  EXPECT_EQ(reference.batch_size(), 256);
+  EXPECT_EQ(reference.noise_relay().SerializeAsString(), relay.SerializeAsString());
+  WirePush ours;
+  ASSERT_TRUE(ParsePushRequest(Cut(message, {4, 9}), 10, &ours).ok());
+  EXPECT_EQ(ours.batch_size, 256);
+  ASSERT_TRUE(ours.noise_relay.has_value());
+  EXPECT_EQ(ours.noise_relay->step(), 41);
+  EXPECT_EQ(ours.noise_relay->g2_ema(), 0.25);
+  EXPECT_EQ(ours.noise_relay->trace_ema(), -3.5);
+  ASSERT_EQ(ours.gradients.size(), 1u);
+  // None given: nothing written, nothing read.
+  std::string plain;
+  EncodePushExtras(0, nullptr, &plain);
+  EXPECT_TRUE(plain.empty());
+  // A relay longer than any relay, or one that does not parse, is refused.
+  std::string huge;
+  EncodePushHeader(2, 43, &huge);
+  huge += std::string("\x2a\x50", 2) + std::string(80, '\0');
+  EXPECT_EQ(ParsePushRequest(ByteChunks(huge), 10, &ours).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string garbled = std::string("\x2a\x02\x08\xff", 4);  // A truncated varint inside.
+  EXPECT_EQ(ParsePushRequest(ByteChunks(garbled), 10, &ours).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TensorWireTest, NegativeWorkerIdsUnknownFieldsAndRepeatsFollowProtobuf) {
   PushRequest p;
   p.set_worker_id(-3);

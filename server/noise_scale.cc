@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace rubato {
 namespace {
@@ -48,6 +49,16 @@ void NoiseScaleMonitor::SetBatch(int batch) {
   }
 }
 
+void NoiseScaleMonitor::SetBatchFrom(int64_t step, int batch) {
+  absl::MutexLock lock(&mu_);
+  batch_from_[step] = batch;
+}
+
+int NoiseScaleMonitor::BatchAt(int64_t step) const {
+  auto it = batch_from_.upper_bound(step);
+  return it == batch_from_.begin() ? batch_ : std::prev(it)->second;
+}
+
 void NoiseScaleMonitor::Add(int64_t step, const NoiseTerms& terms) {
   absl::MutexLock lock(&mu_);
   if (tensors_ <= 0 || (next_ >= 0 && step < next_)) return;  // Not set up, or passed over.
@@ -72,8 +83,9 @@ void NoiseScaleMonitor::Add(int64_t step, const NoiseTerms& terms) {
 }
 
 void NoiseScaleMonitor::Measure(int64_t step, const NoiseTerms& sum) {
-  if (unequal_batches_ || batch_ <= 0 || sum.workers < 2) return;
-  const double trace = sum.trace_over_batch * batch_;
+  const int batch = BatchAt(step);
+  if (unequal_batches_ || batch <= 0 || sum.workers < 2) return;
+  const double trace = sum.trace_over_batch * batch;
   // Gradients near the float range overflow their squares (summed in float lanes): such a step
   // says nothing and must not poison the averages.
   if (!std::isfinite(sum.g2) || !std::isfinite(trace)) return;
@@ -86,7 +98,7 @@ void NoiseScaleMonitor::Measure(int64_t step, const NoiseTerms& sum) {
   s.set_g2_ema(ema_.g2());
   s.set_trace_ema(ema_.trace());
   s.set_steps(ema_.steps());
-  s.set_batch_small(batch_);
+  s.set_batch_small(batch);
   s.set_workers(sum.workers);
   if (history_.size() > kHistory) history_.erase(history_.begin());
 }

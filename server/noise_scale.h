@@ -92,6 +92,8 @@ class NoiseScaleMonitor {
   // A worker's batch size (each registrant's). If two differ the estimators' B is not defined and
   // nothing more is measured (stats say so by batch_small 0).
   void SetBatch(int batch);
+  // An adaptive batch (common/batch_plan.h): every worker's batch is `batch` from `step` on.
+  void SetBatchFrom(int64_t step, int batch);
 
   // One tensor's terms for `step` (its version before the update), for every step it applies.
   // When every tensor has given step s, s is measured, in step order, unless some tensor's mean
@@ -107,11 +109,13 @@ class NoiseScaleMonitor {
 
  private:
   void Measure(int64_t step, const NoiseTerms& sum) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int BatchAt(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   int tensors_ ABSL_GUARDED_BY(mu_) = 0;
   int batch_ ABSL_GUARDED_BY(mu_) = 0;
   bool unequal_batches_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<int64_t, int> batch_from_ ABSL_GUARDED_BY(mu_);  // SetBatchFrom's changes.
   struct Pending {
     int tensors = 0;
     NoiseTerms sum;

@@ -225,6 +225,7 @@ TensorAggregator::Context ParameterShard::Context() const {
   ctx.members = &member_view_;
   ctx.schedule = schedule_ptr_.load(std::memory_order_acquire);
   ctx.noise = &noise_;
+  ctx.plan = &plan_view_;
   return ctx;
 }
 
@@ -393,6 +394,21 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         }
       }
     }
+    if (options_.cluster.adaptive_batch().max_global_batch() > 0) {
+      // The plan starts from one batch for every worker (BatchPlan); a worker that joins later
+      // registers with that first batch and takes the changes from the response.
+      for (int other = 0; other < members_.num_workers(); ++other) {
+        const Membership::Worker& o = members_.worker(other);
+        const int theirs = plan_.has_value() ? plan_->initial_batch() : o.batch_size;
+        if ((plan_.has_value() || (o.registered && other != id)) &&
+            request.batch_size() != theirs) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "job mismatch: under an adaptive batch every worker starts from the same batch; "
+              "worker ",
+              id, " registered with ", request.batch_size(), " but the job's is ", theirs));
+        }
+      }
+    }
     Membership::Worker& w = members_.worker(id);
     const Membership::Worker before = w;
     members_.SetMember(id, true);
@@ -422,6 +438,9 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
     response.set_restored_step(members_.restored_step());
     response.set_recovery_id(recovery_id_.load());
+    if (plan_.has_value()) {
+      for (const BatchChange& c : plan_->changes()) *response.add_batch_plan() = c;
+    }
   }
   for (const PullStatePtr& p : ready) Complete(p);
   Finish(&released);
@@ -446,6 +465,11 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
   }
   schedule_ = std::move(*schedule);
   schedule_ptr_.store(&*schedule_, std::memory_order_release);
+  if (options_.cluster.adaptive_batch().max_global_batch() > 0 && !plan_.has_value()) {
+    plan_.emplace(members_.num_workers(), members_.worker(0).batch_size);
+    std::atomic_store(&plan_view_,
+                      std::shared_ptr<const BatchPlan>(std::make_shared<const BatchPlan>(*plan_)));
+  }
   RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()
                    << " workers registered; optimizer " << optimizer_->config().type()
                    << "; learning-rate schedule:\n"
@@ -647,6 +671,8 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
   WirePush wire;
   wire.worker_id = request.worker_id();
   wire.step = request.step();
+  wire.batch_size = request.batch_size();
+  if (request.has_noise_relay()) wire.noise_relay = request.noise_relay();
   for (const TensorValue& g : request.gradients()) {
     WireTensor t;
     t.name = g.name();
@@ -678,6 +704,7 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
                        options_.cluster.num_workers(), " workers registered"));
     }
     RETURN_IF_ERROR(CheckStep("step", step));
+    RETURN_IF_ERROR(CheckPushBatch(request));
     if (request.gradients.size() > tensors_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("a push of ", request.gradients.size(),
                                                      " gradients to a shard of ", tensors_.size(),
@@ -733,6 +760,7 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
       Membership::Worker& worker = members_.worker(id);
       worker.last_seen = absl::Now();
       worker.last_step = std::max(worker.last_step, step);
+      if (plan_.has_value()) TakeRelay(request);
     }
   }
   if (!status.ok()) {
@@ -770,6 +798,10 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
       return;
     }
     PushResponse response;
+    if (std::shared_ptr<const BatchPlan> plan = std::atomic_load(&plan_view_);
+        plan != nullptr && !plan->changes().empty()) {
+      *response.mutable_batch_change() = plan->changes().back();
+    }
     // The step before this one: complete on every shard once this worker could compute this
     // one (bsp, backup), so every shard answers the same step's figures.
     if (policy_.Synchronous()) {
@@ -1048,6 +1080,79 @@ void ParameterShard::Complete(const PullStatePtr& pull) {
   pull->done_(absl::OkStatus(), std::move(answer));
 }
 
+absl::Status ParameterShard::CheckPushBatch(const WirePush& request) const {
+  if (request.noise_relay.has_value()) {
+    const NoiseScaleRelay& r = *request.noise_relay;
+    if (!std::isfinite(r.g2_ema()) || !std::isfinite(r.trace_ema())) {
+      return absl::InvalidArgumentError("noise_relay: its figures must be finite");
+    }
+    RETURN_IF_ERROR(CheckStep("noise_relay.step", r.step()));
+  }
+  if (!plan_.has_value()) {
+    const int registered = members_.worker(request.worker_id).batch_size;
+    if (request.batch_size != 0 && request.batch_size != registered) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", request.worker_id, " pushed gradients of a batch of ", request.batch_size,
+          " but registered a batch of ", registered, " (this job's batch is fixed)"));
+    }
+    return absl::OkStatus();
+  }
+  const int expected = plan_->BatchAt(request.step);
+  if (request.batch_size != expected) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", request.worker_id, " pushed step ", request.step, " computed on a batch of ",
+        request.batch_size, " but the job's adaptive batch at that step is ", expected,
+        " per worker (announced in the push responses)"));
+  }
+  return absl::OkStatus();
+}
+
+void ParameterShard::TakeRelay(const WirePush& request) {
+  const int64_t every = AdaptiveBatchEvery(options_.cluster.adaptive_batch());
+  if (relay_step_ >= 0 && request.step > relay_step_) DecideBatch();
+  if (request.step <= decided_through_ || request.step % every != 0 ||
+      !request.noise_relay.has_value()) {
+    return;
+  }
+  if (relay_step_ != request.step) {
+    relays_.clear();
+    relay_step_ = request.step;
+  }
+  relays_.emplace(request.worker_id, *request.noise_relay);  // A worker's first relay counts.
+}
+
+void ParameterShard::DecideBatch() {
+  const int64_t step = relay_step_;
+  const NoiseScaleRelay relay = relays_.begin()->second;
+  relays_.clear();
+  relay_step_ = -1;
+  decided_through_ = step;
+  const double b_simple = relay.g2_ema() > 0 ? relay.trace_ema() / relay.g2_ema() : std::nan("");
+  const int workers = plan_->workers();
+  const int current = plan_->BatchAt(step + 2);
+  const int batch = ProposeBatch(options_.cluster.adaptive_batch(), workers, current, b_simple);
+  if (batch == current) return;
+  BatchChange change;
+  change.set_from_step(step + 2);
+  change.set_batch_size(batch);
+  change.set_global_batch(int64_t{batch} * workers);
+  change.set_b_simple(b_simple);
+  change.set_learning_rate(schedule_->At(step + 2) * schedule_->BatchFactor(change.global_batch()));
+  if (absl::Status s = plan_->Add(change); !s.ok()) {
+    RUBATO_LOG(WARNING) << "shard " << options_.shard_id << ": adaptive batch kept at " << current
+                        << ": " << s.message();
+    return;
+  }
+  noise_.SetBatchFrom(change.from_step(), batch);
+  std::atomic_store(&plan_view_,
+                    std::shared_ptr<const BatchPlan>(std::make_shared<const BatchPlan>(*plan_)));
+  RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": adaptive batch: B_simple " << b_simple
+                   << " (relayed at step " << step << ", moving averages of step " << relay.step()
+                   << "); global batch " << int64_t{current} * workers << " -> "
+                   << change.global_batch() << " from step " << change.from_step()
+                   << ", learning rate " << change.learning_rate();
+}
+
 void ParameterShard::DeadlineLoop() {
   absl::MutexLock lock(&mu_);
   while (!shutdown_) {
@@ -1219,6 +1324,9 @@ GetStatsResponse ParameterShard::Stats() const {
   for (const auto& n : staleness_histogram_) s.add_staleness_histogram(n);
   s.set_learning_rate(last_learning_rate_);
   if (schedule_.has_value()) s.set_lr_schedule(schedule_->Describe());
+  if (plan_.has_value()) {
+    for (const BatchChange& c : plan_->changes()) *s.add_batch_plan() = c;
+  }
   if (policy_.Synchronous()) *s.mutable_noise_scale() = noise_.Stats();
   int64_t pending = 0;
   for (const PullStatePtr& p : parked_) pending += p->Over() ? 0 : 1;

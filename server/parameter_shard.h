@@ -58,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/batch_plan.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
 #include "common/tensor_wire.h"
@@ -245,6 +246,12 @@ class ParameterShard {
                      std::shared_ptr<const void> keepalive,
                      std::function<void(absl::Status)> on_added, GradientOutcome* outcome);
   void RecordStaleness(int64_t tau);
+  // Adaptive batch: checks a push's batch against the plan (FAILED_PRECONDITION naming both).
+  absl::Status CheckPushBatch(const WirePush& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adaptive batch: keeps the noise scale that a member relays with its push of a decision step,
+  // and decides each earlier decision step the first time a later step's push arrives.
+  void TakeRelay(const WirePush& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DecideBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeadlineLoop();
   // Points every tensor's checkpoint captures at OnCaptured.
   void SetUpCheckpointing() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -276,6 +283,16 @@ class ParameterShard {
   absl::Time next_held_check_ ABSL_GUARDED_BY(mu_);  // bsp: when held gradients are next checked
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
   std::atomic<const LearningRateScheduler*> schedule_ptr_{nullptr};  // &*schedule_ once built
+  // Adaptive batch (ClusterSpec.adaptive_batch; common/batch_plan.h), once training starts: the
+  // plan, published for the tensors' learning rates and the push responses (std::atomic_load).
+  // Every shard decides the same changes at the same steps from the same relayed figures: under
+  // bsp every worker pushes a decision step d to every shard before any pushes d + 1, and a
+  // decision takes the relay of the lowest-numbered worker.
+  std::optional<BatchPlan> plan_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const BatchPlan> plan_view_;
+  int64_t relay_step_ ABSL_GUARDED_BY(mu_) = -1;  // The decision step being collected.
+  int64_t decided_through_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, NoiseScaleRelay> relays_ ABSL_GUARDED_BY(mu_);  // By worker, for relay_step_.
   // When some worker was last live (JobFinished); the shard's creation at first.
   absl::Time last_live_ ABSL_GUARDED_BY(mu_) = absl::Now();
   // Counters for GetStats.

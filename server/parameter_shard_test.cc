@@ -646,6 +646,80 @@ TEST(ParameterShardTest, LearningRateFollowsTheUpdateCount) {
       << (*shard)->Stats().lr_schedule();
 }
 
+TEST(ParameterShardTest, AdaptiveBatchDecidesFromTheLowestWorkersRelayAndRefusesOtherBatches) {
+  // Two workers of 8; decisions every 2 steps within [16, 256]; linear LR scaling from the job's
+  // starting global batch of 16.
+  ShardOptions o = Options(2);
+  o.cluster.mutable_adaptive_batch()->set_min_global_batch(16);
+  o.cluster.mutable_adaptive_batch()->set_max_global_batch(256);
+  o.cluster.mutable_adaptive_batch()->set_every_steps(2);
+  o.cluster.mutable_lr_schedule()->set_scaling("linear");
+  auto created = ParameterShard::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParameterShard* shard = created->get();
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(shard->Register(Registration(w, 2)).ok());
+  auto push = [&](int worker, int64_t step, int batch, double trace = -1) {
+    PushRequest p = PushOf(worker, step, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})});
+    p.set_batch_size(batch);
+    if (trace >= 0) {
+      p.mutable_noise_relay()->set_step(step - 2);
+      p.mutable_noise_relay()->set_g2_ema(1.0);
+      p.mutable_noise_relay()->set_trace_ema(trace);
+    }
+    return shard->Push(p);
+  };
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<PushResponse> r = push(w, step, 8);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_FALSE(r->has_batch_change());
+    }
+  }
+  // Decision step 2: worker 1's relay arrives first, but worker 0's (B_simple 64) is the one taken,
+  // as every shard takes it.
+  ASSERT_TRUE(push(1, 2, 8, /*trace=*/200).ok());
+  ASSERT_TRUE(push(0, 2, 8, /*trace=*/64).ok());
+  // The first push of step 3 decides step 2: 64 examples a step, 32 per worker, from step 4.
+  absl::StatusOr<PushResponse> r = push(0, 3, 8);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_batch_change());
+  EXPECT_EQ(r->batch_change().from_step(), 4);
+  EXPECT_EQ(r->batch_change().batch_size(), 32);
+  EXPECT_EQ(r->batch_change().global_batch(), 64);
+  EXPECT_DOUBLE_EQ(r->batch_change().b_simple(), 64);
+  EXPECT_DOUBLE_EQ(r->batch_change().learning_rate(), kLr * 4);  // Linear: 64 / 16.
+  // Step 3 is still at 8 a worker: a push of 32 is refused, and changes nothing.
+  absl::StatusOr<PushResponse> early = push(1, 3, 32);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_NE(early.status().message().find("adaptive batch at that step is 8"), std::string::npos)
+      << early.status();
+  ASSERT_TRUE(push(1, 3, 8).ok());
+  EXPECT_DOUBLE_EQ(shard->Stats().learning_rate(), kLr);
+  // From step 4, 32: the old batch is refused; the update's rate is scaled.
+  absl::StatusOr<PushResponse> stale = push(0, 4, 8);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition) << stale.status();
+  ASSERT_TRUE(push(0, 4, 32).ok());
+  ASSERT_TRUE(push(1, 4, 32).ok());
+  EXPECT_DOUBLE_EQ(shard->Stats().learning_rate(), kLr * 4);
+  ASSERT_EQ(shard->Stats().batch_plan_size(), 1);
+  EXPECT_EQ(shard->Stats().noise_scale().batch_small(), 32);  // Step 4 measured at its batch.
+  // A push without its batch, a relay that is not finite, and a registrant of another batch.
+  EXPECT_EQ(push(0, 5, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  PushRequest nan = PushOf(0, 5, {Value("b", {1, 1, 1})});
+  nan.set_batch_size(32);
+  nan.mutable_noise_relay()->set_g2_ema(std::nan(""));
+  EXPECT_EQ(shard->Push(nan).status().code(), absl::StatusCode::kInvalidArgument);
+  RegisterRequest other = Registration(1, 2);
+  other.set_batch_size(32);
+  absl::StatusOr<RegisterResponse> refused = shard->Register(other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  // A worker registering again (a restart) gets the plan so far.
+  absl::StatusOr<RegisterResponse> again = shard->Register(Registration(1, 2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->batch_plan_size(), 1);
+  EXPECT_EQ(again->batch_plan(0).batch_size(), 32);
+}
+
 TEST(ParameterShardTest, ScheduleThatDoesNotFitTheJobRefusesTheLastRegistration) {
   ShardOptions o = Options(2);
   o.cluster.mutable_lr_schedule()->set_decay("cosine");  // Needs a horizon: the job's length.
@@ -768,8 +842,7 @@ TEST(HostileInputTest, ParkedPullsOfOneWorkerAreSupersededNotAccumulated) {
   auto b_only = StartPull(shard.get(), 1, 1, absl::Seconds(10), {"b"});
   EXPECT_EQ(shard->Stats().pending_pulls(), 3);
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(
-        shard->Push(PushOf(w, 0, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
+    ASSERT_TRUE(shard->Push(PushOf(w, 0, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
   }
   for (PullResult* r : {pulls.back().get(), w_only.get(), b_only.get()}) {
     ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
@@ -780,8 +853,7 @@ TEST(HostileInputTest, ParkedPullsOfOneWorkerAreSupersededNotAccumulated) {
 // Finding 4: in ssp and async a push for step 10^12 was accepted, and every later honest push of
 // that worker was dropped as a duplicate; step 2^63-1 overflowed the SSP clock.
 TEST(HostileInputTest, PushesFromTheFutureAreRefusedInEveryMode) {
-  for (const ConsistencyConfig& mode :
-       {Mode(BSP), Mode(BACKUP, 1), Mode(ASYNC), Mode(SSP, 2)}) {
+  for (const ConsistencyConfig& mode : {Mode(BSP), Mode(BACKUP, 1), Mode(ASYNC), Mode(SSP, 2)}) {
     SCOPED_TRACE(mode.ShortDebugString());
     auto shard = StartedShardIn(2, mode);
     PullNow(shard.get(), 0, 0);
@@ -885,8 +957,7 @@ TEST(JobLifecycleTest, FinishIsValidated) {
         << bad;
   }
   for (int64_t steps : {int64_t{-1}, int64_t{1} << 48, std::numeric_limits<int64_t>::max()}) {
-    EXPECT_EQ(shard->Finish(FinishOf(0, steps)).status().code(),
-              absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(shard->Finish(FinishOf(0, steps)).status().code(), absl::StatusCode::kInvalidArgument)
         << steps;
   }
   EXPECT_EQ(shard->Stats().finished_workers(), 0);
@@ -929,7 +1000,7 @@ TEST(JobLifecycleTest, DroppedWorkersGetOneLeaseToComeBackAfterTheOthersFinish) 
   auto again = StartedShard(3, /*lease_ms=*/200);
   ASSERT_TRUE(again->Finish(FinishOf(0, 5)).ok());
   ASSERT_TRUE(again->Finish(FinishOf(1, 5)).ok());
-  absl::SleepFor(absl::Milliseconds(300));  // Worker 2 silent past its lease...
+  absl::SleepFor(absl::Milliseconds(300));                // Worker 2 silent past its lease...
   ASSERT_TRUE(again->Register(Registration(2, 3)).ok());  // ...and back.
   for (int i = 0; i < 10; ++i) {
     HeartbeatRequest hb;

@@ -152,6 +152,12 @@ int main(int argc, char** argv) {
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
   const int checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   const int64_t restore_step = absl::GetFlag(FLAGS_restore_step);
+  if (!checkpoint_dir.empty() && spec->adaptive_batch().max_global_batch() > 0) {
+    // A checkpoint does not record the batch plan, so a restored job would draw other examples.
+    return Fail(
+        "--checkpoint_dir cannot be used with --adaptive_batch (checkpoints do not keep "
+        "the batch plan)");
+  }
   if (!checkpoint_dir.empty()) {
     if (checkpoint_every < 1) return Fail("--checkpoint_every_steps must be >= 1");
     if (checkpoint_keep < 1) return Fail("--checkpoint_keep must be >= 1");

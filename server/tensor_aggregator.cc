@@ -118,6 +118,21 @@ void TensorAggregator::DrainInOrder(const Members& members, Released* released) 
   }
 }
 
+namespace {
+
+// The policy's rate for the update from `version`, scaled for an adaptive batch's step.
+double Rate(const TensorAggregator::Context& ctx, int64_t version, int members, int64_t staleness) {
+  double lr = ctx.policy->LearningRate(*ctx.schedule, version, members, staleness);
+  if (ctx.plan != nullptr) {
+    if (std::shared_ptr<const BatchPlan> plan = std::atomic_load(ctx.plan); plan != nullptr) {
+      lr *= ctx.schedule->BatchFactor(int64_t{plan->BatchAt(version)} * plan->workers());
+    }
+  }
+  return lr;
+}
+
+}  // namespace
+
 bool TensorAggregator::StepComplete(const Context& ctx, const Members& members) const {
   bool all = true;
   for (int w = 0; w < num_workers_ && all; ++w) all = !members.member[w] || received_[w];
@@ -140,8 +155,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     added_ = 0;
     Accumulate(*gradient.data, /*measure=*/false);
     received_count_ = 1;
-    const double lr =
-        ctx.policy->LearningRate(*ctx.schedule, version_, members->count, outcome->staleness);
+    const double lr = Rate(ctx, version_, members->count, outcome->staleness);
     Apply(ctx, lr, released);
     outcome->applied = true;
     return lr;
@@ -178,7 +192,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   }
   if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members, released);
   if (!StepComplete(ctx, *members)) return 0;
-  const double lr = ctx.policy->LearningRate(*ctx.schedule, version_, members->count, 0);
+  const double lr = Rate(ctx, version_, members->count, 0);
   Apply(ctx, lr, released);
   outcome->applied = true;
   return lr;
@@ -191,7 +205,7 @@ bool TensorAggregator::ApplyIfComplete(const Context& ctx, Released* released,
   const std::shared_ptr<const Members> members = std::atomic_load(ctx.members);
   if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members, released);
   if (!StepComplete(ctx, *members)) return false;
-  *learning_rate = ctx.policy->LearningRate(*ctx.schedule, version_, members->count, 0);
+  *learning_rate = Rate(ctx, version_, members->count, 0);
   Apply(ctx, *learning_rate, released);
   return true;
 }

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/batch_plan.h"
 #include "common/optimizer.h"
 #include "common/tensor_wire.h"
 #include "common/thread_pool.h"
@@ -102,6 +103,9 @@ class TensorAggregator {
     // (so a worker that has pulled version s + 1 of every tensor finds step s measured). May be
     // null.
     NoiseScaleMonitor* noise = nullptr;
+    // An adaptive batch's plan (std::atomic_load it; may be null): each step's rate is scaled by
+    // the schedule's rule for that step's global batch.
+    const std::shared_ptr<const BatchPlan>* plan = nullptr;
   };
 
   TensorAggregator(std::string name, std::vector<int64_t> shape, std::vector<float> initial,
