@@ -81,7 +81,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "exclude_from_layer_adaptation", "clip_global_norm", "lr_reference_batch",
                  "lr_scaling", "warmup_steps", "warmup_epochs", "lr_decay", "lr_decay_steps",
                  "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms",
-                 "max_message_mb")
+                 "max_message_mb", "adaptive_batch", "adaptive_batch_every")
 # Flags given to servers only.
 SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb", "checkpoint_dir",
                 "checkpoint_every_steps", "checkpoint_keep", "restore_step")
@@ -395,6 +395,8 @@ class WorkerView:
         self.done = {}
         self.evals = []  # (seconds since launch, test accuracy) of every evaluation.
         self.eval_steps = []  # The step of each of self.evals.
+        self.eval_epochs = []  # The epochs drawn by each of self.evals (None: not reported).
+        self.batch_changes = []  # Adaptive batch: worker 0's "batch" records, in step order.
         self.started_at = None  # Seconds since launch when the worker's start record came.
 
     def feed(self, stream, began):
@@ -418,9 +420,25 @@ class WorkerView:
                 if event == "eval" and "test_accuracy" in record:
                     self.evals.append((time.monotonic() - began, record["test_accuracy"]))
                     self.eval_steps.append(record.get("step"))
+                    self.eval_epochs.append(record.get("epochs"))
                 elif event == "done" and "test_accuracy" in record and not self.evals:
                     self.evals.append((time.monotonic() - began, record["test_accuracy"]))
                     self.eval_steps.append(record.get("steps"))
+                    self.eval_epochs.append(None)
+                elif event == "batch":
+                    self.batch_changes.append(record)
+
+
+def examples_drawn(steps, batch, changes):
+    """Examples one worker drew in `steps` steps that began at `batch` a step, with the adaptive
+    batch's `changes` ({"step", "batch_size"}, in step order) applied."""
+    total, at = 0, 0
+    for c in changes:
+        if c["step"] >= steps:
+            break
+        total += (c["step"] - at) * batch
+        at, batch = c["step"], c["batch_size"]
+    return total + max(0, steps - at) * batch
 
 
 def free_ports(n):
@@ -1426,11 +1444,19 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
         summary["test_accuracy"] = max(done, key=lambda d: d[0])[1]["test_accuracy"]
         summary["steps"] = max(d["steps"] for _, d in done)
         summary["per_worker"] = [d for _, d in done]
-    reached = [(t, step) for v in views for (t, acc), step in zip(v.evals, v.eval_steps)
+    reached = [(t, step, epochs) for v in views
+               for (t, acc), step, epochs in zip(v.evals, v.eval_steps, v.eval_epochs)
                if acc >= args.target_accuracy]
     summary["time_to_target_s"] = round(min(reached)[0], 3) if reached else None
-    # The job step at which a worker first measured it (the evaluation's own step).
+    # The job step at which a worker first measured it (the evaluation's own step), and the
+    # epochs of training examples drawn by then (the fair measure when the batch changes).
     summary["steps_to_target"] = min(reached)[1] if reached else None
+    summary["epochs_to_target"] = min(reached)[2] if reached else None
+    # Adaptive batch: every change, as the servers announced it (worker 0's records).
+    changes = [c for v in views for c in v.batch_changes]
+    summary["batch_changes"] = [
+        {k: c.get(k) for k in ("step", "batch_size", "global_batch", "b_simple", "learning_rate")}
+        for c in sorted(changes, key=lambda c: c.get("step", 0))]
     # Every evaluation, on the launch's clock (seconds since the launch began), for plots of
     # accuracy against wall time; and when each worker's training began on that clock (its
     # records' "t" count from there).
@@ -1441,9 +1467,10 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
     summary["worker_started_s"] = [None if v.started_at is None else round(v.started_at, 3)
                                    for v in views]
     worker_steps = sum(v.step.get("step", 0) for v in views)
-    batch = sum(v.start.get("batch_size", 0) for v in views) / max(1, len(views))
+    examples = sum(examples_drawn(v.step.get("step", 0), v.start.get("batch_size", 0),
+                                  summary["batch_changes"]) for v in views)
     summary["worker_steps_per_s"] = round(worker_steps / max(wall, 1e-9), 2)
-    summary["examples_per_s"] = round(worker_steps * batch / max(wall, 1e-9), 1)
+    summary["examples_per_s"] = round(examples / max(wall, 1e-9), 1)
     # What the servers saw: each one's final statistics (its stdout line, or local: its file).
     histogram = [0] * len(STALENESS_BUCKETS)
     totals = {"applied_updates": 0, "dropped_gradients": 0, "dropped_workers": 0,

@@ -174,6 +174,14 @@ class HelpersTest(unittest.TestCase):
             with self.assertRaises(ValueError, msg=bad):
                 launch.model_bytes(bad)
 
+    def test_examples_drawn_follows_the_batch_changes(self):
+        self.assertEqual(launch.examples_drawn(10, 16, []), 160)
+        changes = [{"step": 4, "batch_size": 32}, {"step": 8, "batch_size": 64}]
+        self.assertEqual(launch.examples_drawn(10, 16, changes), 4 * 16 + 4 * 32 + 2 * 64)
+        self.assertEqual(launch.examples_drawn(6, 16, changes), 4 * 16 + 2 * 32)
+        self.assertEqual(launch.examples_drawn(4, 16, changes), 64)  # Before the first change.
+        self.assertEqual(launch.examples_drawn(0, 16, changes), 0)
+
     def test_max_message_mb(self):
         self.assertEqual(launch.max_message_mb("784-256-10"), 4)  # 0.8 MB: gRPC's default floor.
         for layers in ("784-4096-4096-10", "784-2048-10", "1024-1024", "784-16384-16384-10"):

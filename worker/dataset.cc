@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "worker/idx_reader.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "worker/idx_reader.h"
 
 namespace rubato {
 namespace {
@@ -106,9 +106,10 @@ void ShardedBatcher::Shuffle() {
   position_ = 0;
 }
 
-void ShardedBatcher::SeekToStep(int64_t step) {
+void ShardedBatcher::SeekToStep(int64_t step) { SeekToExample(step * batch_size_); }
+
+void ShardedBatcher::SeekToExample(int64_t consumed) {
   const int64_t n = static_cast<int64_t>(order_.size());
-  const int64_t consumed = step * batch_size_;
   epoch_ = consumed / n;
   Shuffle();
   position_ = consumed % n;

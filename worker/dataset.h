@@ -65,6 +65,11 @@ class ShardedBatcher {
   // Positions the batcher where it stands after `step` calls of Next from the start (a job resumed
   // from a checkpoint at that step draws the same examples as one that never stopped).
   void SeekToStep(int64_t step);
+  // Positions the batcher after `consumed` examples from the start (an adaptive batch, whose
+  // steps drew different numbers of examples).
+  void SeekToExample(int64_t consumed);
+  // The following calls of Next draw `batch_size` (>= 1) examples each.
+  void SetBatchSize(int batch_size) { batch_size_ = batch_size; }
 
   // Number of epochs completed, i.e. the epoch the next example is drawn from (0 at first).
   int64_t epoch() const { return epoch_; }

@@ -30,6 +30,7 @@ class InProcessPsClient final : public PsClient {
                                    int64_t resume_step) override {
     RETURN_IF_ERROR(CheckSizes(initial, "initial value"));
     int64_t resume = -1;
+    registered_batch_plan_.clear();
     for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
       RegisterRequest request;
       request.set_worker_id(options_.worker_id);
@@ -64,6 +65,7 @@ class InProcessPsClient final : public PsClient {
           continue;
         }
         resume = resume < 0 ? response.resume_step() : std::min(resume, response.resume_step());
+        KeepBatchPlan(response);
         break;
       }
     }
@@ -222,6 +224,8 @@ class InProcessPsClient final : public PsClient {
     WirePush push;
     push.worker_id = options_.worker_id;
     push.step = step;
+    push.batch_size = push_batch_size_;
+    if (has_push_relay_) push.noise_relay = push_relay_;
     for (int i : tensors) {
       WireTensor g;
       g.name = options_.model[i].name();

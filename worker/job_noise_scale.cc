@@ -15,6 +15,7 @@ std::string Ratio(double trace, double g2) {
 
 JobNoiseScale::JobNoiseScale(size_t shards) : latest_(shards) {
   for (NoiseScaleStats& s : latest_) s.set_step(-1);
+  relay_.set_step(-1);
 }
 
 std::string JobNoiseScale::Update(int worker, const std::vector<NoiseScaleStats>& reports) {
@@ -43,6 +44,9 @@ std::string JobNoiseScale::Update(int worker, const std::vector<NoiseScaleStats>
   if (step <= measured_step_ || !std::isfinite(g2 + trace + g2_ema + trace_ema)) return "";
   measured_step_ = step;
   if (g2_ema > 0) b_simple_ema_ = trace_ema / g2_ema;
+  relay_.set_step(step);
+  relay_.set_g2_ema(g2_ema);
+  relay_.set_trace_ema(trace_ema);
   const NoiseScaleStats& first = latest_[0];
   return absl::StrFormat(
       "{\"event\":\"noise\",\"worker\":%d,\"step\":%d,\"b_small\":%d,\"b_big\":%d,"

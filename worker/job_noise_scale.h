@@ -26,11 +26,15 @@ class JobNoiseScale {
 
   // B_simple from the moving averages of the newest step (NaN before the first).
   double b_simple_ema() const { return b_simple_ema_; }
+  // The job's moving averages of the newest step every shard has reported (null before the
+  // first), for the servers' adaptive batch (PushRequest.noise_relay).
+  const NoiseScaleRelay* relay() const { return relay_.step() >= 0 ? &relay_ : nullptr; }
 
  private:
   std::vector<NoiseScaleStats> latest_;  // Per shard, its newest valid report.
   int64_t measured_step_ = -1;
   double b_simple_ema_ = std::nan("");
+  NoiseScaleRelay relay_;
 };
 
 }  // namespace rubato

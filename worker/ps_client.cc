@@ -38,12 +38,15 @@ void PsClient::AddPushResponse(const PushResponse& response, PushResult* result)
   result->dropped += response.dropped();
   result->max_staleness = std::max(result->max_staleness, response.max_staleness());
   if (response.has_noise_scale()) result->noise.push_back(response.noise_scale());
+  if (response.has_batch_change()) result->batch_changes.push_back(response.batch_change());
 }
 
 void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
   total->dropped += part.dropped;
   total->max_staleness = std::max(total->max_staleness, part.max_staleness);
   total->noise.insert(total->noise.end(), part.noise.begin(), part.noise.end());
+  total->batch_changes.insert(total->batch_changes.end(), part.batch_changes.begin(),
+                              part.batch_changes.end());
   if (part.min_version >= 0) {
     total->min_version =
         total->min_version < 0 ? part.min_version : std::min(total->min_version, part.min_version);
@@ -299,7 +302,11 @@ class GrpcPsClient final : public PsClient {
     // A step some shard has not seen from this worker is pushed again everywhere; shards that had
     // it acknowledge the repeat as a duplicate.
     int64_t resume = responses[0].resume_step();
-    for (const RegisterResponse& r : responses) resume = std::min(resume, r.resume_step());
+    registered_batch_plan_.clear();
+    for (const RegisterResponse& r : responses) {
+      resume = std::min(resume, r.resume_step());
+      KeepBatchPlan(r);
+    }
     *out = std::move(responses);
     return resume;
   }
@@ -525,6 +532,7 @@ class GrpcPsClient final : public PsClient {
     slices.reserve(2 * tensors.size());
     std::string header;
     EncodePushHeader(options_.worker_id, step, &header);
+    EncodePushExtras(push_batch_size_, has_push_relay_ ? &push_relay_ : nullptr, &header);
     for (int i : tensors) {
       const size_t bytes = grads[i].size() * sizeof(float);
       EncodeTensorHeader(3, options_.model[i].name(), 0, bytes, &header);

@@ -58,6 +58,8 @@ class PsClient {
     int64_t min_version = -1;  // WaitPush with a pull: the smallest version pulled (-1: none)
     // bsp, backup: each answering shard's newest noise-scale terms (server/noise_scale.h).
     std::vector<NoiseScaleStats> noise;
+    // Adaptive batch: each answering shard's newest batch change (common/batch_plan.h).
+    std::vector<BatchChange> batch_changes;
   };
   virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                             PushResult* result = nullptr) = 0;
@@ -97,6 +99,18 @@ class PsClient {
   // Adds one shard's answer to a push into `result`.
   static void AddPushResponse(const PushResponse& response, PushResult* result);
 
+  // Adaptive batch (common/batch_plan.h): what the following pushes declare: the batch their
+  // gradients were computed on (PushRequest.batch_size; 0: the registered one) and the job's noise
+  // scale as this worker summed it (PushRequest.noise_relay; none if null).
+  void SetPushExtras(int32_t batch_size, const NoiseScaleRelay* relay) {
+    push_batch_size_ = batch_size;
+    has_push_relay_ = relay != nullptr;
+    if (relay != nullptr) push_relay_ = *relay;
+  }
+  // Adaptive batch: the changes so far, as the last Register's answers gave them (the longest
+  // list any shard sent).
+  const std::vector<BatchChange>& registered_batch_plan() const { return registered_batch_plan_; }
+
   virtual absl::Status Heartbeat(int64_t step) = 0;
 
   // Tells every shard that this worker has finished after `steps` steps (after its last pull), so
@@ -107,6 +121,19 @@ class PsClient {
   // Placement: the shard of each tensor, and bytes per shard.
   virtual const std::vector<int>& shard_of() const = 0;
   virtual const std::vector<int64_t>& shard_bytes() const = 0;
+
+ protected:
+  // For the implementations: the PushRequest fields SetPushExtras set, and the plan Register
+  // found.
+  int32_t push_batch_size_ = 0;
+  bool has_push_relay_ = false;
+  NoiseScaleRelay push_relay_;
+  std::vector<BatchChange> registered_batch_plan_;
+  void KeepBatchPlan(const RegisterResponse& response) {
+    if (response.batch_plan_size() > static_cast<int>(registered_batch_plan_.size())) {
+      registered_batch_plan_.assign(response.batch_plan().begin(), response.batch_plan().end());
+    }
+  }
 };
 
 struct PsClientOptions {

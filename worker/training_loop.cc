@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/batch_plan.h"
 #include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/job_noise_scale.h"
@@ -141,7 +142,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
                                            std::vector<std::vector<float>>* params,
                                            std::ostream* progress) {
   const std::vector<ParamSpec> specs = ModelParamSpecs(spec);
-  const int64_t batch = batcher->batch_size();
+  const int batch0 = batcher->batch_size();
+  int batch = batch0;
   const bool overlap = OverlapEnabled(options, *client, nullptr);
   std::vector<float> x(batch * spec.input.size());  // (batch, input size)
   std::vector<int32_t> y(batch);                    // (batch)
@@ -149,13 +151,24 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   for (size_t i = 0; i < specs.size(); ++i) grads[i].resize(specs[i].elements());
   std::vector<absl::Span<float>> grad_spans(grads.begin(), grads.end());
 
+  // The batch plan (one batch throughout unless adaptive), the job's examples and its steps.
+  const int workers = std::max(1, options.num_workers);
+  BatchPlan plan(workers, batch0);
+  const int64_t job_examples = options.steps * batch0 * workers;
+  int64_t steps = options.steps;
+
   auto evaluate = [&](int64_t step, double t) -> absl::StatusOr<EvalResult> {
     ASSIGN_OR_RETURN(EvalResult r, backend->Evaluate(ConstSpans(*params), test.features.data(),
                                                      test.labels.data(), test.size));
     *progress << absl::StrFormat(
                      "{\"event\":\"eval\",\"worker\":%d,\"step\":%d,\"t\":%.3f,"
-                     "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"examples\":%d}",
-                     options.worker_id, step, t, r.loss, r.accuracy, r.examples)
+                     "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"examples\":%d%s}",
+                     options.worker_id, step, t, r.loss, r.accuracy, r.examples,
+                     options.train_examples > 0
+                         ? absl::StrFormat(",\"epochs\":%.4f",
+                                           static_cast<double>(plan.ExamplesBefore(step)) /
+                                               options.train_examples)
+                         : "")
               << std::endl;
     return r;
   };
@@ -177,6 +190,51 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   int64_t prefetched_step = -1, prefetched_version = 0;
   TrainingResult result;
   JobNoiseScale noise(client->shard_bytes().size());
+  // Adaptive batch: takes the changes the shards announced. `computed` is the last step this
+  // worker has computed (-1 at registration, when they are the job's history): a change for a
+  // step already computed cannot be applied and is an error, as are shards that disagree.
+  auto adopt = [&](const std::vector<BatchChange>& changes, int64_t computed) -> absl::Status {
+    if (!options.adaptive_batch) return absl::OkStatus();
+    for (const BatchChange& c : changes) {
+      const std::vector<BatchChange>& have = plan.changes();
+      auto same = std::find_if(have.begin(), have.end(), [&](const BatchChange& h) {
+        return h.from_step() == c.from_step();
+      });
+      if (same != have.end()) {
+        if (same->batch_size() != c.batch_size()) {
+          return absl::InternalError(absl::StrCat("the shards disagree on the batch from step ",
+                                                  c.from_step(), ": ", same->batch_size(), " and ",
+                                                  c.batch_size()));
+        }
+        continue;
+      }
+      if (computed >= 0 && c.from_step() <= computed) {
+        return absl::InternalError(absl::StrCat("a batch change from step ", c.from_step(),
+                                                " arrived after step ", computed, " was computed"));
+      }
+      if (absl::Status s = plan.Add(c); !s.ok()) {
+        return absl::InternalError(absl::StrCat("the servers announced ", s.message()));
+      }
+      steps = plan.TotalSteps(job_examples);
+      if (options.worker_id == 0) {
+        *progress << absl::StrFormat(
+                         "{\"event\":\"batch\",\"worker\":%d,\"step\":%d,\"batch_size\":%d,"
+                         "\"global_batch\":%d,\"b_simple\":%.6g,\"learning_rate\":%.6g,"
+                         "\"steps\":%d,\"t\":%.3f}",
+                         options.worker_id, c.from_step(), c.batch_size(), c.global_batch(),
+                         c.b_simple(), c.learning_rate(), steps,
+                         absl::ToDoubleSeconds(absl::Now() - start))
+                  << std::endl;
+      }
+    }
+    return absl::OkStatus();
+  };
+  // Draws the examples an uninterrupted worker would draw from `step` on.
+  auto seek = [&](int64_t step) {
+    batch = plan.BatchAt(step);
+    batcher->SetBatchSize(batch);
+    batcher->SeekToExample(plan.ExamplesBefore(step) / workers);
+  };
   int rejoins = 0;
   // Registers again after a server dropped this worker; returns the step to continue from.
   auto rejoin = [&](int64_t step, const absl::Status& why) -> absl::StatusOr<int64_t> {
@@ -184,25 +242,27 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       return absl::Status(why.code(), absl::StrCat("step ", step, ": dropped ", rejoins - 1,
                                                    " times, giving up: ", why.message()));
     }
-    ASSIGN_OR_RETURN(const int64_t resume, client->Register(*params, batch, step));
+    ASSIGN_OR_RETURN(const int64_t resume, client->Register(*params, batch0, step));
+    RETURN_IF_ERROR(adopt(client->registered_batch_plan(), -1));
     *progress << absl::StrFormat(
                      "{\"event\":\"rejoin\",\"worker\":%d,\"step\":%d,\"resume_step\":%d,"
                      "\"t\":%.3f}",
                      options.worker_id, step, resume, absl::ToDoubleSeconds(absl::Now() - start))
               << std::endl;
     result.rejoins = rejoins;
-    if (resume > step) result.skipped_steps += std::min(resume, options.steps) - step;
+    if (resume > step) result.skipped_steps += std::min(resume, steps) - step;
     if (resume < step && options.rewind_on_rejoin) {
       result.redone_steps += step - resume;
-      batcher->SeekToStep(resume);
+      seek(resume);
       return resume;
     }
     return std::max(resume, step);
   };
   // A worker that starts mid-job (a resumed job, a restarted worker) draws the examples an
   // uninterrupted one would draw from this step on.
-  if (options.start_step > 0) batcher->SeekToStep(options.start_step);
-  for (int64_t step = options.start_step; step < options.steps; ++step) {
+  RETURN_IF_ERROR(adopt(client->registered_batch_plan(), -1));
+  if (options.start_step > 0) seek(options.start_step);
+  for (int64_t step = options.start_step; step < steps; ++step) {
     if (options.current_step != nullptr) options.current_step->store(step);
     if (options.straggler != nullptr && options.straggler->CrashAt(step)) {
       InjectedCrash(step, progress);
@@ -228,11 +288,20 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       RETURN_IF_ERROR(AtStep(step, s));
     }
     if (options.skip_to_current_version && version > step) {
-      skipped_steps += std::min(version, options.steps) - step;
-      result.skipped_steps += std::min(version, options.steps) - step;
+      skipped_steps += std::min(version, steps) - step;
+      result.skipped_steps += std::min(version, steps) - step;
       step = version;
-      if (step >= options.steps) break;
+      if (step >= steps) break;
     }
+    if (options.adaptive_batch) {
+      if (const int b = plan.BatchAt(step); b != batch) {
+        batch = b;
+        batcher->SetBatchSize(b);
+      }
+      client->SetPushExtras(batch, noise.relay());
+    }
+    x.resize(static_cast<size_t>(batch) * spec.input.size());
+    y.resize(batch);
     const absl::Time t1 = absl::Now();
     batcher->Next(x.data(), y.data());
     // Forward and backward on this worker's minibatch; with overlap, each layer's push starts from
@@ -322,10 +391,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       const std::string record = noise.Update(options.worker_id, pushed.noise);
       if (!record.empty() && options.worker_id == 0) *progress << record << '\n';
     }
+    RETURN_IF_ERROR(AtStep(step, adopt(pushed.batch_changes, step)));
     dropped += pushed.dropped;
     ++interval_steps;
     const int64_t done = step + 1;
-    if (done % options.log_every == 0 || done == options.steps) {
+    if (done % options.log_every == 0 || done == steps) {
       const double elapsed = absl::ToDoubleSeconds(t3 - interval_start);
       result.final_loss = loss_sum / interval_steps;
       *progress << absl::StrFormat(
@@ -354,19 +424,22 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       std::fill(ready_to_ack_s.begin(), ready_to_ack_s.end(), 0.0);
       interval_steps = dropped = skipped_steps = 0;
     }
-    if (test.size > 0 && options.eval_every > 0 && done % options.eval_every == 0 &&
-        done != options.steps) {
+    // Every eval_every steps' worth of examples at the starting batch (every eval_every steps
+    // when the batch does not change).
+    const int64_t eval_examples = options.eval_every * batch0 * workers;
+    if (test.size > 0 && options.eval_every > 0 && done != steps &&
+        plan.ExamplesBefore(done) / eval_examples > plan.ExamplesBefore(step) / eval_examples) {
       RETURN_IF_ERROR(evaluate(done, absl::ToDoubleSeconds(absl::Now() - start)).status());
     }
   }
-  result.steps = options.steps;
+  result.steps = steps;
+  result.final_batch = batch;
   // The final weights: everything every worker pushed, applied.
-  if (prefetched_step != options.steps) {
-    RETURN_IF_ERROR(AtStep(options.steps, client->Pull(options.steps, absl::MakeSpan(*params))));
+  if (prefetched_step != steps) {
+    RETURN_IF_ERROR(AtStep(steps, client->Pull(steps, absl::MakeSpan(*params))));
   }
   if (test.size > 0) {
-    ASSIGN_OR_RETURN(result.test,
-                     evaluate(options.steps, absl::ToDoubleSeconds(absl::Now() - start)));
+    ASSIGN_OR_RETURN(result.test, evaluate(steps, absl::ToDoubleSeconds(absl::Now() - start)));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.noise_scale = noise.b_simple_ema();

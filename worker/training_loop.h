@@ -66,10 +66,20 @@ struct TrainingOptions {
   StragglerModel* straggler = nullptr;
   // Push each layer's gradients as soon as the backward pass produces them (see above).
   bool overlap = true;
+  // Adaptive batch (ClusterSpec.adaptive_batch; common/batch_plan.h): the servers announce each
+  // batch change in the push responses of the step before it; every worker applies it at that
+  // step, and the loop runs until the job has drawn the examples of `steps` steps at the starting
+  // batch (the same examples as a fixed-batch run), so the step count follows the plan. Worker 0
+  // writes a "batch" record for each change.
+  bool adaptive_batch = false;
+  int num_workers = 1;  // The job's workers (for the global batch).
+  // The training set's size: each "eval" record then gives the epochs drawn so far (0: none).
+  int64_t train_examples = 0;
 };
 
 struct TrainingResult {
   int64_t steps = 0;           // The job's steps: the loop ran until the job reached this one.
+  int final_batch = 0;         // The per-worker batch of the last step.
   int64_t computed_steps = 0;  // Steps this worker computed and pushed.
   int64_t skipped_steps = 0;   // Steps it jumped over (backup:b catching up, a rejoin).
   int64_t redone_steps = 0;    // Steps computed again after the job was rolled back.

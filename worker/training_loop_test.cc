@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/batch_plan.h"
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "worker/dataset.h"
@@ -61,7 +62,8 @@ struct JobResult {
 
 // One job: `workers` threads, each with its own in-process client, over `shards` shards.
 JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, int64_t steps,
-                 int64_t target_call_bytes) {
+                 int64_t target_call_bytes, const AdaptiveBatchConfig& adaptive = {},
+                 std::vector<GetStatsResponse>* shard_stats = nullptr) {
   const Dataset train = Synthetic(512, 1);
   const Dataset test = Synthetic(256, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
@@ -73,6 +75,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
   cluster.mutable_optimizer()->set_learning_rate(0.2);
   cluster.set_lease_ms(30000);
   cluster.set_wait_timeout_ms(30000);
+  *cluster.mutable_adaptive_batch() = adaptive;
   std::vector<std::unique_ptr<ParameterShard>> owned;
   std::vector<ParameterShard*> shard_ptrs;
   for (int s = 0; s < shards; ++s) {
@@ -124,6 +127,8 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
       t.start_step = *start;
       t.overlap = overlap;
       t.log_every = 1000;
+      t.adaptive_batch = adaptive.max_global_batch() > 0;
+      t.num_workers = workers;
       std::ostringstream progress;
       auto result =
           RunTraining(t, spec, client->get(), backend->get(), &*batcher, test, &params, &progress);
@@ -134,12 +139,15 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
       job.results[w] = *result;
       job.params[w] = params;
       job.progress[w] = progress.str();
-      (void)(*client)->Finish(steps);
+      (void)(*client)->Finish(result->steps);
     });
   }
   for (auto& t : threads) t.join();
   for (int w = 0; w < workers; ++w) EXPECT_EQ(errors[w], "") << "worker " << w;
   job.stats = owned[0]->Stats();
+  if (shard_stats != nullptr) {
+    for (const auto& shard : owned) shard_stats->push_back(shard->Stats());
+  }
   return job;
 }
 
@@ -200,6 +208,55 @@ TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {
       for (int b = 5; b < 8; ++b) EXPECT_EQ(j.stats.staleness_histogram(b), 0) << "bucket " << b;
     }
   }
+}
+
+TEST(TrainingLoopTest, AdaptiveBatchChangesAtTheSameStepOnEveryWorker) {
+  // Three workers of 16 (a global batch of 48) over two shards; the bounds start at 96, so the
+  // first decision (step 4, from the noise scale relayed with its pushes) must at least double the
+  // batch, and later ones follow B_simple within [96, 480].
+  AdaptiveBatchConfig adaptive;
+  adaptive.set_min_global_batch(96);
+  adaptive.set_max_global_batch(480);
+  adaptive.set_every_steps(4);
+  std::vector<GetStatsResponse> shards;
+  const JobResult j = RunJob(BSP, 3, 2, /*overlap=*/true, 60, 64, adaptive, &shards);
+  ASSERT_EQ(shards.size(), 2u);
+  // Both shards decided the same plan, each change two steps after a decision step.
+  ASSERT_GE(shards[0].batch_plan_size(), 1);
+  ASSERT_EQ(shards[0].batch_plan_size(), shards[1].batch_plan_size());
+  BatchPlan plan(3, 16);
+  for (int k = 0; k < shards[0].batch_plan_size(); ++k) {
+    const BatchChange& c = shards[0].batch_plan(k);
+    EXPECT_EQ(c.SerializeAsString(), shards[1].batch_plan(k).SerializeAsString()) << k;
+    EXPECT_EQ((c.from_step() - 2) % 4, 0) << c.from_step();
+    EXPECT_GE(c.global_batch(), 96);
+    EXPECT_LE(c.global_batch(), 480);
+    EXPECT_GT(c.b_simple(), 0);
+    ASSERT_TRUE(plan.Add(c).ok());
+  }
+  EXPECT_EQ(shards[0].batch_plan(0).from_step(), 6);
+  EXPECT_GE(shards[0].batch_plan(0).batch_size(), 32);
+  // Every worker applied every change (the shards refuse a push of another batch), ran the steps
+  // that draw the 60 x 48 examples of the fixed-batch job, and ended on the same weights.
+  const int64_t steps = plan.TotalSteps(60 * 48);
+  EXPECT_LT(steps, 60);
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(j.results[w].steps, steps) << "worker " << w;
+    EXPECT_EQ(j.results[w].computed_steps, steps) << "worker " << w;
+    EXPECT_EQ(j.results[w].final_batch, plan.BatchAt(steps - 1)) << "worker " << w;
+    EXPECT_EQ(j.params[w], j.params[0]) << "worker " << w;
+  }
+  for (const TensorStats& t : shards[0].tensors()) EXPECT_EQ(t.version(), steps);
+  // Worker 0 wrote a "batch" record per change; the noise scale was measured at each step's own
+  // batch.
+  size_t records = 0;
+  for (size_t at = 0; (at = j.progress[0].find("\"event\":\"batch\"", at)) != std::string::npos;
+       ++at) {
+    ++records;
+  }
+  EXPECT_EQ(records, static_cast<size_t>(plan.changes().size())) << j.progress[0];
+  EXPECT_EQ(j.progress[1].find("\"event\":\"batch\""), std::string::npos);
+  EXPECT_EQ(shards[0].noise_scale().batch_small(), plan.BatchAt(shards[0].noise_scale().step()));
 }
 
 }  // namespace

@@ -589,6 +589,9 @@ int main(int argc, char** argv) {
                              cluster->consistency().mode() == rubato::BACKUP;
   if (straggler->enabled()) options.straggler = &*straggler;
   options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.adaptive_batch = cluster->adaptive_batch().max_global_batch() > 0;
+  options.num_workers = cluster->num_workers();
+  options.train_examples = train->size;
 
   // Heartbeats keep this worker's lease on every shard while it computes or waits at a barrier.
   std::atomic<int64_t> current_step{*start_step};
@@ -618,11 +621,12 @@ int main(int argc, char** argv) {
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
                    "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
                    "\"params_fnv1a\":\"%016x\","
-                   "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f%s}",
+                   "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f,"
+                   "\"final_batch\":%d%s}",
                    worker_id, result->steps, result->computed_steps, result->skipped_steps,
                    result->redone_steps, result->rejoins, result->wall_seconds,
                    ParamsFingerprint(params), result->final_loss, result->test.loss,
-                   result->test.accuracy,
+                   result->test.accuracy, result->final_batch,
                    std::isfinite(result->noise_scale)
                        ? absl::StrFormat(",\"noise_scale\":%.6g", result->noise_scale)
                        : "")
@@ -632,7 +636,10 @@ int main(int argc, char** argv) {
     about.set_steps(result->steps);
     about.set_mode(rubato::FormatConsistency(cluster->consistency()));
     about.set_num_workers(cluster->num_workers());
-    about.set_global_batch(global_batch);
+    // The last step's (an adaptive batch changes it).
+    about.set_global_batch(result->final_batch > 0
+                               ? int64_t{result->final_batch} * cluster->num_workers()
+                               : global_batch);
     about.set_optimizer(cluster->optimizer().type());
     about.set_test_accuracy(result->test.accuracy);
     about.set_test_loss(result->test.loss);
