@@ -648,6 +648,7 @@ def table(data):
     budget = data.suite.get("budget_s_used")
     epochs = sorted({str(f.get("epochs", "?")) for _, f in data.cells})
     header = ["cell", "runs ok", "time to %.2f (s)" % data.suite["target_accuracy"],
+              "epochs to %.2f" % data.suite["target_accuracy"],
               "final accuracy (epochs: %s)" % "/".join(epochs),
               "accuracy at %s" % ("%.1f s" % budget if budget else "budget"),
               "wall (s)", "examples/s", "updates applied", "mean staleness >=",
@@ -665,7 +666,7 @@ def table(data):
         out.append([
             cell, "%d/%s" % (ok, r["runs"]),
             _pm(r, "time_to_target_s", 1) + ("" if ttt_n == ok else " (%d/%d)" % (ttt_n, ok)),
-            _pm(r, "test_accuracy", 4), _pm(r, "accuracy_at_budget", 4), _pm(r, "wall_s", 1),
+            _pm(r, "epochs_to_target", 2), _pm(r, "test_accuracy", 4), _pm(r, "accuracy_at_budget", 4), _pm(r, "wall_s", 1),
             _pm(r, "examples_per_s", 0), _pm(r, "applied_updates", 0),
             _pm(r, "mean_staleness_lower_bound", 2), _pm(r, "noise_scale", 0),
             "%.0f%%" % (100 * max(busy)) if busy else "",

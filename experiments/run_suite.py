@@ -45,7 +45,8 @@ from experiments import analysis, report, stats, suite  # noqa: E402
 
 LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
 # What results.csv holds for each run, from its summary.json.
-METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "steps_to_target", "worker_steps_per_s",
+METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "steps_to_target", "epochs_to_target",
+           "worker_steps_per_s",
            "examples_per_s",
            "applied_updates", "dropped_gradients", "dropped_workers",
            "mean_staleness_lower_bound", "noise_scale", "accuracy_at_budget")
