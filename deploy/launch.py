@@ -540,10 +540,16 @@ def render(views, states, total_steps, hosts=None):
     fmt = "%-8s " + ("%-12s " if hosts else "%s") + "%-8s %13s %6s %8s %9s %9s %9s %9s %6s"
     rows = [fmt % ("worker", "host" if hosts else "", "state", "step", "epoch", "loss",
                    "test_acc", "steps/s", "comm_ms", "delay_ms", "stale")]
+    # Adaptive batch: the job's steps follow the plan; worker 0's newest batch record says how many.
+    changes = []
+    for v in views:
+        with v.lock:
+            changes += v.batch_changes
+    planned = max(changes, key=lambda c: c.get("step", 0)).get("steps") if changes else None
     for i, (v, state) in enumerate(zip(views, states)):
         with v.lock:
             step, ev, start = dict(v.step), dict(v.eval), dict(v.start)
-        total = start.get("steps", total_steps or 0)
+        total = planned or start.get("steps", total_steps or 0)
         acc = ev.get("test_accuracy")
         rows.append(fmt % (
             v.index, hosts[i] if hosts else "", state,
