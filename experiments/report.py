@@ -400,31 +400,44 @@ def plot_timeline(plt, data, plots_dir):
 
 def plot_noise_scale(plt, data, plots_dir):
     fig, ax = plt.subplots(figsize=(8, 4.4))
-    drawn, b_big = False, None
-    for i, (cell, _) in enumerate(data.cells):
+    drawn = False
+    for i, (cell, flags) in enumerate(data.cells):
+        train = int(flags.get("train_limit") or FASHION_MNIST_TRAIN)
         for k, (seed, _) in enumerate(data.runs(cell)):
             noise = data.records(cell, seed, "noise", "b_simple_ema").get(0, [])
-            points = [(r["step"], r["b_simple_ema"]) for r in noise
+            # Epochs drawn before each measured step: the global batches of the steps before it
+            # (each record's b_big; it changes under an adaptive batch).
+            epochs, drawn_examples, last_step, last_batch = [], 0, 0, 0
+            for r in noise:
+                drawn_examples += (r["step"] - last_step) * last_batch
+                last_step, last_batch = r["step"], r.get("b_big") or last_batch
+                epochs.append(drawn_examples / train)
+            points = [(e, r["b_simple_ema"]) for e, r in zip(epochs, noise)
                       if r.get("b_simple_ema") is not None]
             if not points:
                 continue
-            ax.plot([p[0] for p in points], [p[1] for p in points], color="C%d" % (i % 10),
+            color = "C%d" % (i % 10)
+            ax.plot([p[0] for p in points], [p[1] for p in points], color=color,
                     lw=1.0, alpha=0.8, label=cell if k == 0 else None)
-            b_big = noise[-1].get("b_big")
+            batch = [(e, r["b_big"]) for e, r in zip(epochs, noise) if r.get("b_big")]
+            if batch:
+                ax.step([p[0] for p in batch], [p[1] for p in batch], where="post", color=color,
+                        lw=0.8, ls=":", alpha=0.8)
             drawn = True
     if not drawn:
         plt.close(fig)
         return None
-    if b_big:
-        ax.axhline(b_big, color="k", lw=0.8, ls=":")
-    ax.set_xlabel("step")
+    ax.set_xlabel("epochs of training examples drawn")
     ax.set_ylabel("B_simple (examples)")
+    ax.set_yscale("log")
     ax.set_title("%s: gradient noise scale B_simple = tr(Sigma)/|G|^2 over training, from the "
-                 "servers' moving averages\n(one line per run; dotted: the global batch)"
-                 % data.suite["name"], fontsize=9)
+                 "servers' moving averages\n(one line per run; dotted, in its colour: the run's "
+                 "global batch)" % data.suite["name"], fontsize=9)
     ax.legend(fontsize=7)
     return _save(plt, fig, plots_dir, "noise_scale")
 
+
+FASHION_MNIST_TRAIN = 60000
 
 NOISE_LABEL = "measured B_simple (McCandlish et al. 2018)"
 
