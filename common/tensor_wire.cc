@@ -433,18 +433,14 @@ absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePu
       message, "PushRequest", 3, max_tensors, &out->gradients,
       [out](const Tag& tag, WireReader* r, bool* handled) -> absl::Status {
         if (tag.field == 5 && tag.type == kLengthDelimited) {
-          // noise_relay: a few numbers; anything longer is not one.
-          constexpr uint64_t kMaxRelayBytes = 64;
-          uint64_t n = 0;
+          // noise_relay: parsed by protobuf itself, merged as protobuf merges a message field that
+          // occurs more than once. The message limit bounds its size.
           ByteChunks bytes;
-          if (!r->ReadVarint(&n) || n > kMaxRelayBytes || !r->ReadBytes(n, &bytes)) {
-            return Malformed("PushRequest", *r, "noise_relay is truncated or too long");
-          }
-          NoiseScaleRelay relay;
-          if (!relay.ParseFromString(bytes.Flatten())) {
+          if (absl::Status s = ReadLength(r, "PushRequest", &bytes); !s.ok()) return s;
+          if (!out->noise_relay.has_value()) out->noise_relay.emplace();
+          if (!out->noise_relay->MergeFromString(bytes.Flatten())) {
             return Malformed("PushRequest", *r, "noise_relay does not parse");
           }
-          out->noise_relay = std::move(relay);
           *handled = true;
           return absl::OkStatus();
         }

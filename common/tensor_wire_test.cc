@@ -184,12 +184,16 @@ TEST(TensorWireTest, PushExtrasAreProtobufsBatchSizeAndNoiseRelay) {
   std::string plain;
   EncodePushExtras(0, nullptr, &plain);
   EXPECT_TRUE(plain.empty());
-  // A relay longer than any relay, or one that does not parse, is refused.
-  std::string huge;
-  EncodePushHeader(2, 43, &huge);
-  huge += std::string("\x2a\x50", 2) + std::string(80, '\0');
-  EXPECT_EQ(ParsePushRequest(ByteChunks(huge), 10, &ours).code(),
-            absl::StatusCode::kInvalidArgument);
+  // A relay given twice is merged, as protobuf merges it; one that does not parse is refused.
+  NoiseScaleRelay second;
+  second.set_trace_ema(7);
+  std::string twice = message;
+  EncodePushExtras(0, &second, &twice);
+  ASSERT_TRUE(reference.ParseFromString(twice));
+  ASSERT_TRUE(ParsePushRequest(ByteChunks(twice), 10, &ours).ok());
+  EXPECT_EQ(ours.noise_relay->SerializeAsString(), reference.noise_relay().SerializeAsString());
+  EXPECT_EQ(ours.noise_relay->step(), 41);
+  EXPECT_EQ(ours.noise_relay->trace_ema(), 7);
   const std::string garbled = std::string("\x2a\x02\x08\xff", 4);  // A truncated varint inside.
   EXPECT_EQ(ParsePushRequest(ByteChunks(garbled), 10, &ours).code(),
             absl::StatusCode::kInvalidArgument);

@@ -74,6 +74,12 @@ void Run(const uint8_t* data, size_t size) {
       FUZZ_CHECK(we_accept, "protobuf accepts a PushRequest that ours refuses");
       FUZZ_CHECK(theirs.worker_id() == ours.worker_id, "worker_id differs");
       FUZZ_CHECK(theirs.step() == ours.step, "step differs");
+      FUZZ_CHECK(theirs.batch_size() == ours.batch_size, "batch_size differs");
+      FUZZ_CHECK(theirs.has_noise_relay() == ours.noise_relay.has_value(),
+                 "noise_relay's presence differs");
+      FUZZ_CHECK(!ours.noise_relay.has_value() || ours.noise_relay->SerializeAsString() ==
+                                                      theirs.noise_relay().SerializeAsString(),
+                 "noise_relay differs");
       FUZZ_CHECK(theirs.gradients_size() == static_cast<int>(ours.gradients.size()),
                  "gradient count differs");
       for (int i = 0; i < theirs.gradients_size(); ++i)
