@@ -29,12 +29,18 @@ TEST(JobNoiseScaleTest, AddsTheShardsOfOneStepOnce) {
   JobNoiseScale job(2);
   EXPECT_EQ(job.Update(0, {Report(0, 5, 1.0, 10.0, 2.0, 20.0)}), "");  // Shard 1 not yet.
   EXPECT_TRUE(std::isnan(job.b_simple_ema()));
+  EXPECT_EQ(job.relay(), nullptr);
   const std::string record = job.Update(0, {Report(1, 5, 3.0, 30.0, 2.0, 60.0)});
   EXPECT_EQ(record,
             "{\"event\":\"noise\",\"worker\":0,\"step\":5,\"b_small\":32,\"b_big\":128,"
             "\"g2\":4,\"trace\":40,\"b_simple\":10,\"g2_ema\":4,\"trace_ema\":80,"
             "\"b_simple_ema\":20,\"steps\":6}");
   EXPECT_EQ(job.b_simple_ema(), 20.0);
+  // What the worker relays to the servers for an adaptive batch: the sums of the averages.
+  ASSERT_NE(job.relay(), nullptr);
+  EXPECT_EQ(job.relay()->step(), 5);
+  EXPECT_EQ(job.relay()->g2_ema(), 4.0);
+  EXPECT_EQ(job.relay()->trace_ema(), 80.0);
   // The same step again writes nothing; an older one is not taken.
   EXPECT_EQ(job.Update(0, {Report(0, 5, 1, 1, 1, 1), Report(1, 5, 1, 1, 1, 1)}), "");
   EXPECT_EQ(job.Update(0, {Report(0, 4, 1, 1, 1, 1), Report(1, 4, 1, 1, 1, 1)}), "");
