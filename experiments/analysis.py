@@ -222,24 +222,27 @@ def batch_grid(series, rows):
 
 
 def noise_summary(rows, flags):
-    """The gradient noise scale B_simple that the finished runs measured (results.csv's
-    noise_scale: each job's, from the servers' moving averages at its end), or None when none did:
-    {"median": over all those runs, "runs": how many, "by_batch": {global batch: (median, runs)},
-    "low", "high": the (global batch, median) of by_batch's smallest and largest median}. `flags`:
-    {cell: its flags}, for the global batch of each run."""
-    values, by_batch = [], {}
+    """The gradient noise scale B_simple that the runs measured (results.csv's noise_scale: each
+    job's, from the servers' moving averages at its end), or None when none did. Only runs that
+    reached the target count: a diverged run measures gradients far from any the others see.
+    {"median": the median at the smallest global batch (the runs with the most steps, trained
+    furthest, as the noise scale grows while the loss falls), "batch": that batch, "runs": how
+    many runs it is of, "by_batch": {global batch: (median, runs)}, "low", "high": the (global
+    batch, median) of by_batch's smallest and largest median}. `flags`: {cell: its flags}, for the
+    global batch of each run."""
+    by_batch = {}
     for r in finished_runs(rows):
-        if r["cell"] not in flags:
+        if r["cell"] not in flags or not numbers([r], "steps_to_target"):
             continue
         for value in numbers([r], "noise_scale"):
-            values.append(value)
             by_batch.setdefault(global_batch(flags[r["cell"]]), []).append(value)
-    if not values:
+    if not by_batch:
         return None
     per_batch = {b: (median(v), len(v)) for b, v in sorted(by_batch.items())}
     ranked = sorted((m, b) for b, (m, _) in per_batch.items())
-    return {"median": median(values), "runs": len(values), "by_batch": per_batch,
-            "low": ranked[0][::-1], "high": ranked[-1][::-1]}
+    smallest = min(per_batch)
+    return {"median": per_batch[smallest][0], "batch": smallest, "runs": per_batch[smallest][1],
+            "by_batch": per_batch, "low": ranked[0][::-1], "high": ranked[-1][::-1]}
 
 
 def slug(name):

@@ -190,21 +190,26 @@ class GlobalBatchTest(unittest.TestCase):
 
     def test_the_noise_scale_over_the_suite_and_per_batch(self):
         flags = dict(LR_CELLS)
-        rows = [row("batch=64,recipe=sgd", 1, noise_scale=100),
-                row("batch=64,recipe=lamb", 1, noise_scale=300),
-                row("batch=64,recipe=lamb", 2, noise_scale="nan"),
-                row("batch=256,recipe=sgd", 1, noise_scale=""),
-                row("batch=256,recipe=lamb", 1, noise_scale="inf"),
-                row("batch=1024,recipe=sgd", 1, noise_scale=900),
-                row("batch=1024,recipe=sgd", 2, noise_scale=1000),
-                row("batch=1024,recipe=lamb", 1, noise_scale=50),
-                row("batch=1024,recipe=lamb", 2, ok="False", noise_scale=1e9),
-                row("not-in-the-suite", 1, noise_scale=1e9)]
+        reached = {"steps_to_target": 100}
+        rows = [row("batch=64,recipe=sgd", 1, noise_scale=100, **reached),
+                row("batch=64,recipe=lamb", 1, noise_scale=300, **reached),
+                row("batch=64,recipe=lamb", 2, noise_scale=400, **reached),
+                row("batch=64,recipe=lamb", 3, noise_scale="nan", **reached),
+                row("batch=256,recipe=sgd", 1, noise_scale="", **reached),
+                row("batch=256,recipe=lamb", 1, noise_scale="inf", **reached),
+                row("batch=1024,recipe=sgd", 1, noise_scale=900, **reached),
+                row("batch=1024,recipe=sgd", 2, noise_scale=1000, **reached),
+                row("batch=1024,recipe=lamb", 1, noise_scale=50, **reached),
+                row("batch=1024,recipe=lamb", 2, noise_scale=3, steps_to_target=""),  # diverged
+                row("batch=1024,recipe=lamb", 3, ok="False", noise_scale=1e9, **reached),
+                row("not-in-the-suite", 1, noise_scale=1e9, **reached)]
         noise = analysis.noise_summary(rows, flags)
-        self.assertEqual((noise["median"], noise["runs"]), (300, 5))
-        self.assertEqual(noise["by_batch"], {64: (200, 2), 1024: (900, 3)})
-        self.assertEqual((noise["low"], noise["high"]), ((64, 200), (1024, 900)))
-        self.assertIsNone(analysis.noise_summary(rows[2:5], flags))
+        # The smallest batch's median: the runs trained furthest.
+        self.assertEqual((noise["median"], noise["batch"], noise["runs"]), (300, 64, 3))
+        self.assertEqual(noise["by_batch"], {64: (300, 3), 1024: (900, 3)})
+        self.assertEqual((noise["low"], noise["high"]), ((64, 300), (1024, 900)))
+        self.assertIsNone(analysis.noise_summary(rows[4:6], flags))
+        self.assertIsNone(analysis.noise_summary([rows[9]], flags))  # Only a diverged run.
         self.assertIsNone(analysis.noise_summary([], flags))
 
 

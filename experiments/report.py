@@ -447,10 +447,13 @@ def noise_text(noise):
     batches (each run measures its own)."""
     if noise is None:
         return "No run measured B_simple."
-    return ("%s: median %.0f over %d runs; its median per global batch ranges from %.0f (batch "
-            "%d) to %.0f (batch %d)." % ("M" + NOISE_LABEL[1:], noise["median"], noise["runs"],
-                                          noise["low"][1], noise["low"][0], noise["high"][1],
-                                          noise["high"][0]))
+    return ("%s, over the runs that reached the target (a diverged run measures gradients far "
+            "from the others'): median %.0f over the %d runs at the smallest global batch (%d; "
+            "the most steps, trained furthest: the noise scale grows as the loss falls); its "
+            "median per global batch ranges from %.0f (batch %d) to %.0f (batch %d), lower at "
+            "large batches, which end after fewer steps at a higher loss." % (
+                "M" + NOISE_LABEL[1:], noise["median"], noise["runs"], noise["batch"],
+                noise["low"][1], noise["low"][0], noise["high"][1], noise["high"][0]))
 
 
 def _noise(data):
@@ -467,7 +470,8 @@ def _mark_noise(ax, noise):
         ax.axvspan(low, high, color="grey", alpha=0.12, lw=0,
                    label="B_simple, median per batch: %.0f to %.0f" % (low, high))
     ax.axvline(noise["median"], color="k", lw=1.0, ls="-.",
-               label="%s, median %.0f" % (NOISE_LABEL, noise["median"]))
+               label="%s at batch %d, median %.0f" % (NOISE_LABEL, noise["batch"],
+                                                        noise["median"]))
 
 
 def _batch_axis(ax, batches):
