@@ -26,6 +26,126 @@ namespace {
 
 // name -> ShardFuzzCase in text format.
 const std::vector<std::pair<std::string, std::string>> kShardSeeds = {
+    // An adaptive batch: two workers of 8, a decision every 2 steps from worker 0's relay (B_simple
+    // 32 -> 16 a worker from step 4), then pushes of the old batch (refused) and the new one.
+    {"bsp-adaptive-batch", R"pb(
+       cluster {
+         num_workers: 2
+         consistency { mode: BSP }
+         optimizer { type: "sgd" learning_rate: 0.1 }
+         lr_schedule { scaling: "sqrt" }
+         adaptive_batch { min_global_batch: 16 max_global_batch: 64 every_steps: 2 }
+       }
+       start_ready: true
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 0
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 1
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 1
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 2
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+           noise_relay { step: 0 g2_ema: 1 trace_ema: 64 }
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 2
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+           as_service: true
+           noise_relay { step: 0 g2_ema: 1 trace_ema: 32 }
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 3
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 3
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 4
+           tensors: [ 0, 1, 2 ]
+           batch_size: 8
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 4
+           tensors: [ 0, 1, 2 ]
+           batch_size: 16
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 4
+           tensors: [ 0, 1, 2 ]
+           batch_size: 16
+           noise_relay { step: 2 g2_ema: nan trace_ema: 1 }
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 4
+           tensors: [ 0, 1, 2 ]
+           batch_size: 16
+         }
+       }
+       actions {
+         register_worker {
+           request { worker_id: 1 batch_size: 9 }
+           use_shard_job: true
+           use_ready_model: true
+         }
+       }
+       actions { stats: true }
+     )pb"},
     // Two bsp workers on the harness's model: step 0 and 1 pulled, pushed and applied.
     {"bsp-two-steps", R"pb(
        cluster {

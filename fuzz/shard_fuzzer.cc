@@ -291,6 +291,8 @@ void RunCase(const ShardFuzzCase& c) {
           const GradientPush& g = action.gradient_push();
           request.set_worker_id(g.worker_id());
           request.set_step(g.step());
+          request.set_batch_size(g.batch_size());
+          if (g.has_noise_relay()) *request.mutable_noise_relay() = g.noise_relay();
           const auto tensors = TensorList(shard->Stats());
           for (uint32_t i : g.tensors()) {
             if (tensors.empty()) break;
@@ -308,6 +310,8 @@ void RunCase(const ShardFuzzCase& c) {
           auto wire = std::make_shared<WirePush>();
           wire->worker_id = message->worker_id();
           wire->step = message->step();
+          wire->batch_size = message->batch_size();
+          if (message->has_noise_relay()) wire->noise_relay = message->noise_relay();
           for (const TensorValue& g : message->gradients()) {
             WireTensor t;
             t.name = g.name();
