@@ -10,6 +10,7 @@
 #include "common/lr_schedule.h"
 #include "common/tensor_wire.h"
 #include "gtest/gtest.h"
+#include "server/aggregator_test_context.h"
 #include "server/tensor_aggregator.h"
 
 namespace rubato {
@@ -92,27 +93,16 @@ TEST(NoiseScaleTest, StepsThatNeverCompleteArePassedOver) {
 
 // A bsp tensor fed through TensorAggregator, so that the server's own sums are what is tested;
 // its terms go to `monitor`.
-struct BspTensor {
+struct BspTensor : AggregatorTestContext {
   BspTensor(int workers, int64_t elements, NoiseScaleMonitor* monitor)
-      : policy([] {
-          ConsistencyConfig c;
-          c.set_mode(BSP);
-          return c;
-        }()),
+      : AggregatorTestContext(
+            [] {
+              ConsistencyConfig c;
+              c.set_mode(BSP);
+              return c;
+            }(),
+            workers, 1e-9, 1000),
         tensor("t", {elements}, std::vector<float>(elements, 0.0f), TensorRole(), workers) {
-    OptimizerConfig config;
-    config.set_type("sgd");
-    config.set_learning_rate(1e-9);
-    optimizer = std::move(*Optimizer::Create(config));
-    schedule.emplace(*LearningRateScheduler::Create(1e-9, LearningRateSchedule(), {1, 1, 1000}));
-    auto m = std::make_shared<TensorAggregator::Members>();
-    m->member.assign(workers, 1);
-    m->count = workers;
-    members = m;
-    ctx.policy = &policy;
-    ctx.optimizer = optimizer.get();
-    ctx.members = &members;
-    ctx.schedule = &*schedule;
     ctx.noise = monitor;
   }
   // One step's gradients, in reverse worker order (so that most are held).
@@ -126,12 +116,7 @@ struct BspTensor {
       EXPECT_EQ(outcome.applied, w == 0) << "worker " << w;
     }
   }
-  ConsistencyPolicy policy;
   TensorAggregator tensor;
-  std::unique_ptr<Optimizer> optimizer;
-  std::optional<LearningRateScheduler> schedule;
-  std::shared_ptr<const TensorAggregator::Members> members;
-  TensorAggregator::Context ctx;
 };
 
 TEST(NoiseScaleTest, AggregatorTermsMatchADoubleComputation) {

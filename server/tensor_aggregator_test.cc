@@ -7,6 +7,7 @@
 
 #include "common/lr_schedule.h"
 #include "gtest/gtest.h"
+#include "server/aggregator_test_context.h"
 
 namespace rubato {
 namespace {
@@ -29,39 +30,16 @@ std::string Bytes(const std::vector<float>& v) {
 }
 
 // SGD at rate 1 (w -= mean), with `workers` members.
-struct Fixture {
+struct Fixture : AggregatorTestContext {
   explicit Fixture(ConsistencyMode mode, int workers, int backup = 0)
-      : policy([&] {
-          ConsistencyConfig c;
-          c.set_mode(mode);
-          c.set_backup_workers(backup);
-          return c;
-        }()) {
-    OptimizerConfig config;
-    config.set_type("sgd");
-    config.set_learning_rate(1.0);
-    optimizer = std::move(*Optimizer::Create(config));
-    schedule.emplace(*LearningRateScheduler::Create(1.0, LearningRateSchedule(), {1, 1, 100}));
-    auto m = std::make_shared<TensorAggregator::Members>();
-    m->member.assign(workers, 1);
-    m->count = workers;
-    members = m;
-    ctx.policy = &policy;
-    ctx.optimizer = optimizer.get();
-    ctx.members = &members;
-    ctx.schedule = &*schedule;
-  }
-  void SetMember(int w, bool on) {
-    auto m = std::make_shared<TensorAggregator::Members>(*members);
-    m->member[w] = on ? 1 : 0;
-    m->count += on ? 1 : -1;
-    members = m;
-  }
-  ConsistencyPolicy policy;
-  std::unique_ptr<Optimizer> optimizer;
-  std::optional<LearningRateScheduler> schedule;
-  std::shared_ptr<const TensorAggregator::Members> members;
-  TensorAggregator::Context ctx;
+      : AggregatorTestContext(
+            [&] {
+              ConsistencyConfig c;
+              c.set_mode(mode);
+              c.set_backup_workers(backup);
+              return c;
+            }(),
+            workers, 1.0, 100) {}
 };
 
 GradientOutcome Add(TensorAggregator* t, const Fixture& f, int worker, int64_t step,
