@@ -56,9 +56,10 @@ absl::Status BatchPlan::Add(const BatchChange& change) {
     return absl::InvalidArgumentError(
         absl::StrCat("the batch plan already holds ", kMaxChanges, " changes"));
   }
-  if (change.from_step() <= after) {
+  if (change.from_step() <= after || change.from_step() >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("batch change from step ", change.from_step(),
-                                                   ": must come after step ", after));
+                                                   ": must come after step ", after,
+                                                   " and before 2^48"));
   }
   if (change.batch_size() < 1 || change.batch_size() > kMaxBatchSize) {
     return absl::InvalidArgumentError(absl::StrCat("batch change from step ", change.from_step(),

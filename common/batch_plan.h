@@ -51,9 +51,9 @@ class BatchPlan {
   int64_t TotalSteps(int64_t examples) const;
   const std::vector<BatchChange>& changes() const { return changes_; }
 
-  // Appends a change. InvalidArgument unless its from_step is after the last change's (and > 0),
-  // its batch in [1, kMaxBatchSize] and different from the batch it replaces, its global_batch
-  // batch x workers, or if the plan is full.
+  // Appends a change. InvalidArgument unless its from_step is after the last change's (and in (0,
+  // 2^48)), its batch in [1, kMaxBatchSize] and different from the batch it replaces, its
+  // global_batch batch x workers, or if the plan is full.
   absl::Status Add(const BatchChange& change);
 
  private:

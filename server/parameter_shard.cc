@@ -397,16 +397,16 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     if (options_.cluster.adaptive_batch().max_global_batch() > 0) {
       // The plan starts from one batch for every worker (BatchPlan); a worker that joins later
       // registers with that first batch and takes the changes from the response.
-      for (int other = 0; other < members_.num_workers(); ++other) {
+      int first = plan_.has_value() ? plan_->initial_batch() : 0;  // 0: no other registrant.
+      for (int other = 0; other < members_.num_workers() && first == 0; ++other) {
         const Membership::Worker& o = members_.worker(other);
-        const int theirs = plan_.has_value() ? plan_->initial_batch() : o.batch_size;
-        if ((plan_.has_value() || (o.registered && other != id)) &&
-            request.batch_size() != theirs) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "job mismatch: under an adaptive batch every worker starts from the same batch; "
-              "worker ",
-              id, " registered with ", request.batch_size(), " but the job's is ", theirs));
-        }
+        if (o.registered && other != id) first = o.batch_size;
+      }
+      if (first != 0 && request.batch_size() != first) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job mismatch: under an adaptive batch every worker starts from the same batch; "
+            "worker ",
+            id, " registered with ", request.batch_size(), " but the job's is ", first));
       }
     }
     Membership::Worker& w = members_.worker(id);

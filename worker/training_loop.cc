@@ -212,6 +212,13 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
         return absl::InternalError(absl::StrCat("a batch change from step ", c.from_step(),
                                                 " arrived after step ", computed, " was computed"));
       }
+      // A change past the job's end could not be applied (and would make the examples it counts
+      // overflow).
+      if (c.from_step() > steps) {
+        return absl::InternalError(absl::StrCat("the servers announced a batch change from step ",
+                                                c.from_step(), ", past the job's ", steps,
+                                                " steps"));
+      }
       if (absl::Status s = plan.Add(c); !s.ok()) {
         return absl::InternalError(absl::StrCat("the servers announced ", s.message()));
       }

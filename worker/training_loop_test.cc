@@ -259,5 +259,68 @@ TEST(TrainingLoopTest, AdaptiveBatchChangesAtTheSameStepOnEveryWorker) {
   EXPECT_EQ(shards[0].noise_scale().batch_small(), plan.BatchAt(shards[0].noise_scale().step()));
 }
 
+// A client whose every push answers with the given batch change, for the worker's checks of
+// what the servers announce.
+class AnnouncingClient : public PsClient {
+ public:
+  explicit AnnouncingClient(BatchChange change) : change_(std::move(change)) {}
+  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>>, int32_t,
+                                   int64_t) override {
+    return 0;
+  }
+  absl::Status Pull(int64_t, absl::Span<std::vector<float>>, int64_t*) override {
+    return absl::OkStatus();
+  }
+  absl::Status Push(int64_t, absl::Span<const std::vector<float>>, PushResult* result) override {
+    if (result != nullptr) {
+      *result = PushResult();
+      result->batch_changes.push_back(change_);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
+  absl::Status Finish(int64_t) override { return absl::OkStatus(); }
+  const std::vector<int>& shard_of() const override { return shard_of_; }
+  const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
+
+ private:
+  BatchChange change_;
+  std::vector<int> shard_of_ = {0, 0, 0, 0};
+  std::vector<int64_t> shard_bytes_ = {1};
+};
+
+TEST(TrainingLoopTest, AdaptiveBatchChangesThatCannotBeAppliedAreErrors) {
+  const Dataset train = Synthetic(64, 1);
+  const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
+  auto backend = CreateCpuBackend(spec, 1);
+  ASSERT_TRUE(backend.ok());
+  auto run = [&](int64_t from_step) {
+    BatchChange c;
+    c.set_from_step(from_step);
+    c.set_batch_size(8);
+    c.set_global_batch(16);
+    AnnouncingClient client(c);
+    auto batcher = ShardedBatcher::Create(&train, 0, 2, 4, 7);
+    EXPECT_TRUE(batcher.ok());
+    std::vector<std::vector<float>> params = InitModelParams(spec, 5);
+    TrainingOptions t;
+    t.steps = 10;
+    t.overlap = false;
+    t.adaptive_batch = true;
+    t.num_workers = 2;
+    std::ostringstream progress;
+    return RunTraining(t, spec, &client, backend->get(), &*batcher, Dataset(), &params, &progress)
+        .status();
+  };
+  // Announced in the answer to step 0's push: step 0 is computed already.
+  const absl::Status late = run(0);
+  EXPECT_NE(late.message().find("arrived after step 0"), std::string::npos) << late;
+  // Past the job's 10 steps.
+  const absl::Status past = run(int64_t{1} << 40);
+  EXPECT_NE(past.message().find("past the job's 10 steps"), std::string::npos) << past;
+  // A change the worker can apply: the job runs to the steps of its examples.
+  EXPECT_TRUE(run(2).ok()) << run(2);
+}
+
 }  // namespace
 }  // namespace rubato
