@@ -17,11 +17,11 @@
 #include <stdlib.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,8 +29,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_options.h"
 #include "common/limits.h"
@@ -38,6 +40,7 @@
 #include "common/security.h"
 #include "common/tensor_bytes.h"
 #include "common/tensor_wire.h"
+#include "experiments/cpu_meter.h"
 #include "experiments/loopback_tcp.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -66,8 +69,10 @@ struct Security {
   SecurityConfig client_config;  // ClientSecurity::Create(client_config, worker id).
 };
 
+// `cpu`, when given, receives what the measuring loops cost: from when every worker has registered
+// until the last one stops.
 double Measure(int64_t model_bytes, int shards, int workers, double seconds,
-               const Security& security = Security()) {
+               const Security& security = Security(), CpuUse* cpu = nullptr) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(ASYNC);
@@ -111,8 +116,20 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   std::vector<double> rates(workers, -1);
   std::vector<std::string> errors(workers);
   std::vector<std::thread> threads;
+  absl::BlockingCounter registered(workers);
+  absl::Notification go;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
+      // Every path counts down once, so that the main thread never waits for a failed worker.
+      struct Ready {
+        absl::BlockingCounter* counter;
+        bool counted = false;
+        void operator()() {
+          if (!counted) counter->DecrementCount();
+          counted = true;
+        }
+        ~Ready() { (*this)(); }
+      } ready{&registered};
       PsClientOptions options = base;
       options.worker_id = w;
       options.max_message_bytes = kMaxMessageBytesLimit;
@@ -132,6 +149,8 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
         errors[w] = s.status().ToString();
         return;
       }
+      ready();
+      go.WaitForNotification();
       int64_t step = 0;
       int64_t bytes = 0;
       const absl::Time start = absl::Now();
@@ -151,7 +170,11 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
       rates[w] = bytes / absl::ToDoubleSeconds(absl::Now() - start);
     });
   }
+  registered.Wait();
+  const CpuMeter meter;
+  go.Notify();
   for (auto& t : threads) t.join();
+  if (cpu != nullptr) *cpu = meter.Stop();
   for (Server& s : servers) {
     s.shard->Shutdown();
     s.server->Shutdown();
@@ -206,15 +229,15 @@ double MeasureInProcess(int64_t model_bytes, double seconds) {
     pull.set_worker_id(0);
     pull.set_step(step);
     bool ok = false;
-    (*shard)->Pull(pull, absl::InfiniteFuture(),
-                   ParameterShard::SharedPullDone(
-                       [&](absl::Status s, std::vector<PulledTensor> tensors) {
-                         ok = s.ok();
-                         for (size_t i = 0; ok && i < tensors.size(); ++i) {
-                           std::memcpy(values[i].data(), tensors[i].snapshot.values->data(),
-                                       values[i].size() * sizeof(float));
-                         }
-                       }));
+    (*shard)->Pull(
+        pull, absl::InfiniteFuture(),
+        ParameterShard::SharedPullDone([&](absl::Status s, std::vector<PulledTensor> tensors) {
+          ok = s.ok();
+          for (size_t i = 0; ok && i < tensors.size(); ++i) {
+            std::memcpy(values[i].data(), tensors[i].snapshot.values->data(),
+                        values[i].size() * sizeof(float));
+          }
+        }));
     if (!ok) return -1;
     WirePush push;
     push.worker_id = 0;
@@ -236,6 +259,13 @@ double MeasureInProcess(int64_t model_bytes, double seconds) {
     bytes += 2 * model_bytes;
   }
   return bytes / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// "cores busy X of N (this process Y), Z core-s per GB" for a window that moved `bytes_per_second`.
+std::string CpuText(const CpuUse& cpu, double bytes_per_second) {
+  return absl::StrFormat("cores busy %.2f of %d (this process %.2f), %.3f core-s per GB",
+                         cpu.machine_cores, cpu.machine_core_count, cpu.process_cores,
+                         bytes_per_second > 0 ? cpu.machine_cores / (bytes_per_second / 1e9) : 0);
 }
 
 // Mutual TLS and a job secret, made in a fresh temporary directory; nullopt (and a message) if the
@@ -295,40 +325,56 @@ int main(int argc, char** argv) {
                    only.c_str());
       return 2;
     }
-    const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds);
-    std::printf("%d MB, %d shard(s), %d worker(s): %.3f GB/s per worker\n", mb, shards, workers,
-                rate / 1e9);
+    rubato::CpuUse cpu;
+    const double rate =
+        rubato::Measure(int64_t{mb} << 20, shards, workers, seconds, rubato::Security(), &cpu);
+    std::printf("%d MB, %d shard(s), %d worker(s): %.3f GB/s per worker; %s\n", mb, shards, workers,
+                rate / 1e9, rubato::CpuText(cpu, rate * workers).c_str());
     return rate < 0 ? 1 : 0;
   }
+  rubato::CpuMeter stream_meter;
   const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
-  std::printf("loopback TCP stream (1 connection): %.2f GB/s\n\n", tcp / 1e9);
+  const rubato::CpuUse stream_cpu = stream_meter.Stop();
+  std::printf("loopback TCP stream (1 connection): %.2f GB/s; %s\n\n", tcp / 1e9,
+              rubato::CpuText(stream_cpu, tcp).c_str());
   for (int64_t mb : {1, 16, 64}) {
+    rubato::CpuMeter meter;
     const double direct = rubato::MeasureInProcess(mb << 20, seconds);
-    std::printf("shard alone (in process, zero-copy API), %2lld MB, 1 worker: %.3f GB/s (%.2f x TCP stream)\n",
-                static_cast<long long>(mb), direct / 1e9, direct / tcp);
+    const rubato::CpuUse cpu = meter.Stop();
+    std::printf(
+        "shard alone (in process, zero-copy API), %2lld MB, 1 worker: %.3f GB/s (%.2f x "
+        "TCP stream); %s\n",
+        static_cast<long long>(mb), direct / 1e9, direct / tcp,
+        rubato::CpuText(cpu, direct).c_str());
   }
-  std::printf("\n%-8s %-7s %-8s %14s %12s\n", "model", "shards", "workers", "GB/s/worker",
-              "x TCP stream");
+  std::printf(
+      "\nCPU: cores busy machine-wide during the loops, and core-seconds per GB moved (all "
+      "workers)\n%-8s %-7s %-8s %14s %12s %10s %12s\n",
+      "model", "shards", "workers", "GB/s/worker", "x TCP stream", "cores", "core-s/GB");
   for (int64_t mb : {1, 16, 64}) {
     for (int shards : {1, 2}) {
       for (int workers : {1, 3}) {
-        const double rate = rubato::Measure(mb << 20, shards, workers, seconds);
+        rubato::CpuUse cpu;
+        const double rate =
+            rubato::Measure(mb << 20, shards, workers, seconds, rubato::Security(), &cpu);
         if (rate < 0) {
           std::printf("%-8s %-7d %-8d %14s\n", absl::StrCat(mb, " MB").c_str(), shards, workers,
                       "error");
           continue;
         }
-        std::printf("%-8s %-7d %-8d %14.3f %12.2f\n", absl::StrCat(mb, " MB").c_str(), shards,
-                    workers, rate / 1e9, rate / tcp);
+        std::printf("%-8s %-7d %-8d %14.3f %12.2f %10.2f %12.3f\n", absl::StrCat(mb, " MB").c_str(),
+                    shards, workers, rate / 1e9, rate / tcp, cpu.machine_cores,
+                    cpu.machine_cores / (rate * workers / 1e9));
         std::fflush(stdout);
       }
     }
   }
   std::optional<rubato::Security> secure = rubato::MakeTlsAndTokens();
   if (!secure.has_value()) return 1;
-  std::printf("\nsecurity cost, 1 shard: plaintext without tokens vs mutual TLS + per-worker "
-              "tokens\n%-8s %-8s %14s %14s %8s\n",
-              "model", "workers", "plain GB/s", "TLS+token GB/s", "ratio");
+  std::printf(
+      "\nsecurity cost, 1 shard: plaintext without tokens vs mutual TLS + per-worker "
+      "tokens\n%-8s %-8s %14s %14s %8s\n",
+      "model", "workers", "plain GB/s", "TLS+token GB/s", "ratio");
   for (int64_t mb : {1, 16}) {
     for (int workers : {1, 3}) {
       const double plain = rubato::Measure(mb << 20, 1, workers, seconds);
