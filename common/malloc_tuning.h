@@ -6,7 +6,8 @@
 // free, and trims the heap top, so every step faults in new pages: one fault per 4 KiB, and each
 // fault is expensive under this machine's hypervisor. Measured with
 // experiments/transport_benchmark (push+pull of a 16 MB model against an in-process shard):
-// 0.45 GB/s by default, 2.6 GB/s with these settings.
+// 0.45 GB/s by default, 2.6 GB/s with these settings. It also keeps all threads in glibc's one main
+// arena: see malloc_tuning.cc for why and what that measured.
 #ifndef RUBATO_COMMON_MALLOC_TUNING_H_
 #define RUBATO_COMMON_MALLOC_TUNING_H_
 
@@ -15,9 +16,9 @@ namespace rubato {
 // Call once, early in main, before other threads start. A no-op outside glibc.
 void KeepFreedMemory();
 
-// Gives freed memory back to the kernel now (malloc_trim). KeepFreedMemory keeps it for reuse, which
-// is right in steady state; after a transient peak (a burst of large messages, refused or not) a
-// server calls this periodically so that its resident size comes back down.
+// Gives freed memory back to the kernel now (malloc_trim). KeepFreedMemory keeps it for reuse,
+// which is right in steady state; after a transient peak (a burst of large messages, refused or
+// not) a server calls this periodically so that its resident size comes back down.
 void ReturnFreedMemory();
 
 }  // namespace rubato
