@@ -120,47 +120,43 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   absl::Notification go;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      // Every path counts down once, so that the main thread never waits for a failed worker.
-      struct Ready {
-        absl::BlockingCounter* counter;
-        bool counted = false;
-        void operator()() {
-          if (!counted) counter->DecrementCount();
-          counted = true;
-        }
-        ~Ready() { (*this)(); }
-      } ready{&registered};
-      PsClientOptions options = base;
-      options.worker_id = w;
-      options.max_message_bytes = kMaxMessageBytesLimit;
-      auto client_security = ClientSecurity::Create(security.client_config, w);
-      if (!client_security.ok()) {
-        errors[w] = client_security.status().ToString();
-        return;
-      }
-      options.security = *client_security;
-      auto client = CreateGrpcPsClient(options);
-      if (!client.ok()) {
-        errors[w] = client.status().ToString();
-        return;
-      }
       std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
-      if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
-        errors[w] = s.status().ToString();
-        return;
-      }
-      ready();
+      // A registered client, or null with errors[w] set.
+      auto connect = [&]() -> std::unique_ptr<PsClient> {
+        PsClientOptions options = base;
+        options.worker_id = w;
+        options.max_message_bytes = kMaxMessageBytesLimit;
+        auto client_security = ClientSecurity::Create(security.client_config, w);
+        if (!client_security.ok()) {
+          errors[w] = client_security.status().ToString();
+          return nullptr;
+        }
+        options.security = *client_security;
+        auto client = CreateGrpcPsClient(options);
+        if (!client.ok()) {
+          errors[w] = client.status().ToString();
+          return nullptr;
+        }
+        if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
+          errors[w] = s.status().ToString();
+          return nullptr;
+        }
+        return *std::move(client);
+      };
+      const std::unique_ptr<PsClient> client = connect();
+      registered.DecrementCount();  // Failed or not, so that the main thread never waits for it.
+      if (client == nullptr) return;
       go.WaitForNotification();
       int64_t step = 0;
       int64_t bytes = 0;
       const absl::Time start = absl::Now();
       while (absl::Now() - start < absl::Seconds(seconds)) {
         // As a worker does: pull (which waits for the job to start), then push.
-        if (absl::Status s = (*client)->Pull(step, absl::MakeSpan(values)); !s.ok()) {
+        if (absl::Status s = client->Pull(step, absl::MakeSpan(values)); !s.ok()) {
           errors[w] = s.ToString();
           return;
         }
-        if (absl::Status s = (*client)->Push(step, values); !s.ok()) {
+        if (absl::Status s = client->Push(step, values); !s.ok()) {
           errors[w] = s.ToString();
           return;
         }
@@ -261,11 +257,17 @@ double MeasureInProcess(int64_t model_bytes, double seconds) {
   return bytes / absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+// Machine-wide core-seconds per GB for a window that moved `bytes_per_second` (0 when it moved
+// nothing).
+double CoreSecondsPerGb(const CpuUse& cpu, double bytes_per_second) {
+  return bytes_per_second > 0 ? cpu.machine_cores / (bytes_per_second / 1e9) : 0;
+}
+
 // "cores busy X of N (this process Y), Z core-s per GB" for a window that moved `bytes_per_second`.
 std::string CpuText(const CpuUse& cpu, double bytes_per_second) {
   return absl::StrFormat("cores busy %.2f of %d (this process %.2f), %.3f core-s per GB",
                          cpu.machine_cores, cpu.machine_core_count, cpu.process_cores,
-                         bytes_per_second > 0 ? cpu.machine_cores / (bytes_per_second / 1e9) : 0);
+                         CoreSecondsPerGb(cpu, bytes_per_second));
 }
 
 // Mutual TLS and a job secret, made in a fresh temporary directory; nullopt (and a message) if the
@@ -364,7 +366,7 @@ int main(int argc, char** argv) {
         }
         std::printf("%-8s %-7d %-8d %14.3f %12.2f %10.2f %12.3f\n", absl::StrCat(mb, " MB").c_str(),
                     shards, workers, rate / 1e9, rate / tcp, cpu.machine_cores,
-                    cpu.machine_cores / (rate * workers / 1e9));
+                    rubato::CoreSecondsPerGb(cpu, rate * workers));
         std::fflush(stdout);
       }
     }
