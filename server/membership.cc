@@ -76,6 +76,17 @@ void Membership::RestoreClocks(int64_t clock) {
   }
 }
 
+bool Membership::SkipTo(int w, int64_t clock) {
+  if (clock <= clock_[w]) return false;
+  past_clock_[w] = 0;
+  for (int64_t& p : pushed_[w]) {
+    p = std::max(p, clock - 1);
+    past_clock_[w] += p + 1 > clock ? 1 : 0;
+  }
+  clock_[w] = clock;
+  return true;
+}
+
 bool Membership::Pushed(int w, int t, int64_t step) {
   int64_t& last = pushed_[w][t];
   if (step <= last) return false;

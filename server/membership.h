@@ -61,6 +61,10 @@ class Membership {
   int64_t Clock(int w) const { return clock_[w]; }
   // Every worker has pushed steps 0 .. clock-1 to every tensor (a restored checkpoint).
   void RestoreClocks(int64_t clock);
+  // Worker `w` goes on from step `clock` and will not push the steps before it (it computed them
+  // before this shard was restored, or is a restarted worker that starts mid-job): they count as
+  // pushed. Nothing changes if its clock is there already. True if the clock advanced.
+  bool SkipTo(int w, int64_t clock);
   // This shard was restored from its checkpoint of `step` (CheckMember's answer, stats).
   void SetRestored(int64_t step) { restored_step_ = step; }
   int64_t restored_step() const { return restored_step_; }  // -1: started afresh.

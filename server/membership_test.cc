@@ -47,6 +47,25 @@ TEST(MembershipTest, MinMemberClockSkipsNonMembers) {
   EXPECT_EQ(m.MinMemberClock(), 5);
 }
 
+TEST(MembershipTest, SkippedStepsCountAsPushed) {
+  Membership m(0, 2, 1000);
+  m.SetTensorCount(3);
+  m.RestoreClocks(4);
+  m.Pushed(0, 2, 12);  // One tensor already ahead.
+  EXPECT_FALSE(m.SkipTo(0, 3)) << "behind the clock";
+  EXPECT_EQ(m.Clock(0), 4);
+  EXPECT_TRUE(m.SkipTo(0, 10));
+  EXPECT_EQ(m.Clock(0), 10);
+  EXPECT_EQ(m.Clock(1), 4);
+  EXPECT_FALSE(m.Pushed(0, 0, 9)) << "a skipped step is a repeat";
+  EXPECT_FALSE(m.Pushed(0, 0, 10));
+  EXPECT_TRUE(m.Pushed(0, 1, 10)) << "every tensor is past 10 now (tensor 2 was at 12)";
+  EXPECT_EQ(m.Clock(0), 11);
+  EXPECT_FALSE(m.Pushed(0, 0, 11));
+  EXPECT_TRUE(m.Pushed(0, 1, 11));
+  EXPECT_EQ(m.Clock(0), 12);
+}
+
 TEST(MembershipTest, SilentMembersAreDroppedAndFinishedOnesAreNot) {
   Membership m(3, 3, 100);
   const absl::Time t0 = absl::Now();

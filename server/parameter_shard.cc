@@ -424,6 +424,11 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
       w = before;
       return s;
     }
+    // Under async and ssp a worker goes on from its own step, so the steps before it count as
+    // pushed. Otherwise a worker that rejoins a shard restored from an older checkpoint would
+    // hold that checkpoint's clock, and under ssp its own next pull would wait on it for ever
+    // (every worker's clock must be within the staleness of the pulled step).
+    if (!policy_.Synchronous()) members_.SkipTo(id, request.resume_step());
     MembersChanged(&ready, &released);  // The last registrant may release the step-0 pulls.
     parked_changed_.Signal();           // Leases may start (or restart) running.
     response.set_shard_id(options_.shard_id);

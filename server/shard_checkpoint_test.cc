@@ -220,6 +220,71 @@ TEST(ShardCheckpointTest, RestoredShardContinuesBitIdenticallyForEveryOptimizer)
   }
 }
 
+// The integration test's case in miniature: an ssp:2 shard is restored from its checkpoint of step
+// 4 while the workers had gone on to step 9. They register again at step 9, where they go on (ssp
+// does not rewind): their next pulls must be answered at once, not wait for clocks of 7 that no
+// one will push (the steps they computed before the restart are lost to this shard, not redone).
+TEST(ShardCheckpointTest, WorkersRejoinARestoredSspShardAtTheirOwnStep) {
+  OptimizerConfig sgd;
+  sgd.set_type("sgd");
+  sgd.set_learning_rate(0.1);
+  ShardOptions options = Options(sgd, SSP);
+  options.cluster.mutable_consistency()->set_staleness(2);
+  options.checkpoint_every_steps = 4;
+  absl::Mutex mu;
+  std::shared_ptr<const CapturedCheckpoint> last;
+  options.on_checkpoint = [&](std::shared_ptr<const CapturedCheckpoint> c) {
+    absl::MutexLock lock(&mu);
+    if (last == nullptr) last = std::move(c);  // The first: step 4.
+  };
+  auto registration = [](int w, bool with_values) {
+    RegisterRequest r = Registration(w, SSP, with_values);
+    r.mutable_consistency()->set_staleness(2);
+    return r;
+  };
+  std::unique_ptr<ParameterShard> first = NewShard(options);
+  for (int w = 0; w < kWorkers; ++w) {
+    absl::StatusOr<RegisterResponse> r = first->Register(registration(w, true));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  ASSERT_NO_FATAL_FAILURE(Train(first.get(), 0, 9));
+  std::shared_ptr<const CapturedCheckpoint> capture;
+  {
+    absl::MutexLock lock(&mu);
+    capture = last;
+  }
+  ASSERT_NE(capture, nullptr);
+  ASSERT_EQ(capture->step, 4);
+  const ShardCheckpoint checkpoint = first->CheckpointProto(*capture);
+  first.reset();
+
+  options.on_checkpoint = nullptr;
+  std::unique_ptr<ParameterShard> restored = NewShard(options);
+  ASSERT_TRUE(restored->Restore(checkpoint).ok());
+  for (int w = 0; w < kWorkers; ++w) {
+    RegisterRequest again = registration(w, false);
+    again.set_resume_step(9);
+    absl::StatusOr<RegisterResponse> r = restored->Register(again);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->resume_step(), 9) << "worker " << w;
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    PullRequest pull;
+    pull.set_worker_id(w);
+    pull.set_step(9);
+    absl::Notification pulled;
+    absl::Status status = absl::UnknownError("no answer");
+    restored->Pull(pull, absl::Now() + absl::Seconds(2), [&](absl::Status s, PullResponse) {
+      status = s;
+      pulled.Notify();
+    });
+    ASSERT_TRUE(pulled.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    ASSERT_TRUE(status.ok()) << "worker " << w << "'s pull of step 9: " << status;
+  }
+  ASSERT_NO_FATAL_FAILURE(Train(restored.get(), 9, 12));
+  EXPECT_EQ(restored->Stats().duplicate_gradients(), 0);
+}
+
 RollbackRequest RollbackTo(int64_t step, uint64_t id, int worker = 0) {
   RollbackRequest r;
   r.set_worker_id(worker);

@@ -59,6 +59,32 @@ int64_t LastStep(const std::string& out) {
   return last;
 }
 
+// The last `lines` lines of `text`.
+std::string Tail(const std::string& text, int lines) {
+  size_t at = text.size();
+  while (lines-- > 0 && at > 0) {
+    const size_t nl = text.rfind('\n', at - 1);
+    if (nl == std::string::npos) return text;
+    at = nl;
+  }
+  return text.substr(at);
+}
+
+// What every process of `cluster` last said: for a failure message.
+std::string DescribeJob(TestCluster* cluster) {
+  std::string out;
+  for (int w = 0; w < kWorkers; ++w) {
+    absl::StrAppend(&out, "\n--- worker ", w,
+                    " stdout (tail):", Tail(cluster->worker(w)->ReadStdout(), 4), "\n--- worker ",
+                    w, " stderr (tail):", Tail(cluster->worker(w)->ReadStderr(), 8));
+  }
+  for (int s = 0; s < kShards; ++s) {
+    absl::StrAppend(&out, "\n--- shard ", s,
+                    " stderr (tail):", Tail(cluster->server(s)->ReadStderr(), 12));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint_dir,
                                                    const std::string& export_model = "",
                                                    int64_t restore_step = -1) {
@@ -330,7 +356,7 @@ void KillAndRestartAShard(const std::string& mode, double* accuracy, double* low
   const int64_t checkpoint = newest();
   ASSERT_TRUE(IsOk((*job)->RestartServer(1)));
   absl::StatusOr<std::map<int, int>> exits = (*job)->WaitForWorkers(absl::Seconds(120));
-  ASSERT_TRUE(IsOk(exits));
+  ASSERT_TRUE(IsOk(exits)) << DescribeJob(job->get());
   for (int w = 0; w < kWorkers; ++w) {
     Subprocess* worker = (*job)->worker(w);
     ASSERT_EQ(exits->at(w), 0) << worker->ReadStderr();
