@@ -71,8 +71,17 @@ struct Security {
 
 // `cpu`, when given, receives what the measuring loops cost: from when every worker has registered
 // until the last one stops.
+//
+// How a worker drives the client: kSerial pulls every tensor, then pushes every tensor (a worker
+// with --overlap=false); kPipelined is the worker's default (--overlap): each tensor's push starts
+// on its own, last tensor first as a backward pass produces them, and each is followed by the pull
+// of that tensor for the next step (PsClient::StartPush with pull_into), so one tensor's pull and
+// update overlap the next tensor's push.
+enum class Loop { kSerial, kPipelined };
+
 double Measure(int64_t model_bytes, int shards, int workers, double seconds,
-               const Security& security = Security(), CpuUse* cpu = nullptr) {
+               const Security& security = Security(), CpuUse* cpu = nullptr,
+               Loop loop = Loop::kSerial) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(ASYNC);
@@ -149,6 +158,38 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
       go.WaitForNotification();
       int64_t step = 0;
       int64_t bytes = 0;
+      if (loop == Loop::kPipelined) {
+        // The gradients are sent from `grads` while the pulls fill `values`, as in a worker.
+        const std::vector<std::vector<float>> grads = values;
+        const absl::Time start = absl::Now();
+        if (absl::Status s = client->Pull(0, absl::MakeSpan(values)); !s.ok()) {
+          errors[w] = s.ToString();
+          return;
+        }
+        std::vector<int64_t> tickets;
+        while (absl::Now() - start < absl::Seconds(seconds)) {
+          tickets.clear();
+          for (int i = kTensors - 1; i >= 0; --i) {
+            const int tensor[] = {i};
+            absl::StatusOr<int64_t> ticket = client->StartPush(step, tensor, grads, &values);
+            if (!ticket.ok()) {
+              errors[w] = ticket.status().ToString();
+              break;
+            }
+            tickets.push_back(*ticket);
+          }
+          for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
+            if (absl::Status s = client->WaitPush(t, nullptr); !s.ok() && errors[w].empty()) {
+              errors[w] = s.ToString();
+            }
+          }
+          if (!errors[w].empty()) return;
+          bytes += 2 * model_bytes;
+          ++step;
+        }
+        rates[w] = bytes / absl::ToDoubleSeconds(absl::Now() - start);
+        return;
+      }
       const absl::Time start = absl::Now();
       while (absl::Now() - start < absl::Seconds(seconds)) {
         // As a worker does: pull (which waits for the job to start), then push.
@@ -315,10 +356,15 @@ ABSL_FLAG(bool, keep_freed_memory, true,
 ABSL_FLAG(std::string, only, "",
           "MB,shards,workers: measure only this configuration (for perf record), nothing else.");
 
+ABSL_FLAG(std::string, loop, "pipelined",
+          "With --only: serial (pull every tensor, then push every tensor) or pipelined (each "
+          "tensor's push followed by its pull, as a worker with --overlap does).");
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
   const double seconds = absl::GetFlag(FLAGS_seconds);
+  using rubato::Loop;
   if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
     int mb = 0, shards = 0, workers = 0;
     if (std::sscanf(only.c_str(), "%d,%d,%d", &mb, &shards, &workers) != 3 || mb < 1 ||
@@ -327,11 +373,18 @@ int main(int argc, char** argv) {
                    only.c_str());
       return 2;
     }
+    const std::string loop_name = absl::GetFlag(FLAGS_loop);
+    if (loop_name != "serial" && loop_name != "pipelined") {
+      std::fprintf(stderr, "--loop wants serial or pipelined, got '%s'\n", loop_name.c_str());
+      return 2;
+    }
+    const Loop loop = loop_name == "serial" ? Loop::kSerial : Loop::kPipelined;
     rubato::CpuUse cpu;
-    const double rate =
-        rubato::Measure(int64_t{mb} << 20, shards, workers, seconds, rubato::Security(), &cpu);
-    std::printf("%d MB, %d shard(s), %d worker(s): %.3f GB/s per worker; %s\n", mb, shards, workers,
-                rate / 1e9, rubato::CpuText(cpu, rate * workers).c_str());
+    const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds,
+                                        rubato::Security(), &cpu, loop);
+    std::printf("%d MB, %d shard(s), %d worker(s), %s: %.3f GB/s per worker; %s\n", mb, shards,
+                workers, loop_name.c_str(), rate / 1e9,
+                rubato::CpuText(cpu, rate * workers).c_str());
     return rate < 0 ? 1 : 0;
   }
   rubato::CpuMeter stream_meter;
@@ -350,23 +403,29 @@ int main(int argc, char** argv) {
         rubato::CpuText(cpu, direct).c_str());
   }
   std::printf(
-      "\nCPU: cores busy machine-wide during the loops, and core-seconds per GB moved (all "
-      "workers)\n%-8s %-7s %-8s %14s %12s %10s %12s\n",
-      "model", "shards", "workers", "GB/s/worker", "x TCP stream", "cores", "core-s/GB");
+      "\nPush+pull GB/s per worker, serial and pipelined loops (see Measure); 'x stream' is the\n"
+      "workers' aggregate over the TCP stream; cores busy machine-wide, and core-seconds per GB\n"
+      "moved (all workers)\n%-8s %-7s %-8s | %11s %9s %6s %9s | %11s %9s %6s %9s\n",
+      "model", "shards", "workers", "serial", "x stream", "cores", "core-s/GB", "pipelined",
+      "x stream", "cores", "core-s/GB");
   for (int64_t mb : {1, 16, 64}) {
     for (int shards : {1, 2}) {
       for (int workers : {1, 3}) {
-        rubato::CpuUse cpu;
-        const double rate =
-            rubato::Measure(mb << 20, shards, workers, seconds, rubato::Security(), &cpu);
-        if (rate < 0) {
-          std::printf("%-8s %-7d %-8d %14s\n", absl::StrCat(mb, " MB").c_str(), shards, workers,
-                      "error");
-          continue;
+        std::string row = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), shards,
+                                          workers);
+        for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
+          rubato::CpuUse cpu;
+          const double rate = rubato::Measure(mb << 20, shards, workers, seconds,
+                                              rubato::Security(), &cpu, loop);
+          if (rate < 0) {
+            absl::StrAppend(&row, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
+            continue;
+          }
+          absl::StrAppend(&row, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9,
+                                                rate * workers / tcp, cpu.machine_cores,
+                                                rubato::CoreSecondsPerGb(cpu, rate * workers)));
         }
-        std::printf("%-8s %-7d %-8d %14.3f %12.2f %10.2f %12.3f\n", absl::StrCat(mb, " MB").c_str(),
-                    shards, workers, rate / 1e9, rate / tcp, cpu.machine_cores,
-                    rubato::CoreSecondsPerGb(cpu, rate * workers));
+        std::printf("%s\n", row.c_str());
         std::fflush(stdout);
       }
     }

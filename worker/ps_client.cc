@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -63,10 +64,54 @@ namespace {
 // shard overlap on its connection, and messages below glibc's largest mmap threshold (32 MiB) are
 // built in reused heap memory instead of freshly faulted pages (common/malloc_tuning.h): with one
 // call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
-// Calls of one operation in flight to one shard at a time. A bsp shard acknowledges a gradient
-// that arrived before a lower-numbered worker's only once it is added, so this bounds what the
-// shard holds for each worker to about kCallsInFlightPerShard * kTargetCallBytes.
+// Calls in flight to one shard at a time: for pushes, across every push of the client (the
+// tickets of StartPush run at once, one per layer); for other calls, per operation. A bsp shard
+// acknowledges a gradient that arrived before a lower-numbered worker's only once it is added, so
+// this bounds what the shard holds for each worker to about kCallsInFlightPerShard calls of
+// kTargetCallBytes (or of the largest tensor, which goes alone).
 constexpr int kCallsInFlightPerShard = 2;
+
+// Lets at most `limit` calls run at once, in the order they were begun; a call begun while that
+// many run starts (on the thread that ends one of them) once one ends.
+class CallGate {
+ public:
+  explicit CallGate(int limit) : free_(limit) {}
+  CallGate(const CallGate&) = delete;
+  CallGate& operator=(const CallGate&) = delete;
+
+  // Runs `start` now, or queues it until End.
+  void Begin(std::function<void()> start) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (free_ == 0) {
+        waiting_.push_back(std::move(start));
+        return;
+      }
+      --free_;
+    }
+    start();
+  }
+
+  // A call that Begin started has ended: the first queued one (if any) starts now.
+  void End() {
+    std::function<void()> next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_.empty()) {
+        ++free_;
+        return;
+      }
+      next = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    next();
+  }
+
+ private:
+  absl::Mutex mu_;
+  int free_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+};
 
 constexpr char kPushMethod[] = "/rubato.ParameterServer/Push";
 constexpr char kPullMethod[] = "/rubato.ParameterServer/Pull";
@@ -129,6 +174,9 @@ class GrpcPsClient final : public PsClient {
     }
     for (const TensorSpec& spec : options_.model) elements_.push_back(ElementCount(spec.shape()));
     for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
+    for (size_t s = 0; s < options_.servers.size(); ++s) {
+      push_gates_.push_back(std::make_unique<CallGate>(kCallsInFlightPerShard));
+    }
   }
 
   // Registers with every shard; under bsp and backup, first rolls the job back to a common step
@@ -352,7 +400,8 @@ class GrpcPsClient final : public PsClient {
                                    generic_[group_shards_[call]]->UnaryCall(
                                        context, kPushMethod, grpc::StubOptions(), &requests[call],
                                        &raw[call], std::move(done));
-                                 });
+                                 },
+                                 &push_gates_);
     requests.clear();
     borrowed.WaitReleased();
     RETURN_IF_ERROR(status);
@@ -416,7 +465,8 @@ class GrpcPsClient final : public PsClient {
                            generic_[p->call_shards[call]]->UnaryCall(
                                context, kPushMethod, grpc::StubOptions(), &p->requests[call],
                                &p->raw[call], std::move(done));
-                         });
+                         },
+                         &push_gates_);
       p->requests.clear();
       p->borrowed.WaitReleased();
       p->responses.resize(p->raw.size());
@@ -612,9 +662,12 @@ class GrpcPsClient final : public PsClient {
   // Starts one asynchronous call per entry of `call_shards` (the shard each call goes to) with
   // start(async stub, call index, context, done), all at once, and waits for every one, retrying
   // as `retry` says. Returns the first error, naming its shard.
+  // `gates`, if given, holds one CallGate per shard that these calls share with other operations
+  // (pushes); otherwise each shard gets a gate of this operation's own.
   template <typename StartCall>
   absl::Status FanOut(const std::vector<int>& call_shards, absl::Duration timeout, Retry retry,
-                      StartCall start) {
+                      StartCall start,
+                      std::vector<std::unique_ptr<CallGate>>* gates = nullptr) {
     const size_t n = call_shards.size();
     const absl::Time deadline = absl::Now() + timeout;
     std::vector<size_t> calls(n);
@@ -622,7 +675,8 @@ class GrpcPsClient final : public PsClient {
     std::vector<absl::Time> first_failure(n, absl::InfiniteFuture());
     absl::Duration backoff = absl::Milliseconds(100);
     while (true) {
-      std::vector<grpc::Status> results = RunCalls(call_shards, calls, deadline, retry, start);
+      std::vector<grpc::Status> results =
+          RunCalls(call_shards, calls, deadline, retry, start, gates);
       absl::Status error;
       std::vector<size_t> again;
       const absl::Time now = absl::Now();
@@ -694,50 +748,41 @@ class GrpcPsClient final : public PsClient {
   template <typename StartCall>
   std::vector<grpc::Status> RunCalls(const std::vector<int>& call_shards,
                                      const std::vector<size_t>& calls, absl::Time deadline,
-                                     Retry retry, StartCall& start) {
+                                     Retry retry, StartCall& start,
+                                     std::vector<std::unique_ptr<CallGate>>* gates) {
     const size_t n = calls.size();
     std::vector<grpc::ClientContext> contexts(n);
     std::vector<grpc::Status> results(n);
     absl::BlockingCounter pending(static_cast<int>(n));
-    // At most kCallsInFlightPerShard calls per shard at once; each finished call starts the next
-    // one queued for its shard.
-    absl::Mutex mu;
-    std::map<int, std::vector<size_t>> queued;  // shard -> indices k into calls, in order
-    std::function<void(size_t)> launch = [&](size_t k) {
-      const size_t c = calls[k];
-      contexts[k].set_deadline(absl::ToChronoTime(deadline));
-      contexts[k].set_wait_for_ready(retry == Retry::kWaitForReady);
-      options_.security.Attach(&contexts[k]);
-      start(stubs_[call_shards[c]]->async(), static_cast<int>(c), &contexts[k],
-            [&, k, shard = call_shards[c]](grpc::Status status) {
-              results[k] = std::move(status);
-              std::optional<size_t> next;
-              {
-                absl::MutexLock lock(&mu);
-                std::vector<size_t>& q = queued[shard];
-                if (!q.empty()) {
-                  next = q.front();
-                  q.erase(q.begin());
-                }
-              }
-              if (next.has_value()) launch(*next);
-              pending.DecrementCount();
-            });
-    };
-    std::vector<size_t> first;
-    {
-      absl::MutexLock lock(&mu);
-      std::map<int, int> started;
-      for (size_t k = 0; k < n; ++k) {
-        const int shard = call_shards[calls[k]];
-        if (started[shard]++ < kCallsInFlightPerShard) {
-          first.push_back(k);
-        } else {
-          queued[shard].push_back(k);
-        }
+    // At most kCallsInFlightPerShard calls per shard at once (FanOut's `gates`, or this round's
+    // own); each finished call starts the next one queued at its shard's gate, which may be
+    // another operation's.
+    std::map<int, std::unique_ptr<CallGate>> own;
+    std::vector<CallGate*> gate_of(n);
+    for (size_t k = 0; k < n; ++k) {
+      const int shard = call_shards[calls[k]];
+      if (gates != nullptr) {
+        gate_of[k] = (*gates)[shard].get();
+      } else {
+        std::unique_ptr<CallGate>& g = own[shard];
+        if (g == nullptr) g = std::make_unique<CallGate>(kCallsInFlightPerShard);
+        gate_of[k] = g.get();
       }
     }
-    for (size_t k : first) launch(k);
+    for (size_t k = 0; k < n; ++k) {
+      gate_of[k]->Begin([&, k] {
+        const size_t c = calls[k];
+        contexts[k].set_deadline(absl::ToChronoTime(deadline));
+        contexts[k].set_wait_for_ready(retry == Retry::kWaitForReady);
+        options_.security.Attach(&contexts[k]);
+        start(stubs_[call_shards[c]]->async(), static_cast<int>(c), &contexts[k],
+              [&, k](grpc::Status status) {
+                results[k] = std::move(status);
+                gate_of[k]->End();  // Before the count: this round outlives its calls' gates.
+                pending.DecrementCount();
+              });
+      });
+    }
     pending.Wait();
     return results;
   }
@@ -778,6 +823,8 @@ class GrpcPsClient final : public PsClient {
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
   std::vector<int64_t> elements_;
   std::vector<int> group_shards_;  // Shard of each entry of groups_.
+  // One gate per shard for the calls that carry gradients, shared by Push and every StartPush.
+  std::vector<std::unique_ptr<CallGate>> push_gates_;
   // Pushes started and not yet waited for, by ticket. Used by the training thread only.
   std::map<int64_t, std::unique_ptr<PendingPush>> pending_;
   int64_t next_ticket_ = 1;

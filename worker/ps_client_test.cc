@@ -2,6 +2,7 @@
 // asynchronous partial pushes carry exactly their tensors, to the right shard.
 #include "worker/ps_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -64,8 +65,45 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
     response->set_accepted(request->gradients_size());
     response->set_max_staleness(request->step() % 3);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    {
+      absl::MutexLock lock(&mu_);
+      if (hold_pushes_) {  // As a bsp shard holds an early gradient until its turn.
+        held_.push_back(reactor);
+        max_held_ = std::max(max_held_, static_cast<int>(held_.size()));
+        return reactor;
+      }
+    }
     reactor->Finish(grpc::Status::OK);
     return reactor;
+  }
+
+  // From now on pushes are answered only by ReleasePushes.
+  void HoldPushes() {
+    absl::MutexLock lock(&mu_);
+    hold_pushes_ = true;
+  }
+  // Answers the held pushes and every later one.
+  void ReleasePushes() {
+    std::vector<grpc::ServerUnaryReactor*> held;
+    {
+      absl::MutexLock lock(&mu_);
+      hold_pushes_ = false;
+      held.swap(held_);
+    }
+    for (grpc::ServerUnaryReactor* r : held) r->Finish(grpc::Status::OK);
+  }
+  // Waits up to `timeout` for `count` held pushes; returns how many are held.
+  int AwaitHeld(int count, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(held_.size()) >= count;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return static_cast<int>(held_.size());
+  }
+  int max_held() {
+    absl::MutexLock lock(&mu_);
+    return max_held_;
   }
 
   // Answers a pull with each named tensor of 4 floats, all 7, at version = the requested step.
@@ -154,6 +192,9 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
   int64_t resume_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t recovery_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> rollbacks_ ABSL_GUARDED_BY(mu_);
+  bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+  int max_held_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> answers_;
 };
 
@@ -167,7 +208,10 @@ struct FakeShard {
     server = builder.BuildAndStart();
     address = "127.0.0.1:" + std::to_string(port);
   }
-  ~FakeShard() { server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5))); }
+  ~FakeShard() {
+    service.ReleasePushes();
+    server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
 
   HeartbeatShard service;
   std::unique_ptr<grpc::Server> server;
@@ -325,6 +369,33 @@ TEST(GrpcPsClientTest, APartialPushPullsItsTensorsForTheNextStep) {
   std::vector<std::vector<float>> wrong(3);
   EXPECT_EQ((*client)->StartPush(9, last, grads, &wrong).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A shard that holds pushes unanswered (as bsp holds a gradient that came before a lower-numbered
+// worker's) holds at most kCallsInFlightPerShard (2) of one worker's calls, however many layers'
+// pushes the worker has started: the limit is the client's, not one push's. The rest are sent as
+// the held ones are answered.
+TEST(GrpcPsClientTest, PushesInFlightToAShardAreLimitedAcrossEveryPartialPush) {
+  FakeShard a(absl::ZeroDuration());
+  a.service.HoldPushes();
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      CreateGrpcPsClient(TwoLayerOptions({a.address}));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<std::vector<float>> grads(4, std::vector<float>(4, 1));
+  std::vector<int64_t> tickets;
+  for (int i = 3; i >= 0; --i) {  // One push per tensor, as a backward pass of four layers.
+    const std::vector<int> one = {i};
+    absl::StatusOr<int64_t> ticket = (*client)->StartPush(4, one, grads);
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    tickets.push_back(*ticket);
+  }
+  EXPECT_EQ(a.service.AwaitHeld(2, absl::Seconds(10)), 2);
+  // Time for a third call to arrive, if the client sent one.
+  EXPECT_EQ(a.service.AwaitHeld(3, absl::Milliseconds(300)), 2);
+  a.service.ReleasePushes();
+  for (int64_t t : tickets) EXPECT_TRUE((*client)->WaitPush(t, nullptr).ok());
+  EXPECT_EQ(a.service.max_held(), 2);
+  EXPECT_EQ(a.service.pushes().size(), 4u);
 }
 
 }  // namespace
