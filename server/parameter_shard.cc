@@ -694,6 +694,11 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
   return result;
 }
 
+namespace {
+// Pushes of at most this many bytes of gradients are checked and applied without the update pool.
+constexpr size_t kInlinePushBytes = size_t{1} << 20;
+}  // namespace
+
 void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> keepalive,
                           PushDone done) {
   const int id = request.worker_id;
@@ -726,7 +731,8 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     }
     return absl::OkStatus();
   }();
-  // Checks of the request alone, and of each tensor's version, without the shard's lock.
+  // Checks of the request alone, and of each tensor's version, without the shard's lock. The
+  // values (sizes, finiteness: a read of every byte) are checked on the update pool below.
   if (status.ok()) {
     status = [&]() -> absl::Status {
       absl::flat_hash_set<int> seen;
@@ -744,9 +750,6 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
         which.push_back(it->second);
       }
       for (size_t k = 0; k < request.gradients.size(); ++k) {
-        const WireTensor& g = request.gradients[k];
-        RETURN_IF_ERROR(CheckFloatChunks(absl::StrCat("gradient '", g.name, "'"), g.data,
-                                         tensors_[which[k]]->elements()));
         RETURN_IF_ERROR(tensors_[which[k]]->CheckStep(Context(), id, step));
       }
       return absl::OkStatus();
@@ -757,9 +760,8 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     done(status);
     return;
   }
-  {
+  if (request.gradients.empty()) {
     absl::MutexLock lock(&mu_);
-    // A worker dropped meanwhile is refused; nothing was applied.
     status = members_.CheckMember(id);
     if (status.ok()) {
       Membership::Worker& worker = members_.worker(id);
@@ -768,38 +770,53 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
       if (plan_.has_value()) TakeRelay(request);
     }
   }
-  if (!status.ok()) {
-    ++rejected_pushes_;
-    done(status);
-    return;
-  }
-  ++pushes_;
   if (request.gradients.empty()) {
+    if (!status.ok()) {
+      ++rejected_pushes_;
+      done(status);
+      return;
+    }
+    ++pushes_;
     done(PushResponse());
     return;
   }
-  // One task per gradient on the update pool; the last gradient to be done answers. With a
-  // keepalive (the gRPC path), a bsp gradient that is held for its turn is done only once it is
-  // added, so that a worker's held gradients are bounded by the calls it has in flight.
+  // Two rounds of tasks on the update pool, off the caller's (gRPC's) thread: each gradient's
+  // values are checked, in parallel; once all are, the last check admits the push (nothing is
+  // applied unless every gradient is valid and the worker still a member), and then one task per
+  // gradient applies it; the last gradient to be done answers. With a keepalive (the gRPC path), a
+  // bsp gradient that is held for its turn is done only once it is added, so that a worker's held
+  // gradients are bounded by the calls it has in flight.
   struct Progress {
     absl::Mutex mu;
+    int to_check;
     int left;
+    std::vector<absl::Status> checks;  // Per gradient; the first error in request order answers.
     std::vector<GradientOutcome> outcomes;
     PushDone done;
     absl::Status error;
+    bool over = false;  // Answered: the caller's request is no longer read.
   };
   auto progress = std::make_shared<Progress>();
+  progress->to_check = static_cast<int>(which.size());
   progress->left = static_cast<int>(which.size());
+  progress->checks.resize(which.size());
   progress->outcomes.resize(which.size());
   progress->done = std::move(done);
-  auto gradient_done = [this, progress, step](absl::Status status) {
+  // Answers once; a caller without a keepalive returns only after that.
+  auto finish = [progress](absl::StatusOr<PushResponse> answer) {
+    PushDone d = std::move(progress->done);
+    d(std::move(answer));
+    absl::MutexLock lock(&progress->mu);
+    progress->over = true;
+  };
+  auto gradient_done = [this, progress, step, finish](absl::Status status) {
     {
       absl::MutexLock lock(&progress->mu);
       if (!status.ok() && progress->error.ok()) progress->error = std::move(status);
       if (--progress->left > 0) return;
     }
     if (!progress->error.ok()) {
-      progress->done(progress->error);
+      finish(progress->error);
       return;
     }
     PushResponse response;
@@ -828,25 +845,78 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
           break;
       }
     }
-    progress->done(response);
+    finish(response);
   };
+  // A small push is checked and applied on the calling thread: for it, the hand-offs to the pool
+  // and back would cost more than its work.
+  size_t bytes = 0;
+  for (const WireTensor& g : request.gradients) bytes += g.data.size();
+  const bool on_pool = bytes > kInlinePushBytes;
+  auto run = [this, on_pool](std::function<void()> task) {
+    if (on_pool) {
+      update_pool_->Post(std::move(task));
+    } else {
+      task();
+    }
+  };
+  // Once every value is checked: admit the push, then apply each gradient.
+  auto admit = [this, progress, gradient_done, finish, which, id, step, &request, keepalive, run] {
+    absl::Status verdict;
+    for (const absl::Status& c : progress->checks) {
+      if (!c.ok()) {
+        verdict = c;
+        break;
+      }
+    }
+    if (verdict.ok()) {
+      absl::MutexLock lock(&mu_);
+      // A worker dropped meanwhile is refused; nothing was applied.
+      verdict = members_.CheckMember(id);
+      if (verdict.ok()) {
+        Membership::Worker& worker = members_.worker(id);
+        worker.last_seen = absl::Now();
+        worker.last_step = std::max(worker.last_step, step);
+        if (plan_.has_value()) TakeRelay(request);
+      }
+    }
+    if (!verdict.ok()) {
+      ++rejected_pushes_;
+      finish(verdict);
+      return;
+    }
+    ++pushes_;
+    for (size_t k = 0; k < which.size(); ++k) {
+      const ByteChunks* data = &request.gradients[k].data;
+      const int tensor = which[k];
+      run([this, progress, gradient_done, k, id, step, tensor, data, keepalive] {
+        std::function<void(absl::Status)> on_added;
+        if (keepalive != nullptr) on_added = gradient_done;
+        GradientOutcome& outcome = progress->outcomes[k];
+        ApplyGradient(id, step, tensor, data, keepalive, std::move(on_added), &outcome);
+        if (!outcome.held) gradient_done(absl::OkStatus());
+      });
+    }
+  };
+  // `request` (and the views in it) must stay valid until the tasks have read it: the caller
+  // waits below, unless its keepalive holds it (then the tasks hold the keepalive).
   for (size_t k = 0; k < which.size(); ++k) {
-    const ByteChunks* data = &request.gradients[k].data;
-    const int tensor = which[k];
-    update_pool_->Post([this, progress, gradient_done, k, id, step, tensor, data, keepalive] {
-      std::function<void(absl::Status)> on_added;
-      if (keepalive != nullptr) on_added = gradient_done;
-      GradientOutcome& outcome = progress->outcomes[k];
-      ApplyGradient(id, step, tensor, data, keepalive, std::move(on_added), &outcome);
-      if (!outcome.held) gradient_done(absl::OkStatus());
+    const WireTensor* g = &request.gradients[k];
+    const int64_t elements = tensors_[which[k]]->elements();
+    run([progress, admit, k, g, elements, keepalive] {
+      absl::Status check =
+          CheckFloatChunks(absl::StrCat("gradient '", g->name, "'"), g->data, elements);
+      {
+        absl::MutexLock lock(&progress->mu);
+        progress->checks[k] = std::move(check);
+        if (--progress->to_check > 0) return;
+      }
+      admit();
     });
   }
-  // The views in `request` must stay valid until the tasks have read them: wait, unless the
-  // caller's keepalive holds them (then the tasks hold it).
   if (keepalive == nullptr) {
     absl::MutexLock lock(&progress->mu);
     progress->mu.Await(absl::Condition(
-        +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->left == 0; },
+        +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->over; },
         progress.get()));
   }
 }

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/tensor_bytes.h"
@@ -221,6 +223,100 @@ TEST(ParameterShardTest, SeveralStepsMatchTheReference) {
     EXPECT_EQ(Floats(r.tensors(1)), b) << "step " << step;
   }
   EXPECT_EQ(shard->Stats().applied_updates(), 10);
+}
+
+// A push of more than 1 MiB is checked and applied on the update pool, from the caller's views
+// held by its keepalive (as the gRPC service calls it): a non-finite value in its last gradient
+// still refuses it whole, after the other gradients' checks passed, and answers once; nothing is
+// applied, not even to the tensors checked first. A valid push then applies.
+TEST(ParameterShardTest, ALargePushWithOneBadGradientIsRefusedWholeOnThePool) {
+  for (ConsistencyMode mode : {BSP, ASYNC}) {
+    SCOPED_TRACE(mode == BSP ? "bsp" : "async");
+    ShardOptions options = Options(1);
+    options.cluster.mutable_consistency()->set_mode(mode);
+    auto created = ParameterShard::Create(options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<ParameterShard> shard = std::move(*created);
+    constexpr int kTensors = 4;
+    constexpr int64_t kElements = 128 << 10;  // 512 KiB each: 2 MiB a push.
+    RegisterRequest reg;
+    reg.set_worker_id(0);
+    reg.set_num_workers(1);
+    reg.mutable_consistency()->set_mode(mode);
+    reg.set_batch_size(8);
+    for (int i = 0; i < kTensors; ++i) {
+      TensorSpec* t = reg.add_model();
+      t->set_name(absl::StrCat("t", i));
+      t->add_shape(kElements);
+      *reg.add_initial_values() = Value(t->name(), std::vector<float>(kElements, 1.0f));
+    }
+    ASSERT_TRUE(shard->Register(reg).ok());
+    (void)PullNow(shard.get(), 0, 0);  // async: a push must follow a pull of its step
+    // The gradients live in memory that the keepalive owns, as the service's receive buffers do.
+    auto push_of = [&](float bad) {
+      auto owned = std::make_shared<std::vector<std::string>>();
+      auto wire = std::make_shared<WirePush>();
+      wire->worker_id = 0;
+      wire->step = 0;
+      for (int i = 0; i < kTensors; ++i) {
+        std::vector<float> g(kElements, 0.5f);
+        if (i == kTensors - 1) g[kElements - 1] = bad;
+        owned->emplace_back();
+        FloatsToBytes(g, &owned->back());
+      }
+      for (int i = 0; i < kTensors; ++i) {
+        WireTensor t;
+        t.name = absl::StrCat("t", i);
+        t.data = ByteChunks((*owned)[i]);
+        wire->gradients.push_back(std::move(t));
+      }
+      return std::make_pair(wire, std::shared_ptr<const void>(owned));
+    };
+    auto push = [&](float bad) {
+      auto [wire, owned] = push_of(bad);
+      std::shared_ptr<const void> keepalive(
+          std::make_shared<std::pair<std::shared_ptr<WirePush>, std::shared_ptr<const void>>>(
+              wire, owned));
+      absl::Mutex mu;
+      int answers = 0;
+      absl::Status status;
+      absl::Notification answered;
+      shard->Push(*wire, keepalive, [&](absl::StatusOr<PushResponse> r) {
+        absl::MutexLock lock(&mu);
+        status = r.status();
+        if (++answers == 1) answered.Notify();
+      });
+      keepalive.reset();
+      EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      absl::SleepFor(absl::Milliseconds(20));  // Time for a second answer, if there were one.
+      absl::MutexLock lock(&mu);
+      EXPECT_EQ(answers, 1);
+      return status;
+    };
+    const absl::Status refused = push(std::numeric_limits<float>::infinity());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_NE(refused.message().find("gradient 't3'"), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find(absl::StrCat("at element ", kElements - 1)),
+              std::string::npos)
+        << refused;
+    GetStatsResponse stats = shard->Stats();
+    EXPECT_EQ(stats.applied_updates(), 0);
+    EXPECT_EQ(stats.rejected_pushes(), 1);
+    const PullResponse unchanged = PullNow(shard.get(), 0, 0);
+    for (const TensorValue& t : unchanged.tensors()) {
+      EXPECT_EQ(t.version(), 0) << t.name();
+      EXPECT_EQ(Floats(t), std::vector<float>(kElements, 1.0f)) << t.name();
+    }
+    const absl::Status accepted = push(0.5f);
+    EXPECT_TRUE(accepted.ok()) << accepted;
+    EXPECT_EQ(shard->Stats().applied_updates(), kTensors);
+    const float expected = 1.0f - static_cast<float>(kLr) * 0.5f;
+    const PullResponse updated = PullNow(shard.get(), 0, 1);
+    for (const TensorValue& t : updated.tensors()) {
+      EXPECT_EQ(t.version(), 1) << t.name();
+      EXPECT_EQ(Floats(t), std::vector<float>(kElements, expected)) << t.name();
+    }
+  }
 }
 
 TEST(ParameterShardTest, MalformedPushesAreRejectedAndChangeNothing) {
