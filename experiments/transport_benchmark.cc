@@ -47,6 +47,7 @@
 #include "server/parameter_service.h"
 #include "server/parameter_shard.h"
 #include "worker/ps_client.h"
+#include "worker/push_buckets.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");
 
@@ -76,12 +77,13 @@ struct Security {
 // with --overlap=false); kPipelined is the worker's default (--overlap): each tensor's push starts
 // on its own, last tensor first as a backward pass produces them, and each is followed by the pull
 // of that tensor for the next step (PsClient::StartPush with pull_into), so one tensor's pull and
-// update overlap the next tensor's push.
+// update overlap the next tensor's push. `bucket_bytes` gathers tensors into pushes of at least
+// that many bytes, as rubato_worker --push_bucket_kb does (worker/push_buckets.h).
 enum class Loop { kSerial, kPipelined };
 
 double Measure(int64_t model_bytes, int shards, int workers, double seconds,
                const Security& security = Security(), CpuUse* cpu = nullptr,
-               Loop loop = Loop::kSerial) {
+               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(ASYNC);
@@ -161,6 +163,7 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
       if (loop == Loop::kPipelined) {
         // The gradients are sent from `grads` while the pulls fill `values`, as in a worker.
         const std::vector<std::vector<float>> grads = values;
+        PushBuckets buckets(std::vector<int64_t>(kTensors, model_bytes / kTensors), bucket_bytes);
         const absl::Time start = absl::Now();
         if (absl::Status s = client->Pull(0, absl::MakeSpan(values)); !s.ok()) {
           errors[w] = s.ToString();
@@ -169,15 +172,22 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
         std::vector<int64_t> tickets;
         while (absl::Now() - start < absl::Seconds(seconds)) {
           tickets.clear();
-          for (int i = kTensors - 1; i >= 0; --i) {
-            const int tensor[] = {i};
-            absl::StatusOr<int64_t> ticket = client->StartPush(step, tensor, grads, &values);
-            if (!ticket.ok()) {
-              errors[w] = ticket.status().ToString();
-              break;
+          auto start_pushes = [&](const std::vector<PushBuckets::Range>& ranges) {
+            for (const PushBuckets::Range& r : ranges) {
+              std::vector<int> tensors;
+              for (size_t k = 0; k < r.count; ++k) tensors.push_back(static_cast<int>(r.first + k));
+              absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads, &values);
+              if (!ticket.ok()) {
+                errors[w] = ticket.status().ToString();
+                return;
+              }
+              tickets.push_back(*ticket);
             }
-            tickets.push_back(*ticket);
+          };
+          for (int i = kTensors - 1; i >= 0 && errors[w].empty(); --i) {
+            start_pushes(buckets.Add(i, 1));
           }
+          if (errors[w].empty()) start_pushes(buckets.Flush());
           for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
             if (absl::Status s = client->WaitPush(t, nullptr); !s.ok() && errors[w].empty()) {
               errors[w] = s.ToString();
@@ -356,6 +366,10 @@ ABSL_FLAG(bool, keep_freed_memory, true,
 ABSL_FLAG(std::string, only, "",
           "MB,shards,workers: measure only this configuration (for perf record), nothing else.");
 
+ABSL_FLAG(int64_t, bucket_kb, 0,
+          "With --only and --loop=pipelined: gather tensors into pushes of at least this many "
+          "KiB (rubato_worker --push_bucket_kb; 0: one push per tensor, the worker's default).");
+
 ABSL_FLAG(std::string, loop, "pipelined",
           "With --only: serial (pull every tensor, then push every tensor) or pipelined (each "
           "tensor's push followed by its pull, as a worker with --overlap does).");
@@ -381,7 +395,8 @@ int main(int argc, char** argv) {
     const Loop loop = loop_name == "serial" ? Loop::kSerial : Loop::kPipelined;
     rubato::CpuUse cpu;
     const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds,
-                                        rubato::Security(), &cpu, loop);
+                                        rubato::Security(), &cpu, loop,
+                                        absl::GetFlag(FLAGS_bucket_kb) << 10);
     std::printf("%d MB, %d shard(s), %d worker(s), %s: %.3f GB/s per worker; %s\n", mb, shards,
                 workers, loop_name.c_str(), rate / 1e9,
                 rubato::CpuText(cpu, rate * workers).c_str());

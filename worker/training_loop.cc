@@ -13,6 +13,7 @@
 #include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/job_noise_scale.h"
+#include "worker/push_buckets.h"
 
 namespace rubato {
 namespace {
@@ -185,6 +186,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   double push_busy_s = 0, push_hidden_s = 0;
   std::vector<double> ready_to_ack_s(specs.size(), 0);
   std::vector<LayerPush> pushes;
+  std::vector<int64_t> tensor_bytes(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensor_bytes[i] = static_cast<int64_t>(specs[i].elements() * sizeof(float));
+  }
+  PushBuckets buckets(std::move(tensor_bytes), options.push_bucket_bytes);
   // With overlap, each layer's push is followed by its pull for the next step; when every tensor
   // was pulled that way, the next step skips its pull.
   int64_t prefetched_step = -1, prefetched_version = 0;
@@ -316,20 +322,28 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     pushes.clear();
     absl::Status start_error;
     GradientsReady ready = nullptr;
-    if (overlap) {
-      ready = [&](size_t first, size_t count) {
-        std::vector<int> tensors(count);
-        for (size_t k = 0; k < count; ++k) tensors[k] = static_cast<int>(first + k);
+    auto start_pushes = [&](const std::vector<PushBuckets::Range>& ranges) {
+      for (const PushBuckets::Range& r : ranges) {
+        std::vector<int> tensors(r.count);
+        for (size_t k = 0; k < r.count; ++k) tensors[k] = static_cast<int>(r.first + k);
         absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads, params);
         if (!ticket.ok()) {
           if (start_error.ok()) start_error = ticket.status();
           return;
         }
-        pushes.push_back({*ticket, first, count});
-      };
+        pushes.push_back({*ticket, r.first, r.count});
+      }
+    };
+    if (overlap) {
+      ready = [&](size_t first, size_t count) { start_pushes(buckets.Add(first, count)); };
     }
     absl::StatusOr<float> loss =
         backend->ForwardBackward(ConstSpans(*params), x.data(), y.data(), batch, grad_spans, ready);
+    if (overlap) {
+      // The layers still in the bucket; none after a failed pass (its gradients are not final).
+      const std::vector<PushBuckets::Range> rest = buckets.Flush();
+      if (loss.ok()) start_pushes(rest);
+    }
     const absl::Time t2 = absl::Now();
     PsClient::PushResult pushed;
     // Wait for every push that started, even after an error, so none outlives its step.

@@ -66,6 +66,9 @@ struct TrainingOptions {
   StragglerModel* straggler = nullptr;
   // Push each layer's gradients as soon as the backward pass produces them (see above).
   bool overlap = true;
+  // With overlap: consecutive layers are gathered into one push until it holds at least this many
+  // bytes (worker/push_buckets.h); 0 pushes every layer alone.
+  int64_t push_bucket_bytes = 0;
   // Adaptive batch (ClusterSpec.adaptive_batch; common/batch_plan.h): the servers announce each
   // batch change in the push responses of the step before it; every worker applies it at that
   // step, and the loop runs until the job has drawn the examples of `steps` steps at the starting

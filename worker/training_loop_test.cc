@@ -63,7 +63,8 @@ struct JobResult {
 // One job: `workers` threads, each with its own in-process client, over `shards` shards.
 JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, int64_t steps,
                  int64_t target_call_bytes, const AdaptiveBatchConfig& adaptive = {},
-                 std::vector<GetStatsResponse>* shard_stats = nullptr) {
+                 std::vector<GetStatsResponse>* shard_stats = nullptr,
+                 int64_t push_bucket_bytes = 0) {
   const Dataset train = Synthetic(512, 1);
   const Dataset test = Synthetic(256, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
@@ -126,6 +127,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
       t.steps = steps;
       t.start_step = *start;
       t.overlap = overlap;
+      t.push_bucket_bytes = push_bucket_bytes;
       t.log_every = 1000;
       t.adaptive_batch = adaptive.max_global_batch() > 0;
       t.num_workers = workers;
@@ -149,6 +151,19 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
     for (const auto& shard : owned) shard_stats->push_back(shard->Stats());
   }
   return job;
+}
+
+// With a bucket larger than the model, the two layers' gradients go in one push per step (one
+// call to the one shard, where each layer alone made two), and the result is the same bit for bit.
+TEST(TrainingLoopTest, ABucketGathersTheLayersIntoOnePushWithTheSameResult) {
+  const JobResult layers = RunJob(BSP, 2, 1, /*overlap=*/true, 30, 1 << 20);
+  const JobResult bucket = RunJob(BSP, 2, 1, /*overlap=*/true, 30, 1 << 20, {}, nullptr, 1 << 30);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(bucket.params[w], layers.params[w]) << "worker " << w;
+    EXPECT_EQ(bucket.results[w].computed_steps, 30);
+  }
+  EXPECT_EQ(layers.stats.pushes(), 2 * 30 * 2);
+  EXPECT_EQ(bucket.stats.pushes(), 2 * 30);
 }
 
 TEST(TrainingLoopTest, BspIsBitExactWithAndWithoutOverlapAndLearns) {

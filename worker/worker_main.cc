@@ -66,6 +66,9 @@ ABSL_FLAG(int, cuda_device, -1,
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
           "communication with the rest of backprop (false: one push after the whole step).");
+ABSL_FLAG(int64_t, push_bucket_kb, 0,
+          "With --overlap: gather consecutive layers' gradients into one push until it holds at "
+          "least this many KiB, as DDP's buckets do (0: push every layer alone).");
 ABSL_FLAG(int, batch_size, 64, "Examples per step on this worker.");
 ABSL_FLAG(int, epochs, 3, "Passes over the training set (all workers together).");
 ABSL_FLAG(int64_t, steps, 0, "Steps to run; overrides --epochs when > 0.");
@@ -370,6 +373,9 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_epochs) < 1 && absl::GetFlag(FLAGS_steps) <= 0) {
     return Fail(kExitUsage, "--epochs must be >= 1 (or give --steps)");
   }
+  if (const int64_t kb = absl::GetFlag(FLAGS_push_bucket_kb); kb < 0 || kb > (int64_t{1} << 30)) {
+    return Fail(kExitUsage, absl::StrCat("--push_bucket_kb must be in [0, 2^30], got ", kb));
+  }
   if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_eval_every) < 0 ||
       absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_train_limit) < 0 ||
       absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1 ||
@@ -589,6 +595,7 @@ int main(int argc, char** argv) {
                              cluster->consistency().mode() == rubato::BACKUP;
   if (straggler->enabled()) options.straggler = &*straggler;
   options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.push_bucket_bytes = absl::GetFlag(FLAGS_push_bucket_kb) << 10;
   options.adaptive_batch = cluster->adaptive_batch().max_global_batch() > 0;
   options.num_workers = cluster->num_workers();
   options.train_examples = train->size;
