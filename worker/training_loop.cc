@@ -249,8 +249,11 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     batcher->SeekToExample(plan.ExamplesBefore(step) / workers);
   };
   int rejoins = 0;
-  // Registers again after a server dropped this worker; returns the step to continue from.
-  auto rejoin = [&](int64_t step, const absl::Status& why) -> absl::StatusOr<int64_t> {
+  // Registers again after a server dropped this worker (or was restored); returns the step to
+  // continue from. `drawn`: this step's batch was drawn already (its push failed), so going back
+  // to it draws that batch again.
+  auto rejoin = [&](int64_t step, const absl::Status& why,
+                    bool drawn) -> absl::StatusOr<int64_t> {
     if (++rejoins > options.max_rejoins) {
       return absl::Status(why.code(), absl::StrCat("step ", step, ": dropped ", rejoins - 1,
                                                    " times, giving up: ", why.message()));
@@ -264,8 +267,8 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
               << std::endl;
     result.rejoins = rejoins;
     if (resume > step) result.skipped_steps += std::min(resume, steps) - step;
-    if (resume < step && options.rewind_on_rejoin) {
-      result.redone_steps += step - resume;
+    if (options.rewind_on_rejoin && (resume < step || (resume == step && drawn))) {
+      result.redone_steps += step - resume + (drawn ? 1 : 0);
       seek(resume);
       return resume;
     }
@@ -294,7 +297,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
     }
     prefetched_step = -1;
     if (absl::Status s = pull_status; absl::IsAborted(s)) {
-      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s));
+      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, s, /*drawn=*/false));
       step = resume - 1;
       continue;
     } else {
@@ -379,7 +382,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
       pushes.assign(1, LayerPush{0, 0, specs.size(), {t2_delayed, acknowledged, acknowledged}});
     }
     if (absl::IsAborted(push_status)) {
-      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, push_status));
+      ASSIGN_OR_RETURN(const int64_t resume, rejoin(step, push_status, /*drawn=*/true));
       step = resume - 1;
       continue;
     } else {

@@ -3,6 +3,7 @@
 #include "worker/training_loop.h"
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -335,6 +336,81 @@ TEST(TrainingLoopTest, AdaptiveBatchChangesThatCannotBeAppliedAreErrors) {
   EXPECT_NE(past.message().find("past the job's 10 steps"), std::string::npos) << past;
   // A change the worker can apply: the job runs to the steps of its examples.
   EXPECT_TRUE(run(2).ok()) << run(2);
+}
+
+// Records what each step pushed (the sum of its gradients: with weights that never change, a
+// function of the step's batch alone), and refuses the push of `fail_at` once with ABORTED, as a
+// shard does that was restarted; registering again then resumes at `fail_at`.
+class RollBackClient : public PsClient {
+ public:
+  explicit RollBackClient(int64_t fail_at) : fail_at_(fail_at) {}
+  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>>, int32_t,
+                                   int64_t) override {
+    return failed_ ? fail_at_ : 0;
+  }
+  absl::Status Pull(int64_t, absl::Span<std::vector<float>>, int64_t*) override {
+    return absl::OkStatus();
+  }
+  absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
+                    PushResult* result) override {
+    if (step == fail_at_ && !failed_) {
+      failed_ = true;
+      return absl::AbortedError("register again: the shard was restored");
+    }
+    double sum = 0;
+    for (const std::vector<float>& g : grads) {
+      for (float v : g) sum += v;
+    }
+    pushed_[step] = sum;
+    if (result != nullptr) *result = PushResult();
+    return absl::OkStatus();
+  }
+  absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
+  absl::Status Finish(int64_t) override { return absl::OkStatus(); }
+  const std::vector<int>& shard_of() const override { return shard_of_; }
+  const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
+  const std::map<int64_t, double>& pushed() const { return pushed_; }
+
+ private:
+  const int64_t fail_at_;
+  bool failed_ = false;
+  std::map<int64_t, double> pushed_;
+  std::vector<int> shard_of_ = {0, 0, 0, 0};
+  std::vector<int64_t> shard_bytes_ = {1};
+};
+
+// A bsp job rolled back to the step whose push failed (the shard restored that step, as when a
+// shard dies just after its checkpoint) computes that step again on the same batch, so it goes on
+// exactly as if never interrupted. It drew a batch too many before this was fixed, and the job's
+// weights ended elsewhere than the uninterrupted run's.
+TEST(TrainingLoopTest, AStepRolledBackAfterItsPushFailedIsComputedAgainOnTheSameBatch) {
+  const Dataset train = Synthetic(256, 1);
+  const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
+  auto backend = CreateCpuBackend(spec, 1);
+  ASSERT_TRUE(backend.ok());
+  auto run = [&](int64_t fail_at, TrainingResult* out) {
+    RollBackClient client(fail_at);
+    auto batcher = ShardedBatcher::Create(&train, 0, 1, 8, 7);
+    EXPECT_TRUE(batcher.ok());
+    std::vector<std::vector<float>> params = InitModelParams(spec, 5);
+    TrainingOptions t;
+    t.steps = 12;
+    t.overlap = false;
+    t.rewind_on_rejoin = true;
+    std::ostringstream progress;
+    absl::StatusOr<TrainingResult> r =
+        RunTraining(t, spec, &client, backend->get(), &*batcher, Dataset(), &params, &progress);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) *out = *r;
+    return client.pushed();
+  };
+  TrainingResult uninterrupted, rolled_back;
+  const std::map<int64_t, double> want = run(-1, &uninterrupted);
+  const std::map<int64_t, double> got = run(5, &rolled_back);
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(rolled_back.rejoins, 1);
+  EXPECT_EQ(rolled_back.redone_steps, 1) << "step 5 was computed twice";
 }
 
 }  // namespace
