@@ -18,13 +18,10 @@
 // holds of the calls in flight (bounded by --budget_mb, the server's --memory_budget_mb) and
 // gradients held for their turn (bsp sums in worker-id order). It prints figures and asserts
 // nothing.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -39,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_options.h"
 #include "common/limits.h"
+#include "experiments/server_process.h"
 #include "grpcpp/create_channel.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
@@ -51,19 +49,6 @@ ABSL_FLAG(int, budget_mb, 0, "The server's --memory_budget_mb in the training pa
 ABSL_FLAG(std::string, server, "server/rubato_server", "The server binary (runfiles path).");
 
 namespace {
-
-int64_t RssBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    int64_t kb = 0;
-    if (line.rfind("VmRSS:", 0) == 0 &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(6, line.size() - 9)), &kb)) {
-      return kb << 10;
-    }
-  }
-  return -1;
-}
 
 double MiB(int64_t b) { return static_cast<double>(b) / (1 << 20); }
 
@@ -86,58 +71,32 @@ std::string Burst(rubato::ParameterServer::Stub* stub, int count, int64_t bytes)
   return absl::StrCat(statuses[0].error_code(), " ", statuses[0].error_message().substr(0, 60));
 }
 
-// Starts rubato_server with `flags`; returns its pid and sets *address, or -1.
-pid_t StartServer(const std::vector<std::string>& flags, std::string* address) {
-  char dir_template[] = "/tmp/rubato-mem-XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
-  const std::string port_file = dir + "/port";
-  std::vector<std::string> args = {absl::GetFlag(FLAGS_server), "--listen=127.0.0.1:0",
-                                   "--port_file=" + port_file};
-  args.insert(args.end(), flags.begin(), flags.end());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  address->clear();
-  for (int i = 0; i < 200 && address->empty(); ++i) {
-    absl::SleepFor(absl::Milliseconds(50));
-    std::ifstream(port_file) >> *address;
-  }
-  if (address->empty()) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return -1;
-  }
-  return pid;
-}
-
-// One bsp job of `workers` threads on a fresh server; prints one row.
-void Training(int workers, const std::string& optimizer, int slots) {
+// One bsp job of `workers` threads on a fresh server; prints one row. `pipelined`: each worker
+// pushes tensor by tensor, last first, each push followed by its pull (a worker's --overlap, the
+// default), instead of one Pull and one Push per step.
+void Training(int workers, const std::string& optimizer, int slots, bool pipelined) {
   const int64_t model_bytes = int64_t{absl::GetFlag(FLAGS_model_mb)} << 20;
   constexpr int kTensors = 8;
   const int64_t elements = model_bytes / 4 / kTensors;
   const int max_message_mb = static_cast<int>((model_bytes >> 20) + 16);
-  std::string address;
-  const pid_t pid = StartServer(
+  absl::StatusOr<rubato::ServerProcess> server = rubato::StartServerProcess(
+      absl::GetFlag(FLAGS_server),
       {absl::StrCat("--num_workers=", workers), "--mode=bsp", "--optimizer=" + optimizer,
        "--learning_rate=0.000001", absl::StrCat("--max_message_mb=", max_message_mb),
-       absl::StrCat("--memory_budget_mb=", absl::GetFlag(FLAGS_budget_mb))},
-      &address);
-  if (pid < 0) {
-    std::fprintf(stderr, "the server did not start\n");
+       absl::StrCat("--memory_budget_mb=", absl::GetFlag(FLAGS_budget_mb))});
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
     return;
   }
+  const pid_t pid = server->pid;
+  const std::string address = server->address;
   absl::SleepFor(absl::Milliseconds(500));
-  const int64_t idle = RssBytes(pid);
+  const int64_t idle = rubato::ResidentBytes(pid);
   std::atomic<bool> done{false};
   std::atomic<int64_t> peak{idle};
   std::thread sampler([&] {
     while (!done) {
-      peak = std::max<int64_t>(peak, RssBytes(pid));
+      peak = std::max<int64_t>(peak, rubato::ResidentBytes(pid));
       absl::SleepFor(absl::Milliseconds(5));
     }
   });
@@ -154,11 +113,11 @@ void Training(int workers, const std::string& optimizer, int slots) {
   std::thread training_sampler([&] {
     while (!done && started < workers) absl::SleepFor(absl::Milliseconds(5));
     absl::SleepFor(absl::Milliseconds(200));
-    registered = RssBytes(pid);
+    registered = rubato::ResidentBytes(pid);
     training_peak = registered.load();
     go = true;
     while (!done) {
-      training_peak = std::max<int64_t>(training_peak, RssBytes(pid));
+      training_peak = std::max<int64_t>(training_peak, rubato::ResidentBytes(pid));
       absl::SleepFor(absl::Milliseconds(5));
     }
   });
@@ -189,17 +148,32 @@ void Training(int workers, const std::string& optimizer, int slots) {
         errors[w] = s.status().ToString();
         return;
       }
-      for (int step = 0; step < steps; ++step) {
-        absl::Status s = (*client)->Pull(step, absl::MakeSpan(values));
-        if (step == 0) {
-          ++started;
-          while (!go) absl::SleepFor(absl::Milliseconds(1));
+      absl::Status s = (*client)->Pull(0, absl::MakeSpan(values));
+      ++started;
+      while (!go) absl::SleepFor(absl::Milliseconds(1));
+      for (int step = 0; step < steps && s.ok(); ++step) {
+        if (!pipelined) {
+          if (step > 0) s = (*client)->Pull(step, absl::MakeSpan(values));
+          if (s.ok()) s = (*client)->Push(step, grads);
+          continue;
         }
-        if (s.ok()) s = (*client)->Push(step, grads);
-        if (!s.ok()) {
-          errors[w] = s.ToString();
-          return;
+        std::vector<int64_t> tickets;
+        for (int i = kTensors - 1; i >= 0 && s.ok(); --i) {
+          const int tensor[] = {i};
+          absl::StatusOr<int64_t> ticket = (*client)->StartPush(step, tensor, grads, &values);
+          if (ticket.ok()) {
+            tickets.push_back(*ticket);
+          } else {
+            s = ticket.status();
+          }
         }
+        for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
+          if (absl::Status e = (*client)->WaitPush(t, nullptr); s.ok()) s = e;
+        }
+      }
+      if (!s.ok()) {
+        errors[w] = s.ToString();
+        return;
       }
       (void)(*client)->Finish(steps);
     });
@@ -208,13 +182,13 @@ void Training(int workers, const std::string& optimizer, int slots) {
   done = true;
   sampler.join();
   training_sampler.join();
-  kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  rubato::StopServerProcess(&*server);
   for (int w = 0; w < workers; ++w) {
     if (!errors[w].empty()) std::fprintf(stderr, "worker %d: %s\n", w, errors[w].c_str());
   }
-  std::printf("%-8d %-10s %8.0f M %8.0f M %8.0f M %10.2f x %10.2f x %8d x\n", workers,
-              optimizer.c_str(), MiB(idle), MiB(registered), MiB(peak),
+  std::printf("%-8d %-10s %-10s %8.0f M %8.0f M %8.0f M %10.2f x %10.2f x %8d x\n", workers,
+              optimizer.c_str(), pipelined ? "pipelined" : "serial", MiB(idle), MiB(registered),
+              MiB(peak),
               static_cast<double>(peak - idle) / model_bytes,
               static_cast<double>(training_peak - registered) / model_bytes, 2 + slots);
   std::fflush(stdout);
@@ -227,13 +201,15 @@ int main(int argc, char** argv) {
   if (const std::string list = absl::GetFlag(FLAGS_workers); !list.empty()) {
     std::printf("bsp training, %d MB model (8 tensors), %d steps: server resident size\n",
                 absl::GetFlag(FLAGS_model_mb), absl::GetFlag(FLAGS_steps));
-    std::printf("%-8s %-10s %10s %10s %10s %12s %12s %10s\n", "workers", "optimizer", "idle",
-                "registered", "peak", "peak-idle", "training", "bound");
+    std::printf("%-8s %-10s %-10s %10s %10s %10s %12s %12s %10s\n", "workers", "optimizer",
+                "loop", "idle", "registered", "peak", "peak-idle", "training", "bound");
     for (absl::string_view text : absl::StrSplit(list, ',')) {
       int workers = 0;
       if (!absl::SimpleAtoi(text, &workers) || workers < 1) return 2;
-      Training(workers, "sgd", 0);
-      Training(workers, "adam", 2);
+      for (bool pipelined : {false, true}) {
+        Training(workers, "sgd", 0, pipelined);
+        Training(workers, "adam", 2, pipelined);
+      }
     }
     std::printf("\n");
   }
@@ -242,28 +218,15 @@ int main(int argc, char** argv) {
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_limits_mb), ',')) {
     int64_t limit_mb = 0;
     if (!absl::SimpleAtoi(text, &limit_mb)) return 2;
-    char dir_template[] = "/tmp/rubato-mem-XXXXXX";
-    const std::string dir = mkdtemp(dir_template);
-    const std::string port_file = dir + "/port";
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const std::string server = absl::GetFlag(FLAGS_server);
-      const std::string a1 = absl::StrCat("--max_message_mb=", limit_mb);
-      const std::string a2 = absl::StrCat("--port_file=", port_file);
-      execl(server.c_str(), server.c_str(), "--num_workers=1", "--listen=127.0.0.1:0",
-            a1.c_str(), a2.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    std::string address;
-    for (int i = 0; i < 200 && address.empty(); ++i) {
-      absl::SleepFor(absl::Milliseconds(50));
-      std::ifstream(port_file) >> address;
-    }
-    if (address.empty()) {
-      std::fprintf(stderr, "the server did not start\n");
-      kill(pid, SIGKILL);
+    absl::StatusOr<rubato::ServerProcess> server = rubato::StartServerProcess(
+        absl::GetFlag(FLAGS_server),
+        {"--num_workers=1", absl::StrCat("--max_message_mb=", limit_mb)});
+    if (!server.ok()) {
+      std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
       return 1;
     }
+    const pid_t pid = server->pid;
+    const std::string address = server->address;
     auto stub = rubato::ParameterServer::NewStub(grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(),
         rubato::RubatoChannelArguments(rubato::kMaxMessageBytesLimit)));
@@ -273,12 +236,12 @@ int main(int argc, char** argv) {
           std::make_pair(std::string("4 x (4 x limit)"),
                          std::min<int64_t>(4 * limit, rubato::kMaxMessageBytesLimit - (1 << 20)))}) {
       absl::SleepFor(absl::Seconds(1));
-      const int64_t before = RssBytes(pid);
+      const int64_t before = rubato::ResidentBytes(pid);
       std::atomic<bool> done{false};
       std::atomic<int64_t> peak{before};
       std::thread sampler([&] {
         while (!done) {
-          peak = std::max<int64_t>(peak, RssBytes(pid));
+          peak = std::max<int64_t>(peak, rubato::ResidentBytes(pid));
           absl::SleepFor(absl::Milliseconds(5));
         }
       });
@@ -287,14 +250,13 @@ int main(int argc, char** argv) {
       done = true;
       sampler.join();
       absl::SleepFor(absl::Seconds(7));
-      const int64_t after = RssBytes(pid);
+      const int64_t after = rubato::ResidentBytes(pid);
       std::printf("%-10s %-26s %8.0f M %8.0f M %8.0f M  %s\n",
                   absl::StrCat(limit_mb, " MiB").c_str(), name.c_str(), MiB(before), MiB(peak),
                   MiB(after), answer.c_str());
       std::fflush(stdout);
     }
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
+    rubato::StopServerProcess(&*server);
   }
   return 0;
 }

@@ -42,6 +42,7 @@
 #include "common/tensor_wire.h"
 #include "experiments/cpu_meter.h"
 #include "experiments/loopback_tcp.h"
+#include "experiments/server_process.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/parameter_service.h"
@@ -50,6 +51,8 @@
 #include "worker/push_buckets.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");
+ABSL_FLAG(std::string, server, "server/rubato_server",
+          "The server binary for the separate-process figures (runfiles path).");
 
 namespace rubato {
 namespace {
@@ -83,7 +86,8 @@ enum class Loop { kSerial, kPipelined };
 
 double Measure(int64_t model_bytes, int shards, int workers, double seconds,
                const Security& security = Security(), CpuUse* cpu = nullptr,
-               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0) {
+               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0,
+               bool server_process = false) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(ASYNC);
@@ -92,7 +96,29 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   cluster.set_lease_ms(60000);
   cluster.set_wait_timeout_ms(60000);
   std::vector<Server> servers(shards);
-  for (int s = 0; s < shards; ++s) {
+  std::vector<ServerProcess> processes;
+  // Stops the server processes (if any) whatever the way out.
+  struct Stop {
+    std::vector<ServerProcess>* processes;
+    ~Stop() {
+      for (ServerProcess& p : *processes) StopServerProcess(&p);
+    }
+  } stop{&processes};
+  for (int s = 0; s < shards && server_process; ++s) {
+    absl::StatusOr<ServerProcess> p = StartServerProcess(
+        absl::GetFlag(FLAGS_server),
+        {absl::StrCat("--shard_id=", s), absl::StrCat("--num_shards=", shards),
+         absl::StrCat("--num_workers=", workers), "--mode=async", "--optimizer=sgd",
+         "--learning_rate=0.000001", "--lease_ms=60000", "--wait_timeout_ms=60000",
+         absl::StrCat("--max_message_mb=", kMaxMessageBytesLimit >> 20)});
+    if (!p.ok()) {
+      std::fprintf(stderr, "server: %s\n", p.status().ToString().c_str());
+      return -1;
+    }
+    servers[s].address = p->address;
+    processes.push_back(*p);
+  }
+  for (int s = 0; s < shards && !server_process; ++s) {
     ShardOptions options;
     options.shard_id = s;
     options.num_shards = shards;
@@ -223,6 +249,7 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   for (auto& t : threads) t.join();
   if (cpu != nullptr) *cpu = meter.Stop();
   for (Server& s : servers) {
+    if (s.shard == nullptr) continue;  // a process, stopped on the way out
     s.shard->Shutdown();
     s.server->Shutdown();
   }
@@ -366,6 +393,9 @@ ABSL_FLAG(bool, keep_freed_memory, true,
 ABSL_FLAG(std::string, only, "",
           "MB,shards,workers: measure only this configuration (for perf record), nothing else.");
 
+ABSL_FLAG(bool, server_process, false,
+          "With --only: the shards are rubato_server processes, not in this process.");
+
 ABSL_FLAG(int64_t, bucket_kb, 0,
           "With --only and --loop=pipelined: gather tensors into pushes of at least this many "
           "KiB (rubato_worker --push_bucket_kb; 0: one push per tensor, the worker's default).");
@@ -396,9 +426,11 @@ int main(int argc, char** argv) {
     rubato::CpuUse cpu;
     const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds,
                                         rubato::Security(), &cpu, loop,
-                                        absl::GetFlag(FLAGS_bucket_kb) << 10);
-    std::printf("%d MB, %d shard(s), %d worker(s), %s: %.3f GB/s per worker; %s\n", mb, shards,
-                workers, loop_name.c_str(), rate / 1e9,
+                                        absl::GetFlag(FLAGS_bucket_kb) << 10,
+                                        absl::GetFlag(FLAGS_server_process));
+    std::printf("%d MB, %d shard(s), %d worker(s), %s%s: %.3f GB/s per worker; %s\n", mb,
+                shards, workers, loop_name.c_str(),
+                absl::GetFlag(FLAGS_server_process) ? ", server process" : "", rate / 1e9,
                 rubato::CpuText(cpu, rate * workers).c_str());
     return rate < 0 ? 1 : 0;
   }
@@ -443,6 +475,30 @@ int main(int argc, char** argv) {
         std::printf("%s\n", row.c_str());
         std::fflush(stdout);
       }
+    }
+  }
+  std::printf(
+      "\nThe same with each shard a rubato_server process (the workers are this process's "
+      "threads)\n%-8s %-7s %-8s | %11s %9s %6s %9s | %11s %9s %6s %9s\n",
+      "model", "shards", "workers", "serial", "x stream", "cores", "core-s/GB", "pipelined",
+      "x stream", "cores", "core-s/GB");
+  for (int64_t mb : {1, 16, 64}) {
+    for (int workers : {1, 3}) {
+      std::string row = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), 1, workers);
+      for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
+        rubato::CpuUse cpu;
+        const double rate = rubato::Measure(mb << 20, 1, workers, seconds, rubato::Security(),
+                                            &cpu, loop, 0, /*server_process=*/true);
+        if (rate < 0) {
+          absl::StrAppend(&row, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
+          continue;
+        }
+        absl::StrAppend(&row, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9,
+                                              rate * workers / tcp, cpu.machine_cores,
+                                              rubato::CoreSecondsPerGb(cpu, rate * workers)));
+      }
+      std::printf("%s\n", row.c_str());
+      std::fflush(stdout);
     }
   }
   std::optional<rubato::Security> secure = rubato::MakeTlsAndTokens();
