@@ -19,6 +19,24 @@ std::string ByteChunks::Flatten() const {
   return s;
 }
 
+ByteChunks ByteChunks::Sub(size_t offset, size_t length) const {
+  ByteChunks out;
+  size_t at = 0;  // where the current piece starts
+  for (absl::string_view p : pieces_) {
+    if (length == 0) break;
+    const size_t end = at + p.size();
+    if (end > offset) {
+      const size_t from = offset > at ? offset - at : 0;
+      const size_t take = std::min(p.size() - from, length);
+      out.Append(p.substr(from, take));
+      length -= take;
+      offset += take;
+    }
+    at = end;
+  }
+  return out;
+}
+
 bool IsValidUtf8(absl::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
@@ -263,6 +281,10 @@ absl::Status ParseTensorValue(const ByteChunks& bytes, WireTensor* out) {
       uint64_t v = 0;
       if (!r.ReadVarint(&v)) return Malformed(kWhat, r, "truncated or overlong varint");
       out->version = static_cast<int64_t>(v);
+    } else if (tag.field == 4 && tag.type == kVarint) {
+      uint64_t v = 0;
+      if (!r.ReadVarint(&v)) return Malformed(kWhat, r, "truncated or overlong varint");
+      out->offset = static_cast<int64_t>(v);
     } else if (s = SkipValue(&r, kWhat, tag); !s.ok()) {
       return s;
     }
@@ -497,10 +519,11 @@ void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::str
 }
 
 void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size_t data_bytes,
-                        std::string* out) {
+                        std::string* out, int64_t offset) {
   size_t inner =
       1 + VarintSize(name.size()) + name.size() + 1 + VarintSize(data_bytes) + data_bytes;
   if (version != 0) inner += 1 + VarintSize(static_cast<uint64_t>(version));
+  if (offset != 0) inner += 1 + VarintSize(static_cast<uint64_t>(offset));
   AppendVarint((static_cast<uint64_t>(field) << 3) | kLengthDelimited, out);
   AppendVarint(inner, out);
   out->push_back(0x0a);  // name = 1
@@ -509,6 +532,10 @@ void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size
   if (version != 0) {
     out->push_back(0x18);  // version = 3
     AppendVarint(static_cast<uint64_t>(version), out);
+  }
+  if (offset != 0) {
+    out->push_back(0x20);  // offset = 4
+    AppendVarint(static_cast<uint64_t>(offset), out);
   }
   out->push_back(0x12);  // data = 2, last: the data bytes follow this header
   AppendVarint(data_bytes, out);

@@ -44,6 +44,8 @@ class ByteChunks {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   const std::vector<absl::string_view>& pieces() const { return pieces_; }
+  // The bytes [offset, offset + length), as views of the same pieces (clipped to size()).
+  ByteChunks Sub(size_t offset, size_t length) const;
   // The bytes in one string (a copy: for small fields and tests).
   std::string Flatten() const;
 
@@ -81,6 +83,7 @@ struct WireTensor {
   std::string name;
   ByteChunks data;
   int64_t version = 0;
+  int64_t offset = 0;  // TensorValue.offset: a push of part of a tensor, from this element
 };
 
 struct WirePush {
@@ -104,9 +107,9 @@ void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out);
 // PushRequest's batch_size (when non-zero) and noise_relay (when given), after the header.
 void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out);
 // The header of field `field` (a TensorValue) whose data of `data_bytes` bytes follows it
-// immediately; version is written when non-zero (proto3 omits zero).
+// immediately; version and offset are written when non-zero (proto3 omits zero).
 void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size_t data_bytes,
-                        std::string* out);
+                        std::string* out, int64_t offset = 0);
 
 }  // namespace rubato
 

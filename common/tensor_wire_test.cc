@@ -104,6 +104,34 @@ TEST(TensorWireTest, FirstNonFiniteFindsTheFirstNanOrInfWhereverItIs) {
   EXPECT_EQ(FirstNonFinite(ByteChunks(Bytes(edge))), -1);
 }
 
+// A part of a gradient: the offset is written (and read) as protobuf's TensorValue.offset, and a
+// sub-range of cut pieces holds the same bytes as the flat data's.
+TEST(TensorWireTest, APartsOffsetRoundTripsAndSubRangesFollowThePieces) {
+  const std::vector<float> part = {7, 8};
+  std::string message;
+  EncodePushHeader(1, 5, &message);
+  EncodeTensorHeader(3, "w", 0, 8, &message, 262144);
+  message += Bytes(part);
+  PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(message));
+  ASSERT_EQ(parsed.gradients_size(), 1);
+  EXPECT_EQ(parsed.gradients(0).offset(), 262144);
+  EXPECT_EQ(parsed.gradients(0).data(), Bytes(part));
+  WirePush ours;
+  ASSERT_TRUE(ParsePushRequest(Cut(message, {2, 9}), 10, &ours).ok());
+  ASSERT_EQ(ours.gradients.size(), 1u);
+  EXPECT_EQ(ours.gradients[0].offset, 262144);
+
+  const std::string flat = "abcdefghijklmnop";
+  const ByteChunks pieces = Cut(flat, {3, 4, 10});
+  for (size_t from = 0; from <= flat.size(); ++from) {
+    for (size_t length = 0; from + length <= flat.size() + 2; ++length) {
+      EXPECT_EQ(pieces.Sub(from, length).Flatten(), flat.substr(from, length))
+          << from << "+" << length;
+    }
+  }
+}
+
 TEST(TensorWireTest, OurFramingIsProtobufsAndBothParsersAgree) {
   const std::vector<float> g0 = {1, 2, 3};
   const std::vector<float> g1 = {-4, 5e-3f};

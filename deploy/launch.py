@@ -83,7 +83,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms", "wait_timeout_ms",
                  "max_message_mb", "adaptive_batch", "adaptive_batch_every")
 # Flags given to servers only.
-SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb", "checkpoint_dir",
+SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb", "push_budget_mb", "checkpoint_dir",
                 "checkpoint_every_steps", "checkpoint_keep", "restore_step")
 # Flags given to workers only.
 WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "push_bucket_kb", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",

@@ -26,6 +26,90 @@ namespace {
 
 // name -> ShardFuzzCase in text format.
 const std::vector<std::pair<std::string, std::string>> kShardSeeds = {
+    // bsp in parts of 2 elements: the 3x2 kernel has three parts. Worker 1 sends its last part
+    // first (held), through the service; worker 0 its parts in turn and the rest whole; then
+    // worker 1 the rest, a part twice (a duplicate) and a part at a wrong offset (refused).
+    {"bsp-parts", R"pb(
+       cluster {
+         num_workers: 2
+         consistency { mode: BSP }
+         optimizer { type: "sgd" learning_rate: 0.1 }
+       }
+       start_ready: true
+       part_elements: 2
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 0 ]
+           parts: [ 2 ]
+           values: [ 1, -2 ]
+           as_service: true
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 0
+           tensors: [ 0, 1, 2 ]
+           parts: [ 0, -1, -1 ]
+           values: [ 0.5 ]
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 0
+           tensors: [ 0 ]
+           parts: [ 1 ]
+           values: [ 0.25 ]
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 0
+           step: 0
+           tensors: [ 0 ]
+           parts: [ 2 ]
+           values: [ 3 ]
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 0, 1, 2 ]
+           parts: [ 0, -1, -1 ]
+           values: [ 2 ]
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 0 ]
+           parts: [ 0 ]
+         }
+       }
+       actions {
+         push {
+           worker_id: 1
+           step: 0
+           gradients { name: "dense.weight" data: "\000\000\200?" offset: 1 }
+         }
+       }
+       actions {
+         gradient_push {
+           worker_id: 1
+           step: 0
+           tensors: [ 0 ]
+           parts: [ 1 ]
+           values: [ -1 ]
+         }
+       }
+       actions { pull { request { worker_id: 0 step: 1 } tensors: [ 0, 1, 2 ] } }
+       actions { stats: true }
+     )pb"},
     // An adaptive batch: two workers of 8, a decision every 2 steps from worker 0's relay (B_simple
     // 32 -> 16 a worker from step 4), then pushes of the old batch (refused) and the new one.
     {"bsp-adaptive-batch", R"pb(

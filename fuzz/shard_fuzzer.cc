@@ -3,8 +3,9 @@
 //
 // Each input is a serialized rubato.fuzz.ShardFuzzCase (fuzz/fuzz_case.proto); one that does not
 // parse is skipped. The harness builds a shard for the case's job (1..4 workers, pulls that wait at
-// most 1 ms, a 1 s lease or a very short one), optionally registers every worker with a small valid
-// model first, then replays the actions through Register, Push, Pull, Heartbeat, Finish and Stats,
+// most 1 ms, a 1 s lease or a very short one; under bsp, tensors kept in parts of 0 to 4 elements),
+// optionally registers every worker with a small valid model first, then replays the actions
+// (gradients pushed whole or part by part) through Register, Push, Pull, Heartbeat, Finish and Stats,
 // exactly as ParameterService would hand them over from the network. After each action it checks
 // what the contract promises and is cheap to check:
 //   - Stats(): tensor versions never decrease; applied_updates is the sum of the versions; bytes
@@ -223,6 +224,8 @@ void RunCase(const ShardFuzzCase& c) {
   options.shard_id = static_cast<int>(static_cast<uint32_t>(c.shard_id()) %
                                       static_cast<uint32_t>(options.num_shards));
   options.update_threads = std::clamp(c.update_threads(), 1, 2);
+  options.part_elements = c.part_elements() % 5;
+  const int64_t part_elements = options.part_elements;
   absl::StatusOr<std::unique_ptr<ParameterShard>> created = ParameterShard::Create(options);
   if (!created.ok()) {
     if (Verbose()) std::fprintf(stderr, "shard_fuzzer: %s\n", created.status().ToString().c_str());
@@ -294,13 +297,20 @@ void RunCase(const ShardFuzzCase& c) {
           request.set_batch_size(g.batch_size());
           if (g.has_noise_relay()) *request.mutable_noise_relay() = g.noise_relay();
           const auto tensors = TensorList(shard->Stats());
-          for (uint32_t i : g.tensors()) {
+          for (int k = 0; k < g.tensors_size(); ++k) {
             if (tensors.empty()) break;
-            const auto& [name, elements] = tensors[i % tensors.size()];
+            const auto& [name, elements] = tensors[g.tensors(k) % tensors.size()];
             if (elements > kMaxGradientElements) continue;
             TensorValue* gradient = request.add_gradients();
             gradient->set_name(name);
-            *gradient->mutable_data() = Floats(elements, g.values(), 0);
+            int64_t offset = 0, count = elements;
+            if (k < g.parts_size() && g.parts(k) >= 0 && part_elements > 0) {
+              const int64_t parts = (elements + part_elements - 1) / part_elements;
+              offset = (g.parts(k) % parts) * part_elements;
+              count = std::min(part_elements, elements - offset);
+            }
+            gradient->set_offset(offset);
+            *gradient->mutable_data() = Floats(count, g.values(), 0);
           }
         }
         ++expected.push_calls;
@@ -316,6 +326,7 @@ void RunCase(const ShardFuzzCase& c) {
             WireTensor t;
             t.name = g.name();
             t.data = ByteChunks(g.data());
+            t.offset = g.offset();
             wire->gradients.push_back(std::move(t));
           }
           std::shared_ptr<const void> keepalive =

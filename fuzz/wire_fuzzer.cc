@@ -4,7 +4,7 @@
 // Input: byte 0 picks the message (even: PushRequest, odd: PullResponse); byte 1 the number of
 // cuts (0..7); the next bytes the cut positions; the rest is the message. Checked:
 //   - ours accepts exactly when protobuf accepts, and then with the same worker_id, step and, per
-//     tensor, the same name, data and version;
+//     tensor, the same name, data, version and offset;
 //   - the float helpers agree with a plain copy of the flattened bytes.
 // A broken invariant aborts (a crash for libFuzzer).
 #include <algorithm>
@@ -30,6 +30,14 @@ void CheckTensor(const TensorValue& theirs, const WireTensor& ours) {
   FUZZ_CHECK(theirs.data() == ours.data.Flatten(),
              absl::StrCat("data of '", ours.name, "' differs"));
   FUZZ_CHECK(theirs.version() == ours.version, "version differs");
+  FUZZ_CHECK(theirs.offset() == ours.offset, "offset differs");
+  // Sub-ranges of the pieces hold the same bytes as the flattened data's.
+  const std::string whole = ours.data.Flatten();
+  for (size_t from : {size_t{0}, whole.size() / 3, whole.size() / 2}) {
+    const size_t length = (whole.size() - from) / 2 + 1;
+    FUZZ_CHECK(ours.data.Sub(from, length).Flatten() == whole.substr(from, length),
+               "a sub-range's bytes differ");
+  }
   // The float helpers over the pieces agree with the flattened bytes.
   if (!ours.data.empty() && ours.data.size() % 4 == 0) {
     const std::string flat = ours.data.Flatten();

@@ -147,6 +147,15 @@ class ParameterShard::PullState final : public PullWaiter {
   }
 };
 
+int64_t PushPartElements(const ConsistencyConfig& consistency, int num_workers,
+                         int64_t push_budget_bytes) {
+  if (consistency.mode() != BSP || num_workers < 1) return 0;
+  constexpr int64_t kMin = (int64_t{1} << 20) / sizeof(float);
+  constexpr int64_t kMax = (int64_t{8} << 20) / sizeof(float);
+  const int64_t share = std::max<int64_t>(push_budget_bytes, 0) / (2 * int64_t{num_workers});
+  return std::clamp<int64_t>(share / sizeof(float), kMin, kMax) / 1024 * 1024;
+}
+
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     const ShardOptions& options) {
   if (options.num_shards < 1 || options.shard_id < 0 || options.shard_id >= options.num_shards) {
@@ -175,6 +184,12 @@ ParameterShard::ParameterShard(const ShardOptions& options, std::unique_ptr<Opti
       policy_(options.cluster.consistency()),
       optimizer_(std::move(optimizer)),
       max_wait_(absl::Milliseconds(options.cluster.wait_timeout_ms())),
+      part_elements_(options.cluster.consistency().mode() != BSP ? 0
+                     : options.part_elements >= 0
+                         ? options.part_elements
+                         : PushPartElements(options.cluster.consistency(),
+                                            options.cluster.num_workers(),
+                                            options.push_budget_bytes)),
       members_(options.shard_id, options.cluster.num_workers(), options.cluster.lease_ms()),
       noise_(options.shard_id, options.noise_ema_decay) {
   auto view = std::make_shared<TensorAggregator::Members>();
@@ -357,9 +372,9 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         std::vector<float> values(ElementCount(shape));
         BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(values));
         const TensorRole role = optimizer_->RoleOf(spec.name(), shape);
-        tensors_.push_back(std::make_unique<TensorAggregator>(spec.name(), std::move(shape),
-                                                              std::move(values), role,
-                                                              options_.cluster.num_workers()));
+        tensors_.push_back(std::make_unique<TensorAggregator>(
+            spec.name(), std::move(shape), std::move(values), role,
+            options_.cluster.num_workers(), part_elements_));
         index_[spec.name()] = i;
       }
       members_.SetTensorCount(static_cast<int>(tensors_.size()));
@@ -443,6 +458,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     response.set_resume_step(policy_.Synchronous() ? MinVersion() : members_.Clock(id));
     response.set_restored_step(members_.restored_step());
     response.set_recovery_id(recovery_id_.load());
+    response.set_part_elements(part_elements_);
     if (plan_.has_value()) {
       for (const BatchChange& c : plan_->changes()) *response.add_batch_plan() = c;
     }
@@ -606,8 +622,10 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
     std::vector<float> values(*n);
     BytesToFloats(t.values(), absl::MakeSpan(values));
     const TensorRole role = optimizer_->RoleOf(t.name(), shape);
-    tensors.push_back(std::make_unique<TensorAggregator>(
-        t.name(), std::move(shape), std::move(values), role, options_.cluster.num_workers()));
+    tensors.push_back(std::make_unique<TensorAggregator>(t.name(), std::move(shape),
+                                                         std::move(values), role,
+                                                         options_.cluster.num_workers(),
+                                                         part_elements_));
     tensors.back()->Restore(t.version(), std::move(*state));
     versions += t.version();
   }
@@ -682,6 +700,7 @@ absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
     WireTensor t;
     t.name = g.name();
     t.data = ByteChunks(g.data());
+    t.offset = g.offset();
     wire.gradients.push_back(std::move(t));
   }
   absl::Notification done;
@@ -704,6 +723,7 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
   const int id = request.worker_id;
   const int64_t step = request.step;
   std::vector<int> which;  // The tensor of each gradient.
+  std::vector<int> part;   // and its part (-1: the whole gradient)
   // Checks that need the shard's state.
   absl::Status status = [&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
@@ -748,6 +768,25 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
               absl::StrCat("tensor '", g.name, "' appears twice in one push"));
         }
         which.push_back(it->second);
+        // A part: bsp only, at a part's first element, of that part's size (checked with the
+        // values below).
+        const TensorAggregator& t = *tensors_[it->second];
+        if (g.offset == 0 &&
+            (t.parts() < 2 || g.data.size() == static_cast<size_t>(t.elements()) * 4)) {
+          part.push_back(-1);  // the whole gradient (its size is checked below)
+          continue;
+        }
+        if (t.parts() < 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("gradient '", g.name, "' at offset ", g.offset, ": tensor '", g.name,
+                           "' is pushed whole (offset 0)"));
+        }
+        if (g.offset < 0 || g.offset >= t.elements() || g.offset % t.part_elements() != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "gradient '", g.name, "' at offset ", g.offset, " does not start a part of '",
+              g.name, "' (", t.elements(), " elements in parts of ", t.part_elements(), ")"));
+        }
+        part.push_back(static_cast<int>(g.offset / t.part_elements()));
       }
       for (size_t k = 0; k < request.gradients.size(); ++k) {
         RETURN_IF_ERROR(tensors_[which[k]]->CheckStep(Context(), id, step));
@@ -860,7 +899,8 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     }
   };
   // Once every value is checked: admit the push, then apply each gradient.
-  auto admit = [this, progress, gradient_done, finish, which, id, step, &request, keepalive, run] {
+  auto admit = [this, progress, gradient_done, finish, which, part, id, step, &request, keepalive,
+                run] {
     absl::Status verdict;
     for (const absl::Status& c : progress->checks) {
       if (!c.ok()) {
@@ -888,11 +928,12 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     for (size_t k = 0; k < which.size(); ++k) {
       const ByteChunks* data = &request.gradients[k].data;
       const int tensor = which[k];
-      run([this, progress, gradient_done, k, id, step, tensor, data, keepalive] {
+      const int p = part[k];
+      run([this, progress, gradient_done, k, id, step, tensor, p, data, keepalive] {
         std::function<void(absl::Status)> on_added;
         if (keepalive != nullptr) on_added = gradient_done;
         GradientOutcome& outcome = progress->outcomes[k];
-        ApplyGradient(id, step, tensor, data, keepalive, std::move(on_added), &outcome);
+        ApplyGradient(id, step, tensor, p, data, keepalive, std::move(on_added), &outcome);
         if (!outcome.held) gradient_done(absl::OkStatus());
       });
     }
@@ -901,7 +942,8 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
   // waits below, unless its keepalive holds it (then the tasks hold the keepalive).
   for (size_t k = 0; k < which.size(); ++k) {
     const WireTensor* g = &request.gradients[k];
-    const int64_t elements = tensors_[which[k]]->elements();
+    const TensorAggregator& t = *tensors_[which[k]];
+    const int64_t elements = part[k] < 0 ? t.elements() : t.part_size(part[k]);
     run([progress, admit, k, g, elements, keepalive] {
       absl::Status check =
           CheckFloatChunks(absl::StrCat("gradient '", g->name, "'"), g->data, elements);
@@ -921,14 +963,15 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
   }
 }
 
-void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, const ByteChunks* data,
-                                   std::shared_ptr<const void> keepalive,
+void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, int part,
+                                   const ByteChunks* data, std::shared_ptr<const void> keepalive,
                                    std::function<void(absl::Status)> on_added,
                                    GradientOutcome* outcome) {
   Released released;
-  const double lr =
-      tensors_[tensor]->Add(Context(), worker, step,
-                            {data, std::move(keepalive), std::move(on_added)}, outcome, &released);
+  TensorAggregator::Gradient gradient{data, std::move(keepalive), std::move(on_added)};
+  gradient.part = part;
+  const double lr = tensors_[tensor]->Add(Context(), worker, step, std::move(gradient), outcome,
+                                          &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
     ++duplicate_gradients_;
     return;

@@ -94,7 +94,20 @@ struct ShardOptions {
   std::function<absl::Status(int64_t step, uint64_t recovery_id)> on_rollback;
   // bsp, backup: decay of the noise scale's moving averages, in [0, 1) (server/noise_scale.h).
   double noise_ema_decay = 0.95;
+  // bsp: what all the workers together should have in flight to this shard. Each worker's share
+  // holds two calls (a client's limit), so tensors larger than share / 2 are pushed in parts of
+  // that size (RegisterResponse.part_elements; PushPartElements), between 1 and 8 MiB.
+  int64_t push_budget_bytes = int64_t{32} << 20;
+  // >= 0: this bsp part size (elements; 0 whole tensors) instead of PushPartElements' (tests and
+  // fuzzing, which use tensors far smaller than a 1 MiB part).
+  int64_t part_elements = -1;
 };
+
+// The part size (elements) for a bsp job of `num_workers` workers under `push_budget_bytes`:
+// budget / (2 calls x workers), at least 1 MiB and at most 8 MiB of floats (1024-element
+// multiples). 0 (whole tensors) for every other mode.
+int64_t PushPartElements(const ConsistencyConfig& consistency, int num_workers,
+                         int64_t push_budget_bytes);
 
 // Every tensor of a shard at one job step, for a checkpoint. Under bsp and backup each tensor was
 // taken right after the update that brought it to version `step`, so the cut is consistent even
@@ -242,7 +255,7 @@ class ParameterShard {
   // Completes the pulls and answers the held gradients in `released`. No lock held.
   void Finish(Released* released);
   TensorAggregator::Context Context() const;
-  void ApplyGradient(int worker, int64_t step, int tensor, const ByteChunks* data,
+  void ApplyGradient(int worker, int64_t step, int tensor, int part, const ByteChunks* data,
                      std::shared_ptr<const void> keepalive,
                      std::function<void(absl::Status)> on_added, GradientOutcome* outcome);
   void RecordStaleness(int64_t tau);
@@ -263,6 +276,7 @@ class ParameterShard {
   const ConsistencyPolicy policy_;
   const std::unique_ptr<Optimizer> optimizer_;
   const absl::Duration max_wait_;
+  const int64_t part_elements_;  // bsp's part size (PushPartElements); 0: whole tensors
   std::unique_ptr<ThreadPool> pool_;  // Null with update_threads == 1.
 
   mutable absl::Mutex mu_;

@@ -319,6 +319,77 @@ TEST(ParameterShardTest, ALargePushWithOneBadGradientIsRefusedWholeOnThePool) {
   }
 }
 
+// Under bsp with a push budget of 1 byte, parts are the 1 MiB floor (262144 elements): a tensor of
+// 300000 has two, announced at registration. A part must start at a part's first element and be
+// that part's size; a part and a whole gradient of other workers complete the step together.
+// Under async every tensor is pushed whole.
+TEST(ParameterShardTest, BspTakesGradientsInPartsAtPartBoundariesOnly) {
+  constexpr int64_t kElements = 300000;
+  constexpr int64_t kPart = 262144;
+  auto start = [&](ConsistencyMode mode, int workers) {
+    ShardOptions options = Options(workers);
+    options.cluster.mutable_consistency()->set_mode(mode);
+    options.push_budget_bytes = 1;
+    auto shard = ParameterShard::Create(options);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    int64_t announced = -1;
+    for (int w = 0; w < workers; ++w) {
+      RegisterRequest r;
+      r.set_worker_id(w);
+      r.set_num_workers(workers);
+      r.mutable_consistency()->set_mode(mode);
+      r.set_batch_size(8);
+      TensorSpec* t = r.add_model();
+      t->set_name("big");
+      t->add_shape(kElements);
+      *r.add_initial_values() = Value("big", std::vector<float>(kElements, 0.0f));
+      auto answer = (*shard)->Register(r);
+      EXPECT_TRUE(answer.ok()) << answer.status();
+      if (answer.ok()) announced = answer->part_elements();
+    }
+    return std::make_pair(std::move(*shard), announced);
+  };
+  auto part = [](int worker, int64_t offset, int64_t elements, float value) {
+    PushRequest p = PushOf(worker, 0, {Value("big", std::vector<float>(elements, value))});
+    p.mutable_gradients(0)->set_offset(offset);
+    return p;
+  };
+  {
+    auto [shard, announced] = start(BSP, 2);
+    EXPECT_EQ(announced, kPart);
+    const auto expect_refused = [&](const PushRequest& p, const char* what) {
+      auto r = shard->Push(p);
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << r.status();
+      return r.status();
+    };
+    const absl::Status off = expect_refused(part(0, 1000, kPart, 1), "not a part's start");
+    EXPECT_NE(off.message().find("does not start a part"), std::string::npos) << off;
+    const absl::Status long_part = expect_refused(part(0, kPart, kPart, 1), "too long");
+    EXPECT_NE(long_part.message().find("(37856 float32 values)"), std::string::npos) << long_part;
+    EXPECT_FALSE(expect_refused(part(0, 2 * kPart, 10, 1), "past the end").ok());
+    EXPECT_FALSE(expect_refused(part(0, -kPart, kPart, 1), "negative").ok());
+    EXPECT_EQ(shard->Stats().applied_updates(), 0);
+    // Worker 0 in parts, the second part first; worker 1 whole.
+    ASSERT_TRUE(shard->Push(part(0, kPart, kElements - kPart, 2)).ok());
+    EXPECT_EQ(shard->Push(part(0, kPart, kElements - kPart, 2))->duplicates(), 1);
+    ASSERT_TRUE(shard->Push(part(0, 0, kPart, 2)).ok());
+    EXPECT_EQ(shard->Stats().applied_updates(), 0);
+    ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("big", std::vector<float>(kElements, 4))})).ok());
+    EXPECT_EQ(shard->Stats().applied_updates(), 1);
+    const PullResponse r = PullNow(shard.get(), 0, 1);
+    EXPECT_EQ(Floats(r.tensors(0)),
+              std::vector<float>(kElements, -static_cast<float>(kLr) * 3.0f));
+  }
+  {
+    auto [shard, announced] = start(ASYNC, 1);
+    EXPECT_EQ(announced, 0);
+    (void)PullNow(shard.get(), 0, 0);
+    auto r = shard->Push(part(0, kPart, kElements - kPart, 1));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("is pushed whole"), std::string::npos) << r.status();
+  }
+}
+
 TEST(ParameterShardTest, MalformedPushesAreRejectedAndChangeNothing) {
   auto shard = StartedShard(2);
   ASSERT_TRUE(shard->Push(PushOf(0, 0, {Value("w", {1, 1, 1, 1})})).ok());

@@ -81,6 +81,9 @@ ABSL_FLAG(int, checkpoint_keep, 3, "With --checkpoint_dir: keep this many newest
 ABSL_FLAG(int64_t, restore_step, -1,
           "With --checkpoint_dir: restore the checkpoint of exactly this step rather than the "
           "newest (to bring the shards of a bsp job to a common step).");
+ABSL_FLAG(int64_t, push_budget_mb, 32,
+          "bsp: what all the workers together should have in flight to this shard; tensors "
+          "larger than each worker's share / 2 are pushed in parts (1 to 8 MiB).");
 ABSL_FLAG(int64_t, memory_budget_mb, 0,
           "Cap on the memory gRPC may use for connections and calls in flight, in MiB (a "
           "grpc::ResourceQuota). 0: 4 x --max_message_mb + 256.");
@@ -178,6 +181,11 @@ int main(int argc, char** argv) {
   options.cluster = *spec;
   options.update_threads = absl::GetFlag(FLAGS_update_threads);
   options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  const int64_t push_budget_mb = absl::GetFlag(FLAGS_push_budget_mb);
+  if (push_budget_mb < 1 || push_budget_mb > (int64_t{1} << 20)) {
+    return Fail(absl::StrCat("--push_budget_mb must be in [1, 2^20], got ", push_budget_mb));
+  }
+  options.push_budget_bytes = push_budget_mb << 20;
   options.noise_ema_decay = absl::GetFlag(FLAGS_noise_ema_decay);
   if (!(options.noise_ema_decay >= 0 && options.noise_ema_decay < 1)) {
     return Fail(absl::StrCat("--noise_ema_decay must be in [0, 1), got ", options.noise_ema_decay));

@@ -9,17 +9,33 @@
 
 namespace rubato {
 
+namespace {
+
+int64_t PartElements(int64_t elements, int64_t part_elements) {
+  return part_elements > 0 && part_elements < elements ? part_elements : std::max<int64_t>(elements, 1);
+}
+
+}  // namespace
+
 TensorAggregator::TensorAggregator(std::string name, std::vector<int64_t> shape,
-                                   std::vector<float> initial, TensorRole role, int num_workers)
+                                   std::vector<float> initial, TensorRole role, int num_workers,
+                                   int64_t part_elements)
     : name_(std::move(name)),
       shape_(std::move(shape)),
       elements_(static_cast<int64_t>(initial.size())),
       role_(role),
       num_workers_(num_workers),
+      part_elements_(PartElements(elements_, part_elements)),
+      parts_(static_cast<int>((std::max<int64_t>(elements_, 1) + part_elements_ - 1) /
+                              part_elements_)),
       weights_(std::make_shared<std::vector<float>>(std::move(initial))),
+      added_(parts_, 0),
+      next_worker_(parts_, 0),
+      got_(static_cast<size_t>(num_workers) * parts_, 0),
+      parts_in_(num_workers, 0),
       received_(num_workers, 0),
-      held_(num_workers),
-      last_pushed_(num_workers, -1),
+      held_(static_cast<size_t>(num_workers) * parts_),
+      last_pushed_(static_cast<size_t>(num_workers) * parts_, -1),
       pulled_version_(num_workers, 0) {}
 
 void TensorAggregator::SetCheckpointing(int64_t every_versions, CaptureSink sink) {
@@ -56,17 +72,17 @@ absl::Status TensorAggregator::CheckStep(const Context& ctx, int worker, int64_t
   return absl::OkStatus();
 }
 
-void TensorAggregator::Accumulate(const ByteChunks& data, bool measure) {
+void TensorAggregator::Accumulate(int k, const ByteChunks& data, bool measure) {
   if (sum_.empty()) sum_.resize(elements_);
-  if (added_ == 0) squared_norms_ = 0;
+  float* out = sum_.data() + int64_t{k} * part_elements_;
   if (!measure) {
-    added_ == 0 ? CopyFloats(data, sum_.data()) : AddFloats(data, sum_.data());
-  } else if (added_ == 0) {
-    CopyFloats(data, sum_.data(), &squared_norms_);
+    added_[k] == 0 ? CopyFloats(data, out) : AddFloats(data, out);
+  } else if (added_[k] == 0) {
+    CopyFloats(data, out, &squared_norms_);
   } else {
-    AddFloats(data, sum_.data(), &squared_norms_);
+    AddFloats(data, out, &squared_norms_);
   }
-  ++added_;
+  ++added_[k];
 }
 
 namespace {
@@ -99,23 +115,61 @@ double DivideAndSquare(float* v, int64_t n, float divisor) {
 
 }  // namespace
 
-void TensorAggregator::AddHeld(int w, Released* released) {
-  Held& h = held_[w];
-  Accumulate(h.data);
-  if (h.on_added) released->acks.emplace_back(std::move(h.on_added), absl::OkStatus());
+void TensorAggregator::AddHeld(int w, int k, Released* released) {
+  Held& h = held(w, k);
+  Accumulate(k, h.data);
+  // The Add's acknowledgement goes once its last held part is in: the others, and the Add while
+  // it runs, hold a reference to it.
+  if (h.on_added != nullptr && h.on_added.use_count() == 1 && *h.on_added) {
+    released->acks.emplace_back(std::move(*h.on_added), absl::OkStatus());
+  }
   h = Held();
 }
 
-void TensorAggregator::DrainInOrder(const Members& members, Released* released) {
-  while (next_worker_ < num_workers_) {
-    const int w = next_worker_;
-    if (received_[w]) {
-      AddHeld(w, released);
+void TensorAggregator::DrainInOrder(int k, const Members& members, Released* released) {
+  int& next = next_worker_[k];
+  while (next < num_workers_) {
+    const int w = next;
+    if (got_[w * parts_ + k]) {
+      // Every part in at or past the turn came early, and was held.
+      if (held(w, k).present) AddHeld(w, k, released);
     } else if (members.member[w]) {
-      return;  // A member's gradient is still to come: later ones wait for it.
+      return;  // A member's part is still to come: later ones wait for it.
     }
-    ++next_worker_;
+    ++next;
   }
+}
+
+bool TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& data,
+                                const std::shared_ptr<const void>& keepalive,
+                                const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
+                                const Context& ctx) {
+  got_[w * parts_ + k] = 1;
+  if (++parts_in_[w] == parts_) {
+    received_[w] = 1;
+    ++received_count_;
+  }
+  const bool in_order = ctx.policy->SumsInWorkerOrder();
+  if (in_order && w > next_worker_[k]) {
+    Held& h = held(w, k);
+    if (keepalive != nullptr) {
+      h.data = data;
+      h.keepalive = keepalive;
+    } else {
+      h.owned = data.Flatten();
+      h.data = ByteChunks(h.owned);
+    }
+    h.since = absl::Now();
+    h.step = step;
+    h.on_added = on_added;
+    h.present = true;
+    return true;
+  }
+  // Its turn, or no order is kept (backup), or a worker that rejoined after its turn was skipped:
+  // added now (the last, after the others).
+  Accumulate(k, data);
+  if (in_order && w == next_worker_[k]) ++next_worker_[k];
+  return false;
 }
 
 namespace {
@@ -144,16 +198,20 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   *outcome = GradientOutcome();
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<const Members> members = std::atomic_load(ctx.members);
-  if (step <= last_pushed_[worker]) {  // (worker, step, tensor) seen before.
+  // The parts this gradient holds: one, or all of them.
+  const int first = gradient.part < 0 ? 0 : gradient.part;
+  const int count = gradient.part < 0 ? parts_ : 1;
+  int64_t& last = last_pushed_[worker * parts_ + first];
+  if (step <= last) {  // (worker, step, tensor, part) seen before.
     outcome->kind = GradientOutcome::kDuplicate;
     return 0;
   }
-  last_pushed_[worker] = step;
+  for (int k = first; k < first + count; ++k) last_pushed_[worker * parts_ + k] = step;
   if (!ctx.policy->Synchronous()) {
-    // async, ssp: applied now, alone.
+    // async, ssp: applied now, alone (always one part).
     outcome->staleness = std::max<int64_t>(0, version_ - pulled_version_[worker]);
-    added_ = 0;
-    Accumulate(*gradient.data, /*measure=*/false);
+    std::fill(added_.begin(), added_.end(), 0);
+    Accumulate(0, *gradient.data, /*measure=*/false);
     received_count_ = 1;
     const double lr = Rate(ctx, version_, members->count, outcome->staleness);
     Apply(ctx, lr, released);
@@ -164,33 +222,27 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     outcome->kind = GradientOutcome::kDropped;
     return 0;
   }
-  received_[worker] = 1;
-  ++received_count_;
-  if (ctx.policy->SumsInWorkerOrder() && worker != next_worker_) {
-    if (worker > next_worker_) {
-      Held& h = held_[worker];
-      if (gradient.keepalive != nullptr) {
-        h.data = *gradient.data;
-        h.keepalive = std::move(gradient.keepalive);
-      } else {
-        h.owned = gradient.data->Flatten();
-        h.data = ByteChunks(h.owned);
-      }
-      h.since = absl::Now();
-      h.step = step;
-      if (gradient.on_added) {
-        h.on_added = std::move(gradient.on_added);
-        outcome->held = true;
-      }
-    } else {
-      // A worker that rejoined after its turn was skipped: added now, after the others.
-      Accumulate(*gradient.data);
-    }
-  } else {
-    Accumulate(*gradient.data);
-    if (ctx.policy->SumsInWorkerOrder()) ++next_worker_;
+  // One acknowledgement for the whole Add, shared by the parts held; sent by the last one added.
+  std::shared_ptr<std::function<void(absl::Status)>> on_added;
+  if (gradient.on_added) {
+    on_added = std::make_shared<std::function<void(absl::Status)>>(std::move(gradient.on_added));
   }
-  if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members, released);
+  for (int k = first; k < first + count; ++k) {
+    const ByteChunks part =
+        count == 1 ? *gradient.data
+                   : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
+                                        static_cast<size_t>(part_size(k)) * sizeof(float));
+    TakePart(worker, k, step, part, gradient.keepalive, on_added, ctx);
+  }
+  if (ctx.policy->SumsInWorkerOrder()) {
+    for (int k = first; k < first + count; ++k) DrainInOrder(k, *members, released);
+  }
+  // Still held, some part of it: acknowledged once the last such part is added (AddHeld; this
+  // Add's reference kept that from happening during the drain above). Otherwise the caller
+  // acknowledges it now.
+  bool still_held = false;
+  for (int k = first; k < first + count && !still_held; ++k) still_held = held(worker, k).present;
+  outcome->held = still_held && on_added != nullptr;
   if (!StepComplete(ctx, *members)) return 0;
   const double lr = Rate(ctx, version_, members->count, 0);
   Apply(ctx, lr, released);
@@ -203,7 +255,9 @@ bool TensorAggregator::ApplyIfComplete(const Context& ctx, Released* released,
   if (!ctx.policy->Synchronous()) return false;
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<const Members> members = std::atomic_load(ctx.members);
-  if (ctx.policy->SumsInWorkerOrder()) DrainInOrder(*members, released);
+  if (ctx.policy->SumsInWorkerOrder()) {
+    for (int k = 0; k < parts_; ++k) DrainInOrder(k, *members, released);
+  }
   if (!StepComplete(ctx, *members)) return false;
   *learning_rate = Rate(ctx, version_, members->count, 0);
   Apply(ctx, *learning_rate, released);
@@ -215,23 +269,28 @@ absl::Time TensorAggregator::ExpireHeld(absl::Time cutoff, const Members& member
   absl::MutexLock lock(&mu_);
   absl::Time earliest = absl::InfiniteFuture();
   for (int w = 0; w < num_workers_; ++w) {
-    Held& h = held_[w];
-    if (!h.on_added) continue;
-    if (h.since >= cutoff) {
-      earliest = std::min(earliest, h.since);
-      continue;
+    for (int k = 0; k < parts_; ++k) {
+      Held& h = held(w, k);
+      if (h.on_added == nullptr || !*h.on_added) continue;
+      if (h.since >= cutoff) {
+        earliest = std::min(earliest, h.since);
+        continue;
+      }
+      std::vector<int> before;
+      for (int v = 0; v < w; ++v) {
+        if (members.member[v] && !got_[v * parts_ + k]) before.push_back(v);
+      }
+      // Answered once for every part it held (they share the function, emptied here).
+      released->acks.emplace_back(
+          std::move(*h.on_added),
+          absl::DeadlineExceededError(absl::StrCat(
+              "gradient of '", name_, "'",
+              parts_ > 1 ? absl::StrCat(" (part ", k, " of ", parts_, ")") : std::string(),
+              " for step ", h.step, " from worker ", w, " waited ", waited_ms,
+              " ms for the gradients of worker(s) ", absl::StrJoin(before, ", "),
+              " (bsp adds them in worker-id order)")));
+      *h.on_added = nullptr;
     }
-    std::vector<int> before;
-    for (int v = 0; v < w; ++v) {
-      if (members.member[v] && !received_[v]) before.push_back(v);
-    }
-    released->acks.emplace_back(
-        std::move(h.on_added),
-        absl::DeadlineExceededError(
-            absl::StrCat("gradient of '", name_, "' for step ", h.step, " from worker ", w,
-                         " waited ", waited_ms, " ms for the gradients of worker(s) ",
-                         absl::StrJoin(before, ", "), " (bsp adds them in worker-id order)")));
-    h.on_added = nullptr;
   }
   return earliest;
 }
@@ -239,27 +298,44 @@ absl::Time TensorAggregator::ExpireHeld(absl::Time cutoff, const Members& member
 void TensorAggregator::ReleaseHeld(const absl::Status& status, Released* released) {
   absl::MutexLock lock(&mu_);
   for (Held& h : held_) {
-    if (h.on_added) released->acks.emplace_back(std::move(h.on_added), status);
-    h.on_added = nullptr;
+    if (h.on_added != nullptr && *h.on_added) {
+      released->acks.emplace_back(std::move(*h.on_added), status);
+      *h.on_added = nullptr;
+    }
   }
 }
 
 void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released* released) {
-  // Gradients held for workers that were members when they pushed and have left since: added
-  // after the rest, in worker-id order.
+  // Parts held for workers that were members when they pushed and have left since: added after
+  // the rest, in worker-id order.
   for (int w = 0; w < num_workers_; ++w) {
-    if (received_[w] && !held_[w].data.empty()) AddHeld(w, released);
+    for (int k = 0; k < parts_; ++k) {
+      if (held(w, k).present) AddHeld(w, k, released);
+    }
   }
+  // The mean of each part over the gradients added into it (the same count for every part, but
+  // for a worker that left midway through its parts).
   if (ctx.policy->Synchronous() && ctx.noise != nullptr) {
     // The mean, and |mean|^2 in the same pass, for the noise scale.
-    const double mean_squared =
-        added_ > 1 ? DivideAndSquare<true>(sum_.data(), elements_, static_cast<float>(added_))
-                   : DivideAndSquare<false>(sum_.data(), elements_, 1.0f);
+    double mean_squared = 0;
+    int added = added_[0];
+    for (int k = 0; k < parts_; ++k) {
+      float* part = sum_.data() + int64_t{k} * part_elements_;
+      mean_squared +=
+          added_[k] > 1
+              ? DivideAndSquare<true>(part, part_size(k), static_cast<float>(added_[k]))
+              : DivideAndSquare<false>(part, part_size(k), 1.0f);
+      added = std::min(added, added_[k]);
+    }
     ctx.noise->Add(version_,
-                   EstimateNoiseTerms(added_, squared_norms_ / std::max(added_, 1), mean_squared));
-  } else if (added_ > 1) {
-    const float n = static_cast<float>(added_);
-    for (float& v : sum_) v /= n;
+                   EstimateNoiseTerms(added, squared_norms_ / std::max(added, 1), mean_squared));
+  } else {
+    for (int k = 0; k < parts_; ++k) {
+      if (added_[k] <= 1) continue;
+      const float n = static_cast<float>(added_[k]);
+      float* part = sum_.data() + int64_t{k} * part_elements_;
+      for (int64_t i = 0; i < part_size(k); ++i) part[i] /= n;
+    }
   }
   if (weights_.use_count() > 1) {
     // A pull still sends the current version: update a copy.
@@ -272,9 +348,12 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
     checkpoint_sink_(version_, {weights_, version_}, optimizer_state_);
   }
   std::fill(received_.begin(), received_.end(), 0);
+  std::fill(got_.begin(), got_.end(), 0);
+  std::fill(parts_in_.begin(), parts_in_.end(), 0);
+  std::fill(added_.begin(), added_.end(), 0);
+  std::fill(next_worker_.begin(), next_worker_.end(), 0);
   received_count_ = 0;
-  added_ = 0;
-  next_worker_ = 0;
+  squared_norms_ = 0;
   // Release the pulls this version satisfies; forget those that are over.
   TensorSnapshot snapshot{weights_, version_};
   size_t kept = 0;

@@ -11,6 +11,13 @@
 // Under backup:b the set of contributors depends on the order of arrival anyway, and gradients are
 // added as they come.
 //
+// Under bsp a tensor of more than `part_elements` elements is also kept in parts of that many
+// elements (the last one shorter): a worker may push its gradient part by part (each part a call
+// of its own, so that what it has in flight stays within the shard's share for it), and each part
+// is summed in worker-id order on its own, so a part that comes early is held alone, not the
+// whole gradient. The step is complete once every member's every part is in; the sum of each
+// element is the same whichever way its gradient arrived, so parts change no bit of the result.
+//
 // Weights are copy-on-write: a pull takes a reference to the current weights, shared by every pull
 // of that version and sent from by the gRPC layer without a copy; an update writes in place unless
 // such a reference is still alive, and then into a fresh copy.
@@ -19,6 +26,7 @@
 #ifndef RUBATO_SERVER_TENSOR_AGGREGATOR_H_
 #define RUBATO_SERVER_TENSOR_AGGREGATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,6 +92,9 @@ class TensorAggregator {
     const ByteChunks* data = nullptr;
     std::shared_ptr<const void> keepalive;
     std::function<void(absl::Status)> on_added;
+    // bsp: the part of the tensor `data` holds (its bytes: part_bytes(part)); -1, the whole
+    // gradient.
+    int part = -1;
   };
   // The job's members: member[w] != 0 for each, and how many.
   struct Members {
@@ -108,19 +119,27 @@ class TensorAggregator {
     const std::shared_ptr<const BatchPlan>* plan = nullptr;
   };
 
+  // part_elements: bsp's part size (see above); 0 or at least the tensor's elements, one part.
   TensorAggregator(std::string name, std::vector<int64_t> shape, std::vector<float> initial,
-                   TensorRole role, int num_workers);
+                   TensorRole role, int num_workers, int64_t part_elements = 0);
 
   const std::string& name() const { return name_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t elements() const { return elements_; }
+  int parts() const { return parts_; }
+  int64_t part_elements() const { return part_elements_; }
+  // The elements of part `k` in [0, parts()).
+  int64_t part_size(int k) const {
+    return std::min(part_elements_, elements_ - int64_t{k} * part_elements_);
+  }
 
   int64_t version() const;
   // FailedPrecondition if `step` is from the future for this tensor (bsp, backup).
   absl::Status CheckStep(const Context& ctx, int worker, int64_t step) const;
 
-  // Takes worker `worker`'s gradient for `step`. Returns the learning rate used if an update was
-  // applied (outcome->applied).
+  // Takes worker `worker`'s gradient for `step` (or one part of it, gradient.part). Returns the
+  // learning rate used if an update was applied (outcome->applied). A part that was pushed
+  // already (or a whole gradient whose first part was) is a duplicate.
   double Add(const Context& ctx, int worker, int64_t step, Gradient gradient,
              GradientOutcome* outcome, Released* released);
 
@@ -159,21 +178,34 @@ class TensorAggregator {
   void Restore(int64_t version, TensorOptimizerState optimizer_state);
 
  private:
+  // One part of a worker's gradient, held for its turn.
   struct Held {
     ByteChunks data;
     std::shared_ptr<const void> keepalive;
     std::string owned;  // When there was no keepalive: a copy.
-    std::function<void(absl::Status)> on_added;
+    // Called once the last held part of the Add that held this one is added (shared by them).
+    std::shared_ptr<std::function<void(absl::Status)>> on_added;
     absl::Time since;
     int64_t step = 0;
+    bool present = false;
   };
 
-  // Adds the held gradients that are next in worker-id order, skipping non-members (bsp).
-  void DrainInOrder(const Members& members, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds held gradient `w` and acknowledges it.
-  void AddHeld(int w, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `measure`: also add the gradient's squared norm to squared_norms_.
-  void Accumulate(const ByteChunks& data, bool measure = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the held parts that are next in worker-id order for part `k`, skipping non-members.
+  void DrainInOrder(int k, const Members& members, Released* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds worker `w`'s held part `k`, and acknowledges its Add if that was its last held part.
+  void AddHeld(int w, int k, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `w`'s part `k` is in: added now if it is its turn (or no turn is kept), else held.
+  // Returns whether it was held.
+  bool TakePart(int w, int k, int64_t step, const ByteChunks& data,
+                const std::shared_ptr<const void>& keepalive,
+                const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
+                const Context& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds (or copies, for the first) part `k`'s bytes into the accumulator; `measure`: also their
+  // squares into squared_norms_.
+  void Accumulate(int k, const ByteChunks& data, bool measure = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Held& held(int w, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_[w * parts_ + k]; }
   bool StepComplete(const Context& ctx, const Members& members) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Mean of the accumulated gradients, one optimizer step, version + 1, waiters released.
@@ -185,6 +217,8 @@ class TensorAggregator {
   const int64_t elements_;
   const TensorRole role_;
   const int num_workers_;
+  const int64_t part_elements_;  // elements_ when the tensor is one part
+  const int parts_;
 
   mutable absl::Mutex mu_;
   int64_t checkpoint_every_ ABSL_GUARDED_BY(mu_) = 0;
@@ -196,12 +230,14 @@ class TensorAggregator {
   // sum of their squared norms (bsp, backup: for the noise scale).
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   double squared_norms_ ABSL_GUARDED_BY(mu_) = 0;
-  int added_ ABSL_GUARDED_BY(mu_) = 0;
-  int next_worker_ ABSL_GUARDED_BY(mu_) = 0;         // bsp: lower ids are added or skipped.
-  std::vector<char> received_ ABSL_GUARDED_BY(mu_);  // (workers) for the current step
+  std::vector<int> added_ ABSL_GUARDED_BY(mu_);        // (parts) gradients added into each part
+  std::vector<int> next_worker_ ABSL_GUARDED_BY(mu_);  // (parts) bsp: lower ids added or skipped
+  std::vector<char> got_ ABSL_GUARDED_BY(mu_);         // (workers x parts) for the current step
+  std::vector<int> parts_in_ ABSL_GUARDED_BY(mu_);     // (workers) parts received this step
+  std::vector<char> received_ ABSL_GUARDED_BY(mu_);    // (workers) every part received
   int received_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);               // (workers) early arrivals, bsp
-  std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);     // (workers)
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);  // (workers x parts) early arrivals, bsp
+  std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);     // (workers x parts)
   std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(mu_);  // (workers)
   struct Waiting {
     std::shared_ptr<PullWaiter> waiter;

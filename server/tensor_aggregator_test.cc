@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "common/lr_schedule.h"
@@ -93,6 +94,126 @@ TEST(TensorAggregatorTest, OnlyEarlyArrivalsAreHeld) {
   Add(&t, f, 1, 0, g);  // completes the step, and the held one is added
   EXPECT_EQ(t.ExtraBytes(), 4000);
   EXPECT_EQ(t.version(), 1);
+}
+
+// A tensor of 10 elements in parts of 4 (4, 4 and 2) under bsp: whatever the order in which the
+// three workers' parts arrive, and whether a worker pushes its gradient whole or part by part, the
+// result is the whole-tensor one bit for bit (each element summed in worker-id order).
+TEST(TensorAggregatorTest, BspPartsGiveTheWholeTensorsResultInEveryArrivalOrder) {
+  constexpr int kWorkers = 3;
+  std::mt19937 rng(7);
+  std::vector<std::vector<float>> g(kWorkers, std::vector<float>(10));
+  std::uniform_real_distribution<float> value(-1, 1);
+  for (auto& v : g) {
+    for (float& x : v) x = value(rng) * (rng() % 2 == 0 ? 1e7f : 1e-3f);  // order-sensitive sums
+  }
+  std::vector<float> expected(10, 0.0f);
+  {
+    Fixture f(BSP, kWorkers);
+    TensorAggregator whole("w", {10}, std::vector<float>(10, 0.0f), TensorRole(), kWorkers);
+    for (int w = kWorkers - 1; w >= 0; --w) Add(&whole, f, w, 0, Bytes(g[w]));
+    expected = *whole.Snapshot().values;
+  }
+  for (int trial = 0; trial < 300; ++trial) {
+    Fixture f(BSP, kWorkers);
+    TensorAggregator t("w", {10}, std::vector<float>(10, 0.0f), TensorRole(), kWorkers, 4);
+    ASSERT_EQ(t.parts(), 3);
+    ASSERT_EQ(t.part_size(2), 2);
+    // Each worker pushes whole (-1) or as its three parts; all the pieces in a random order.
+    std::vector<std::pair<int, int>> pieces;  // (worker, part)
+    for (int w = 0; w < kWorkers; ++w) {
+      if (rng() % 3 == 0) {
+        pieces.push_back({w, -1});
+      } else {
+        for (int k = 0; k < 3; ++k) pieces.push_back({w, k});
+      }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    int applied = 0;
+    for (const auto& [w, k] : pieces) {
+      const std::vector<float> part =
+          k < 0 ? g[w] : std::vector<float>(g[w].begin() + 4 * k, g[w].begin() + std::min(10, 4 * k + 4));
+      const std::string bytes = Bytes(part);
+      ByteChunks chunks(bytes);
+      Released released;
+      GradientOutcome outcome;
+      TensorAggregator::Gradient gradient{&chunks, nullptr, nullptr};
+      gradient.part = k;
+      t.Add(f.ctx, w, 0, gradient, &outcome, &released);
+      EXPECT_EQ(outcome.kind, GradientOutcome::kAccepted);
+      applied += outcome.applied ? 1 : 0;
+    }
+    ASSERT_EQ(applied, 1) << "trial " << trial;
+    EXPECT_EQ(*t.Snapshot().values, expected) << "trial " << trial;
+    EXPECT_EQ(t.version(), 1);
+  }
+}
+
+// A worker's push of its whole gradient is held part by part; it is acknowledged once, when its
+// last held part is added, and a repeated part is a duplicate.
+TEST(TensorAggregatorTest, APushHeldInPartsIsAcknowledgedOnceItsLastPartIsAdded) {
+  Fixture f(BSP, 2);
+  TensorAggregator t("w", {4}, std::vector<float>(4, 0.0f), TensorRole(), 2, 2);
+  std::vector<absl::Status> acks;
+  auto on_added = [&acks](absl::Status s) { acks.push_back(std::move(s)); };
+  const std::string whole = Bytes({1, 2, 3, 4});
+  const std::string half = Bytes({10, 20});
+  ByteChunks whole_chunks(whole), half_chunks(half);
+  auto keep = std::make_shared<std::string>("keep");
+  Released released;
+  GradientOutcome o1;
+  t.Add(f.ctx, 1, 0, {&whole_chunks, keep, on_added}, &o1, &released);
+  EXPECT_TRUE(o1.held);
+  // Worker 0's part 0: worker 1's part 0 is added, its part 1 still waits: no answer yet.
+  GradientOutcome o0;
+  TensorAggregator::Gradient part0{&half_chunks, keep, on_added};
+  part0.part = 0;
+  t.Add(f.ctx, 0, 0, part0, &o0, &released);
+  EXPECT_FALSE(o0.held);
+  EXPECT_FALSE(o0.applied);
+  EXPECT_TRUE(released.acks.empty());
+  GradientOutcome again;
+  t.Add(f.ctx, 0, 0, part0, &again, &released);
+  EXPECT_EQ(again.kind, GradientOutcome::kDuplicate);
+  // Worker 0's part 1: worker 1's last held part is added, the step applies.
+  GradientOutcome o0b;
+  TensorAggregator::Gradient part1{&half_chunks, keep, on_added};
+  part1.part = 1;
+  t.Add(f.ctx, 0, 0, part1, &o0b, &released);
+  EXPECT_TRUE(o0b.applied);
+  ASSERT_EQ(released.acks.size(), 1u);
+  EXPECT_TRUE(released.acks[0].second.ok());
+  // SGD at rate 1: w = -(g0 + g1) / 2.
+  EXPECT_EQ(*t.Snapshot().values, std::vector<float>({-5.5f, -11.0f, -6.5f, -12.0f}));
+}
+
+// A push held in two parts that waits too long is answered once, not once per part.
+TEST(TensorAggregatorTest, APushHeldInPartsExpiresWithOneAnswer) {
+  Fixture f(BSP, 2);
+  TensorAggregator t("w", {4}, std::vector<float>(4, 0.0f), TensorRole(), 2, 2);
+  std::vector<absl::Status> acks;
+  auto on_added = [&acks](absl::Status s) { acks.push_back(std::move(s)); };
+  const std::string whole = Bytes({1, 2, 3, 4});
+  ByteChunks chunks(whole);
+  auto keep = std::make_shared<std::string>("keep");
+  Released released;
+  GradientOutcome o1;
+  t.Add(f.ctx, 1, 0, {&chunks, keep, on_added}, &o1, &released);
+  ASSERT_TRUE(o1.held);
+  t.ExpireHeld(absl::InfiniteFuture(), *f.members, 5, &released);
+  ASSERT_EQ(released.acks.size(), 1u);
+  EXPECT_EQ(released.acks[0].second.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(released.acks[0].second.message().find("part 0 of 2"), std::string::npos)
+      << released.acks[0].second;
+  released = Released();
+  t.ReleaseHeld(absl::CancelledError("shutdown"), &released);
+  EXPECT_TRUE(released.acks.empty()) << "answered already";
+  // Still held: worker 0's gradient completes the step with both.
+  GradientOutcome o0;
+  t.Add(f.ctx, 0, 0, {&chunks, keep, on_added}, &o0, &released);
+  EXPECT_TRUE(o0.applied);
+  EXPECT_TRUE(released.acks.empty());
+  EXPECT_EQ(*t.Snapshot().values, std::vector<float>({-1, -2, -3, -4}));
 }
 
 TEST(TensorAggregatorTest, AHeldGradientIsAcknowledgedWhenAddedOrWhenItWaitedTooLong) {

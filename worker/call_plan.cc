@@ -1,5 +1,8 @@
 #include "worker/call_plan.h"
 
+#include <algorithm>
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
@@ -53,6 +56,39 @@ absl::StatusOr<CallPlan> PlanCalls(const std::vector<TensorSpec>& model, int num
     }
   }
   return plan;
+}
+
+std::vector<PushCall> PlanPushCalls(const CallPlan& plan, const std::vector<int>& tensors,
+                                    const std::vector<int64_t>& part_elements,
+                                    int64_t target_call_bytes) {
+  std::map<int, std::vector<int>> by_shard;
+  for (int i : tensors) by_shard[plan.placement.shard_of[i]].push_back(i);
+  std::vector<PushCall> calls;
+  for (auto& [shard, list] : by_shard) {
+    std::sort(list.begin(), list.end());
+    const int64_t part =
+        static_cast<size_t>(shard) < part_elements.size() ? part_elements[shard] : 0;
+    int64_t bytes = 0;
+    bool open = false;  // the last call takes more whole tensors
+    for (int i : list) {
+      const int64_t n = plan.elements[i];
+      if (part > 0 && n > part) {
+        for (int64_t at = 0; at < n; at += part) {
+          calls.push_back({shard, {{i, at, std::min(part, n - at)}}});
+        }
+        open = false;
+        continue;
+      }
+      if (!open || bytes + 4 * n > target_call_bytes) {
+        calls.push_back({shard, {}});
+        bytes = 0;
+        open = true;
+      }
+      calls.back().pieces.push_back({i, 0, n});
+      bytes += 4 * n;
+    }
+  }
+  return calls;
 }
 
 }  // namespace rubato

@@ -34,6 +34,28 @@ struct CallPlan {
   std::vector<int64_t> elements;  // Per tensor.
 };
 
+// One tensor's gradient in a push, or a part of it: elements [offset, offset + elements).
+struct PushPiece {
+  int tensor = 0;
+  int64_t offset = 0;
+  int64_t elements = 0;
+};
+
+// One push call: its shard and what it carries.
+struct PushCall {
+  int shard = 0;
+  std::vector<PushPiece> pieces;
+};
+
+// The push calls for `tensors` (model indices, each at most once, in any order): by shard, then in
+// model order, whole tensors grouped into calls of about target_call_bytes as PlanCalls groups
+// them; but a tensor of more than part_elements[shard] elements (when that is > 0: the shard cuts
+// bsp gradients into parts, RegisterResponse.part_elements) goes in parts of that many elements,
+// each part a call of its own.
+std::vector<PushCall> PlanPushCalls(const CallPlan& plan, const std::vector<int>& tensors,
+                                    const std::vector<int64_t>& part_elements,
+                                    int64_t target_call_bytes = kTargetCallBytes);
+
 // InvalidArgument for an empty model, a bad shape, a tensor past kMaxTensorElements, or a shard
 // whose bytes cannot fit in one message of `max_message_bytes` (naming the --max_message_mb that
 // would).

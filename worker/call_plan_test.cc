@@ -46,6 +46,39 @@ TEST(CallPlanTest, EveryTensorIsInExactlyOneCallToItsOwnShard) {
   for (int n : seen) EXPECT_EQ(n, 1);
 }
 
+// With parts of 1000 elements on the shard, a tensor of 2500 goes in three calls of its own
+// (1000, 1000, 500); smaller ones are grouped as before; only the tensors asked for are pushed.
+TEST(CallPlanTest, PushCallsCutTensorsLargerThanAPartIntoParts) {
+  const std::vector<TensorSpec> model = {Spec("a", 300), Spec("big", 2500), Spec("c", 300),
+                                         Spec("d", 1000)};
+  absl::StatusOr<CallPlan> plan = PlanCalls(model, 1, 1 << 30, 8000);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<PushCall> calls = PlanPushCalls(*plan, {3, 2, 1, 0}, {1000}, 8000);
+  std::vector<std::string> got;
+  for (const PushCall& c : calls) {
+    std::string call;
+    for (const PushPiece& p : c.pieces) {
+      call += model[p.tensor].name() + "@" + std::to_string(p.offset) + "+" +
+              std::to_string(p.elements) + " ";
+    }
+    got.push_back(call);
+  }
+  EXPECT_EQ(got, std::vector<std::string>({"a@0+300 ", "big@0+1000 ", "big@1000+1000 ",
+                                           "big@2000+500 ", "c@0+300 d@0+1000 "}));
+  // No parts (0): whole tensors, grouped as PlanCalls groups them.
+  const std::vector<PushCall> whole = PlanPushCalls(*plan, {0, 1, 2, 3}, {0}, 8000);
+  ASSERT_EQ(whole.size(), plan->groups.size());
+  for (size_t c = 0; c < whole.size(); ++c) {
+    std::vector<int> tensors;
+    for (const PushPiece& p : whole[c].pieces) {
+      tensors.push_back(p.tensor);
+      EXPECT_EQ(p.offset, 0);
+      EXPECT_EQ(p.elements, plan->elements[p.tensor]);
+    }
+    EXPECT_EQ(tensors, plan->groups[c].tensors) << "call " << c;
+  }
+}
+
 TEST(CallPlanTest, BadModelsAndLimitsAreRefusedNamingTheFix) {
   EXPECT_EQ(PlanCalls({}, 1, 1 << 30).status().code(), absl::StatusCode::kInvalidArgument);
   TensorSpec bad;

@@ -20,7 +20,10 @@ class InProcessPsClient final : public PsClient {
  public:
   InProcessPsClient(const PsClientOptions& options, std::vector<ParameterShard*> shards,
                     CallPlan plan)
-      : options_(options), shards_(std::move(shards)), plan_(std::move(plan)) {}
+      : options_(options),
+        shards_(std::move(shards)),
+        plan_(std::move(plan)),
+        part_elements_(shards_.size(), 0) {}
 
   ~InProcessPsClient() override {
     for (auto& [ticket, p] : pending_) p->thread.join();
@@ -66,6 +69,7 @@ class InProcessPsClient final : public PsClient {
         }
         resume = resume < 0 ? response.resume_step() : std::min(resume, response.resume_step());
         KeepBatchPlan(response);
+        part_elements_[s] = response.part_elements();
         break;
       }
     }
@@ -89,8 +93,10 @@ class InProcessPsClient final : public PsClient {
                     PushResult* result) override {
     RETURN_IF_ERROR(CheckSizes(grads, "gradient"));
     if (result != nullptr) *result = PushResult();
-    for (const CallGroup& g : plan_.groups) {
-      RETURN_IF_ERROR(PushGroup(g.shard, step, g.tensors, grads, result));
+    std::vector<int> all(options_.model.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    for (const PushCall& call : PlanPushCalls(plan_, all, part_elements_, target_call_bytes_)) {
+      RETURN_IF_ERROR(PushCallNow(call, step, grads, result));
     }
     return absl::OkStatus();
   }
@@ -120,9 +126,11 @@ class InProcessPsClient final : public PsClient {
     }
     p->timing.started = absl::Now();
     Pending* raw = p.get();
-    p->thread = std::thread([this, raw, by_shard, step, grads, pull_into] {
-      for (const auto& [shard, list] : by_shard) {
-        if (raw->status.ok()) raw->status = PushGroup(shard, step, list, grads, &raw->result);
+    const std::vector<int> list(tensors.begin(), tensors.end());
+    std::vector<PushCall> calls = PlanPushCalls(plan_, list, part_elements_, target_call_bytes_);
+    p->thread = std::thread([this, raw, by_shard, calls, step, grads, pull_into] {
+      for (const PushCall& call : calls) {
+        if (raw->status.ok()) raw->status = PushCallNow(call, step, grads, &raw->result);
       }
       raw->timing.acknowledged = raw->timing.pulled = absl::Now();
       if (!raw->status.ok() || pull_into == nullptr) return;
@@ -173,6 +181,8 @@ class InProcessPsClient final : public PsClient {
     return absl::OkStatus();
   }
 
+  void set_target_call_bytes(int64_t bytes) { target_call_bytes_ = bytes; }
+
   const std::vector<int>& shard_of() const override { return plan_.placement.shard_of; }
   const std::vector<int64_t>& shard_bytes() const override { return plan_.placement.shard_bytes; }
 
@@ -219,18 +229,21 @@ class InProcessPsClient final : public PsClient {
     return absl::Status(status.code(), absl::StrCat("shard ", shard, ": ", status.message()));
   }
 
-  absl::Status PushGroup(int shard, int64_t step, const std::vector<int>& tensors,
-                         absl::Span<const std::vector<float>> grads, PushResult* result) {
+  absl::Status PushCallNow(const PushCall& call, int64_t step,
+                           absl::Span<const std::vector<float>> grads, PushResult* result) {
+    const int shard = call.shard;
     WirePush push;
     push.worker_id = options_.worker_id;
     push.step = step;
     push.batch_size = push_batch_size_;
     if (has_push_relay_) push.noise_relay = push_relay_;
-    for (int i : tensors) {
+    for (const PushPiece& piece : call.pieces) {
       WireTensor g;
-      g.name = options_.model[i].name();
-      g.data = ByteChunks(absl::string_view(reinterpret_cast<const char*>(grads[i].data()),
-                                            grads[i].size() * sizeof(float)));
+      g.name = options_.model[piece.tensor].name();
+      g.offset = piece.offset;
+      g.data = ByteChunks(absl::string_view(
+          reinterpret_cast<const char*>(grads[piece.tensor].data() + piece.offset),
+          static_cast<size_t>(piece.elements) * sizeof(float)));
       push.gradients.push_back(std::move(g));
     }
     absl::Notification done;
@@ -263,6 +276,8 @@ class InProcessPsClient final : public PsClient {
   const PsClientOptions options_;
   const std::vector<ParameterShard*> shards_;
   const CallPlan plan_;
+  int64_t target_call_bytes_ = kTargetCallBytes;
+  std::vector<int64_t> part_elements_;  // Each shard's, from Register (0: whole tensors).
   std::map<int64_t, std::unique_ptr<Pending>> pending_;  // Used by the training thread only.
   int64_t next_ticket_ = 1;
 };
@@ -275,8 +290,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateInProcessPsClient(
   if (shards.empty()) return absl::InvalidArgumentError("no parameter shards given");
   ASSIGN_OR_RETURN(CallPlan plan, PlanCalls(options.model, static_cast<int>(shards.size()),
                                             options.max_message_bytes, target_call_bytes));
-  return std::unique_ptr<PsClient>(
-      new InProcessPsClient(options, std::move(shards), std::move(plan)));
+  auto client = std::make_unique<InProcessPsClient>(options, std::move(shards), std::move(plan));
+  client->set_target_call_bytes(target_call_bytes);
+  return std::unique_ptr<PsClient>(std::move(client));
 }
 
 }  // namespace rubato

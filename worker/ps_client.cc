@@ -174,6 +174,10 @@ class GrpcPsClient final : public PsClient {
     }
     for (const TensorSpec& spec : options_.model) elements_.push_back(ElementCount(spec.shape()));
     for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
+    plan_.placement = placement_;
+    plan_.groups = groups_;
+    plan_.elements = elements_;
+    part_elements_.assign(options_.servers.size(), 0);
     for (size_t s = 0; s < options_.servers.size(); ++s) {
       push_gates_.push_back(std::make_unique<CallGate>(kCallsInFlightPerShard));
     }
@@ -346,7 +350,13 @@ class GrpcPsClient final : public PsClient {
                                                 " answered resume_step ",
                                                 responses[s].resume_step(), ", not in [0, 2^48)"));
       }
+      if (responses[s].part_elements() < 0 || responses[s].part_elements() > kMaxTensorElements) {
+        return absl::InternalError(absl::StrCat(
+            "server at ", options_.servers[s], " answered part_elements ",
+            responses[s].part_elements(), ", not in [0, ", kMaxTensorElements, "]"));
+      }
     }
+    for (int s = 0; s < shards; ++s) part_elements_[s] = responses[s].part_elements();
     // A step some shard has not seen from this worker is pushed again everywhere; shards that had
     // it acknowledge the repeat as a duplicate.
     int64_t resume = responses[0].resume_step();
@@ -387,17 +397,22 @@ class GrpcPsClient final : public PsClient {
   absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                     PushResult* result) override {
     RETURN_IF_ERROR(CheckSizes(grads, "gradient"));
-    const size_t n = groups_.size();
+    std::vector<int> all(options_.model.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    const std::vector<PushCall> calls = PlanPushCalls(plan_, all, part_elements_);
+    const size_t n = calls.size();
+    std::vector<int> call_shards(n);
+    for (size_t c = 0; c < n; ++c) call_shards[c] = calls[c].shard;
     BorrowedSlices borrowed;  // Declared first: destroyed last, after waiting for gRPC.
     std::vector<grpc::ByteBuffer> requests(n);
     std::vector<grpc::ByteBuffer> raw(n);
-    for (size_t g = 0; g < n; ++g) {
-      requests[g] = PushRequestFor(step, groups_[g].tensors, grads, &borrowed);
+    for (size_t c = 0; c < n; ++c) {
+      requests[c] = PushRequestFor(step, calls[c].pieces, grads, &borrowed);
     }
-    absl::Status status = FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
+    absl::Status status = FanOut(call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
                                  [&](ParameterServer::Stub::async_interface*, int call,
                                      grpc::ClientContext* context, Done done) {
-                                   generic_[group_shards_[call]]->UnaryCall(
+                                   generic_[call_shards[call]]->UnaryCall(
                                        context, kPushMethod, grpc::StubOptions(), &requests[call],
                                        &raw[call], std::move(done));
                                  },
@@ -406,8 +421,8 @@ class GrpcPsClient final : public PsClient {
     borrowed.WaitReleased();
     RETURN_IF_ERROR(status);
     std::vector<PushResponse> responses(n);
-    for (size_t g = 0; g < n; ++g) {
-      RETURN_IF_ERROR(ParseAnswer(group_shards_[g], raw[g], &responses[g]));
+    for (size_t c = 0; c < n; ++c) {
+      RETURN_IF_ERROR(ParseAnswer(call_shards[c], raw[c], &responses[c]));
     }
     if (result != nullptr) {
       *result = PushResult();
@@ -432,7 +447,7 @@ class GrpcPsClient final : public PsClient {
     if (tensors.empty()) return absl::InvalidArgumentError("a push of no tensors");
     auto pending = std::make_unique<PendingPush>();
     pending->timing.started = absl::Now();
-    // One call per shard holding some of the tensors.
+    // The tensors of each shard (for the pull that follows); the push's calls are planned below.
     std::map<int, size_t> call_of_shard;
     for (int i : tensors) {
       if (i < 0 || i >= static_cast<int>(options_.model.size())) {
@@ -453,16 +468,18 @@ class GrpcPsClient final : public PsClient {
       pending->call_tensors[it->second].push_back(i);
     }
     // The gradients are sent from `grads` in place, so they must not change until WaitPush.
-    for (const std::vector<int>& call : pending->call_tensors) {
-      pending->requests.push_back(PushRequestFor(step, call, grads, &pending->borrowed));
+    const std::vector<int> list(tensors.begin(), tensors.end());
+    for (const PushCall& call : PlanPushCalls(plan_, list, part_elements_)) {
+      pending->push_shards.push_back(call.shard);
+      pending->requests.push_back(PushRequestFor(step, call.pieces, grads, &pending->borrowed));
     }
     pending->raw.resize(pending->requests.size());
     PendingPush* p = pending.get();
     p->thread = std::thread([this, p, step, pull_into] {
-      p->status = FanOut(p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+      p->status = FanOut(p->push_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
                          [this, p](ParameterServer::Stub::async_interface*, int call,
                                    grpc::ClientContext* context, Done done) {
-                           generic_[p->call_shards[call]]->UnaryCall(
+                           generic_[p->push_shards[call]]->UnaryCall(
                                context, kPushMethod, grpc::StubOptions(), &p->requests[call],
                                &p->raw[call], std::move(done));
                          },
@@ -471,7 +488,7 @@ class GrpcPsClient final : public PsClient {
       p->borrowed.WaitReleased();
       p->responses.resize(p->raw.size());
       for (size_t c = 0; c < p->raw.size() && p->status.ok(); ++c) {
-        p->status = ParseAnswer(p->call_shards[c], p->raw[c], &p->responses[c]);
+        p->status = ParseAnswer(p->push_shards[c], p->raw[c], &p->responses[c]);
       }
       p->timing.acknowledged = p->timing.pulled = absl::Now();
       if (!p->status.ok() || pull_into == nullptr) return;
@@ -553,8 +570,10 @@ class GrpcPsClient final : public PsClient {
   // One StartPush: its calls, run by `thread`, and what they returned.
   struct PendingPush {
     BorrowedSlices borrowed;  // First: destroyed last.
+    std::vector<int> push_shards;  // the shard of each push call (requests, raw, responses)
+    // The pull that follows: one call per shard (call_shards) of its pushed tensors.
     std::vector<int> call_shards;
-    std::vector<std::vector<int>> call_tensors;  // the model indices each call carries
+    std::vector<std::vector<int>> call_tensors;
     std::vector<grpc::ByteBuffer> requests;
     std::vector<grpc::ByteBuffer> raw;
     std::vector<PushResponse> responses;
@@ -573,22 +592,22 @@ class GrpcPsClient final : public PsClient {
     return SerializedMessage(request);
   }
 
-  // A PushRequest of `tensors` (model indices): the framing in small slices, each gradient's
-  // bytes as a slice of `grads` itself.
-  grpc::ByteBuffer PushRequestFor(int64_t step, const std::vector<int>& tensors,
+  // A PushRequest of `pieces` (whole gradients, or parts at their offsets): the framing in small
+  // slices, each gradient's bytes as a slice of `grads` itself.
+  grpc::ByteBuffer PushRequestFor(int64_t step, const std::vector<PushPiece>& pieces,
                                   absl::Span<const std::vector<float>> grads,
                                   BorrowedSlices* borrowed) const {
     std::vector<grpc::Slice> slices;
-    slices.reserve(2 * tensors.size());
+    slices.reserve(2 * pieces.size());
     std::string header;
     EncodePushHeader(options_.worker_id, step, &header);
     EncodePushExtras(push_batch_size_, has_push_relay_ ? &push_relay_ : nullptr, &header);
-    for (int i : tensors) {
-      const size_t bytes = grads[i].size() * sizeof(float);
-      EncodeTensorHeader(3, options_.model[i].name(), 0, bytes, &header);
+    for (const PushPiece& piece : pieces) {
+      const size_t bytes = static_cast<size_t>(piece.elements) * sizeof(float);
+      EncodeTensorHeader(3, options_.model[piece.tensor].name(), 0, bytes, &header, piece.offset);
       slices.emplace_back(header);
       header.clear();
-      slices.push_back(borrowed->Borrow(grads[i].data(), bytes));
+      slices.push_back(borrowed->Borrow(grads[piece.tensor].data() + piece.offset, bytes));
     }
     return grpc::ByteBuffer(slices.data(), slices.size());
   }
@@ -823,6 +842,9 @@ class GrpcPsClient final : public PsClient {
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
   std::vector<int64_t> elements_;
   std::vector<int> group_shards_;  // Shard of each entry of groups_.
+  CallPlan plan_;                   // placement_, groups_ and elements_, for PlanPushCalls
+  // Each shard's bsp part size from its last Register answer (0: whole tensors).
+  std::vector<int64_t> part_elements_;
   // One gate per shard for the calls that carry gradients, shared by Push and every StartPush.
   std::vector<std::unique_ptr<CallGate>> push_gates_;
   // Pushes started and not yet waited for, by ticket. Used by the training thread only.

@@ -65,10 +65,11 @@ struct JobResult {
 JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, int64_t steps,
                  int64_t target_call_bytes, const AdaptiveBatchConfig& adaptive = {},
                  std::vector<GetStatsResponse>* shard_stats = nullptr,
-                 int64_t push_bucket_bytes = 0) {
+                 int64_t push_bucket_bytes = 0, const char* layers = "8-16-3",
+                 int64_t push_budget_bytes = ShardOptions().push_budget_bytes) {
   const Dataset train = Synthetic(512, 1);
   const Dataset test = Synthetic(256, 2);
-  const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
+  const ModelSpec spec = MlpModelSpec(*ParseMlpLayers(layers));
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(mode);
@@ -85,6 +86,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
     o.shard_id = s;
     o.num_shards = shards;
     o.cluster = cluster;
+    o.push_budget_bytes = push_budget_bytes;
     auto shard = ParameterShard::Create(o);
     EXPECT_TRUE(shard.ok()) << shard.status();
     shard_ptrs.push_back(shard->get());
@@ -165,6 +167,31 @@ TEST(TrainingLoopTest, ABucketGathersTheLayersIntoOnePushWithTheSameResult) {
   }
   EXPECT_EQ(layers.stats.pushes(), 2 * 30 * 2);
   EXPECT_EQ(bucket.stats.pushes(), 2 * 30);
+}
+
+// A bsp shard with a small push budget takes the 8x40000 kernel (320000 elements) in parts of
+// 262144 (the 1 MiB floor): the workers push it as two calls, and the job ends on the same weights,
+// bit for bit, as with whole tensors, with overlap and without.
+TEST(TrainingLoopTest, GradientsPushedInPartsGiveTheSameWeights) {
+  ASSERT_EQ(PushPartElements([] { ConsistencyConfig c; c.set_mode(BSP); return c; }(), 3, 1),
+            262144);
+  const JobResult whole = RunJob(BSP, 3, 1, /*overlap=*/false, 12, 1 << 20, {}, nullptr, 0,
+                                 "8-40000-3", int64_t{1} << 30);
+  const JobResult parts = RunJob(BSP, 3, 1, /*overlap=*/false, 12, 1 << 20, {}, nullptr, 0,
+                                 "8-40000-3", 1);
+  const JobResult overlapped = RunJob(BSP, 3, 1, /*overlap=*/true, 12, 1 << 20, {}, nullptr, 0,
+                                      "8-40000-3", 1);
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_EQ(whole.params[w].size(), 4u);
+    EXPECT_EQ(whole.params[w], whole.params[0]) << "worker " << w;
+    EXPECT_EQ(parts.params[w], whole.params[0]) << "worker " << w;
+    EXPECT_EQ(overlapped.params[w], whole.params[0]) << "worker " << w;
+  }
+  // Calls per worker and step: whole, the kernel alone (1.28 MB > the 1 MiB target) and the other
+  // three together: 2. In parts: the kernel's two parts, then the rest: 3.
+  EXPECT_EQ(whole.stats.pushes(), 3 * 12 * 2);
+  EXPECT_EQ(parts.stats.pushes(), 3 * 12 * 3);
+  EXPECT_EQ(parts.stats.applied_updates(), 4 * 12);
 }
 
 TEST(TrainingLoopTest, BspIsBitExactWithAndWithoutOverlapAndLearns) {
