@@ -198,15 +198,23 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   *outcome = GradientOutcome();
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<const Members> members = std::atomic_load(ctx.members);
-  // The parts this gradient holds: one, or all of them.
+  // The parts this gradient holds: one, or all of them. A part seen before for this step (or a
+  // later one) is a repeat and is skipped; a gradient all of whose parts are is a duplicate.
   const int first = gradient.part < 0 ? 0 : gradient.part;
   const int count = gradient.part < 0 ? parts_ : 1;
-  int64_t& last = last_pushed_[worker * parts_ + first];
-  if (step <= last) {  // (worker, step, tensor, part) seen before.
+  std::vector<char> fresh(count, 0);
+  bool any = false;
+  for (int k = first; k < first + count; ++k) {
+    int64_t& last = last_pushed_[worker * parts_ + k];
+    if (step <= last) continue;
+    last = step;
+    fresh[k - first] = 1;
+    any = true;
+  }
+  if (!any) {  // (worker, step, tensor, part) seen before.
     outcome->kind = GradientOutcome::kDuplicate;
     return 0;
   }
-  for (int k = first; k < first + count; ++k) last_pushed_[worker * parts_ + k] = step;
   if (!ctx.policy->Synchronous()) {
     // async, ssp: applied now, alone (always one part).
     outcome->staleness = std::max<int64_t>(0, version_ - pulled_version_[worker]);
@@ -228,6 +236,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     on_added = std::make_shared<std::function<void(absl::Status)>>(std::move(gradient.on_added));
   }
   for (int k = first; k < first + count; ++k) {
+    if (!fresh[k - first]) continue;
     const ByteChunks part =
         count == 1 ? *gradient.data
                    : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
@@ -235,7 +244,9 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     TakePart(worker, k, step, part, gradient.keepalive, on_added, ctx);
   }
   if (ctx.policy->SumsInWorkerOrder()) {
-    for (int k = first; k < first + count; ++k) DrainInOrder(k, *members, released);
+    for (int k = first; k < first + count; ++k) {
+      if (fresh[k - first]) DrainInOrder(k, *members, released);
+    }
   }
   // Still held, some part of it: acknowledged once the last such part is added (AddHeld; this
   // Add's reference kept that from happening during the drain above). Otherwise the caller

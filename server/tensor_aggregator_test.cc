@@ -187,6 +187,24 @@ TEST(TensorAggregatorTest, APushHeldInPartsIsAcknowledgedOnceItsLastPartIsAdded)
   EXPECT_EQ(*t.Snapshot().values, std::vector<float>({-5.5f, -11.0f, -6.5f, -12.0f}));
 }
 
+// A part pushed again inside a whole gradient of the same step is not added twice: the whole
+// gradient brings only the parts still missing.
+TEST(TensorAggregatorTest, AWholeGradientAfterOneOfItsPartsAddsOnlyTheRest) {
+  Fixture f(BSP, 1);
+  TensorAggregator t("w", {4}, std::vector<float>(4, 0.0f), TensorRole(), 1, 2);
+  const std::string part = Bytes({10, 20});
+  ByteChunks part_chunks(part);
+  Released released;
+  GradientOutcome o;
+  TensorAggregator::Gradient first{&part_chunks, nullptr, nullptr};
+  first.part = 0;
+  t.Add(f.ctx, 0, 0, first, &o, &released);
+  EXPECT_FALSE(o.applied);
+  EXPECT_EQ(Add(&t, f, 0, 0, Bytes({1, 2, 3, 4})).applied, true);
+  EXPECT_EQ(*t.Snapshot().values, std::vector<float>({-10, -20, -3, -4}));
+  EXPECT_EQ(Add(&t, f, 0, 0, Bytes({1, 2, 3, 4})).kind, GradientOutcome::kDuplicate);
+}
+
 // A push held in two parts that waits too long is answered once, not once per part.
 TEST(TensorAggregatorTest, APushHeldInPartsExpiresWithOneAnswer) {
   Fixture f(BSP, 2);
