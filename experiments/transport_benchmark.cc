@@ -87,10 +87,11 @@ enum class Loop { kSerial, kPipelined };
 double Measure(int64_t model_bytes, int shards, int workers, double seconds,
                const Security& security = Security(), CpuUse* cpu = nullptr,
                Loop loop = Loop::kSerial, int64_t bucket_bytes = 0,
-               bool server_process = false) {
+               bool server_process = false, ConsistencyMode mode = ASYNC,
+               int64_t push_budget_mb = 32) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
-  cluster.mutable_consistency()->set_mode(ASYNC);
+  cluster.mutable_consistency()->set_mode(mode);
   cluster.mutable_optimizer()->set_type("sgd");
   cluster.mutable_optimizer()->set_learning_rate(1e-6);
   cluster.set_lease_ms(60000);
@@ -108,7 +109,9 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
     absl::StatusOr<ServerProcess> p = StartServerProcess(
         absl::GetFlag(FLAGS_server),
         {absl::StrCat("--shard_id=", s), absl::StrCat("--num_shards=", shards),
-         absl::StrCat("--num_workers=", workers), "--mode=async", "--optimizer=sgd",
+         absl::StrCat("--num_workers=", workers),
+         mode == ASYNC ? std::string("--mode=async") : std::string("--mode=bsp"),
+         absl::StrCat("--push_budget_mb=", push_budget_mb), "--optimizer=sgd",
          "--learning_rate=0.000001", "--lease_ms=60000", "--wait_timeout_ms=60000",
          absl::StrCat("--max_message_mb=", kMaxMessageBytesLimit >> 20)});
     if (!p.ok()) {
@@ -123,6 +126,7 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
     options.shard_id = s;
     options.num_shards = shards;
     options.cluster = cluster;
+    options.push_budget_bytes = push_budget_mb << 20;
     auto shard = ParameterShard::Create(options);
     if (!shard.ok()) {
       std::fprintf(stderr, "shard: %s\n", shard.status().ToString().c_str());
@@ -393,6 +397,11 @@ ABSL_FLAG(bool, keep_freed_memory, true,
 ABSL_FLAG(std::string, only, "",
           "MB,shards,workers: measure only this configuration (for perf record), nothing else.");
 
+ABSL_FLAG(std::string, mode, "async",
+          "With --only: async (every push applied on arrival) or bsp (a barrier a step; "
+          "gradients larger than a worker's share of --push_budget_mb go in parts).");
+ABSL_FLAG(int64_t, push_budget_mb, 32, "With --only and --mode=bsp: the shards' --push_budget_mb.");
+
 ABSL_FLAG(bool, server_process, false,
           "With --only: the shards are rubato_server processes, not in this process.");
 
@@ -423,13 +432,20 @@ int main(int argc, char** argv) {
       return 2;
     }
     const Loop loop = loop_name == "serial" ? Loop::kSerial : Loop::kPipelined;
+    const std::string mode_name = absl::GetFlag(FLAGS_mode);
+    if (mode_name != "async" && mode_name != "bsp") {
+      std::fprintf(stderr, "--mode wants async or bsp, got '%s'\n", mode_name.c_str());
+      return 2;
+    }
     rubato::CpuUse cpu;
     const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds,
                                         rubato::Security(), &cpu, loop,
                                         absl::GetFlag(FLAGS_bucket_kb) << 10,
-                                        absl::GetFlag(FLAGS_server_process));
-    std::printf("%d MB, %d shard(s), %d worker(s), %s%s: %.3f GB/s per worker; %s\n", mb,
-                shards, workers, loop_name.c_str(),
+                                        absl::GetFlag(FLAGS_server_process),
+                                        mode_name == "bsp" ? rubato::BSP : rubato::ASYNC,
+                                        absl::GetFlag(FLAGS_push_budget_mb));
+    std::printf("%d MB, %d shard(s), %d worker(s), %s, %s%s: %.3f GB/s per worker; %s\n", mb,
+                shards, workers, mode_name.c_str(), loop_name.c_str(),
                 absl::GetFlag(FLAGS_server_process) ? ", server process" : "", rate / 1e9,
                 rubato::CpuText(cpu, rate * workers).c_str());
     return rate < 0 ? 1 : 0;
