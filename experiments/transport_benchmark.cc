@@ -455,6 +455,7 @@ int main(int argc, char** argv) {
   const rubato::CpuUse stream_cpu = stream_meter.Stop();
   std::printf("loopback TCP stream (1 connection): %.2f GB/s; %s\n\n", tcp / 1e9,
               rubato::CpuText(stream_cpu, tcp).c_str());
+  std::vector<std::string> bounds;
   for (int64_t mb : {1, 16, 64}) {
     rubato::CpuMeter meter;
     const double direct = rubato::MeasureInProcess(mb << 20, seconds);
@@ -464,7 +465,23 @@ int main(int argc, char** argv) {
         "TCP stream); %s\n",
         static_cast<long long>(mb), direct / 1e9, direct / tcp,
         rubato::CpuText(cpu, direct).c_str());
+    // A byte pushed or pulled costs at least the stream's two kernel copies and the shard's (and
+    // the client's) own passes: with every core busy, no transport does better than this.
+    const double per_gb = rubato::CoreSecondsPerGb(stream_cpu, tcp) +
+                          rubato::CoreSecondsPerGb(cpu, direct);
+    if (per_gb > 0) {
+      const double bound = stream_cpu.machine_core_count / per_gb * 1e9;
+      bounds.push_back(absl::StrFormat(
+          "%2lld MB: %.3f + %.3f core-s per GB on %d cores: at most %.3f GB/s (%.2f x TCP stream)",
+          static_cast<long long>(mb), rubato::CoreSecondsPerGb(stream_cpu, tcp),
+          rubato::CoreSecondsPerGb(cpu, direct), stream_cpu.machine_core_count, bound / 1e9,
+          bound / tcp));
+    }
   }
+  std::printf(
+      "\nBound for push+pull (all workers together), from the CPU cost per GB of the stream's "
+      "kernel copies\nand of the shard alone, with every core of the machine busy:\n");
+  for (const std::string& b : bounds) std::printf("  %s\n", b.c_str());
   std::printf(
       "\nPush+pull GB/s per worker, serial and pipelined loops (see Measure); 'x stream' is the\n"
       "workers' aggregate over the TCP stream; cores busy machine-wide, and core-seconds per GB\n"
