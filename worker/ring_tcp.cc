@@ -95,9 +95,16 @@ ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::st
   return ReadEnd::kDone;
 }
 
-void SetNoDelay(int fd) {
+// No Nagle delay, and socket buffers of 4 MiB each way (the kernel caps them at its
+// net.core.{w,r}mem_max): a whole segment (256 KiB to 1 MiB) then fits the send buffer, so sendmsg
+// takes it at once from the calling thread instead of leaving the rest to the sender thread (1 MB
+// on 2 ranks: 1.87 -> 2.55 GB/s, median of 8 interleaved runs; 16 MB unchanged).
+void SetSocketOptions(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int bytes = 4 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
 }  // namespace
@@ -220,7 +227,7 @@ absl::StatusOr<int> TcpRingListener::Accept(absl::Time deadline) {
       ::close(fd);
       continue;
     }
-    SetNoDelay(fd);
+    SetSocketOptions(fd);
     ::close(listen_fd_);
     listen_fd_ = -1;
     return fd;
@@ -414,7 +421,7 @@ absl::StatusOr<int> TcpRingLink::OpenConnection() {
         " (its gRPC port answers, so a firewall may let that port through but not "
         "this one: set --ring_data_port on that rank and open it, or use --ring_transport=grpc)"));
   }
-  SetNoDelay(fd);
+  SetSocketOptions(fd);
   // Blocking from here on: only this thread writes, and the destructor's shutdown() wakes it.
   ::fcntl(fd, F_SETFL, 0);
   char hello[kRingHelloBytes] = {};
