@@ -488,26 +488,27 @@ int main(int argc, char** argv) {
       "moved (all workers)\n%-8s %-7s %-8s | %11s %9s %6s %9s | %11s %9s %6s %9s\n",
       "model", "shards", "workers", "serial", "x stream", "cores", "core-s/GB", "pipelined",
       "x stream", "cores", "core-s/GB");
+  // One row: the serial and the pipelined loop of one configuration.
+  auto row = [&](int64_t mb, int shards, int workers, bool server_process) {
+    std::string out = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), shards, workers);
+    for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
+      rubato::CpuUse cpu;
+      const double rate = rubato::Measure(mb << 20, shards, workers, seconds, rubato::Security(),
+                                          &cpu, loop, 0, server_process);
+      if (rate < 0) {
+        absl::StrAppend(&out, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
+        continue;
+      }
+      absl::StrAppend(&out, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9,
+                                            rate * workers / tcp, cpu.machine_cores,
+                                            rubato::CoreSecondsPerGb(cpu, rate * workers)));
+    }
+    std::printf("%s\n", out.c_str());
+    std::fflush(stdout);
+  };
   for (int64_t mb : {1, 16, 64}) {
     for (int shards : {1, 2}) {
-      for (int workers : {1, 3}) {
-        std::string row = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), shards,
-                                          workers);
-        for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
-          rubato::CpuUse cpu;
-          const double rate = rubato::Measure(mb << 20, shards, workers, seconds,
-                                              rubato::Security(), &cpu, loop);
-          if (rate < 0) {
-            absl::StrAppend(&row, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
-            continue;
-          }
-          absl::StrAppend(&row, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9,
-                                                rate * workers / tcp, cpu.machine_cores,
-                                                rubato::CoreSecondsPerGb(cpu, rate * workers)));
-        }
-        std::printf("%s\n", row.c_str());
-        std::fflush(stdout);
-      }
+      for (int workers : {1, 3}) row(mb, shards, workers, /*server_process=*/false);
     }
   }
   std::printf(
@@ -516,23 +517,7 @@ int main(int argc, char** argv) {
       "model", "shards", "workers", "serial", "x stream", "cores", "core-s/GB", "pipelined",
       "x stream", "cores", "core-s/GB");
   for (int64_t mb : {1, 16, 64}) {
-    for (int workers : {1, 3}) {
-      std::string row = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), 1, workers);
-      for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
-        rubato::CpuUse cpu;
-        const double rate = rubato::Measure(mb << 20, 1, workers, seconds, rubato::Security(),
-                                            &cpu, loop, 0, /*server_process=*/true);
-        if (rate < 0) {
-          absl::StrAppend(&row, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
-          continue;
-        }
-        absl::StrAppend(&row, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9,
-                                              rate * workers / tcp, cpu.machine_cores,
-                                              rubato::CoreSecondsPerGb(cpu, rate * workers)));
-      }
-      std::printf("%s\n", row.c_str());
-      std::fflush(stdout);
-    }
+    for (int workers : {1, 3}) row(mb, 1, workers, /*server_process=*/true);
   }
   std::optional<rubato::Security> secure = rubato::MakeTlsAndTokens();
   if (!secure.has_value()) return 1;

@@ -800,16 +800,7 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
     return;
   }
   if (request.gradients.empty()) {
-    absl::MutexLock lock(&mu_);
-    status = members_.CheckMember(id);
-    if (status.ok()) {
-      Membership::Worker& worker = members_.worker(id);
-      worker.last_seen = absl::Now();
-      worker.last_step = std::max(worker.last_step, step);
-      if (plan_.has_value()) TakeRelay(request);
-    }
-  }
-  if (request.gradients.empty()) {
+    status = AdmitPush(request);
     if (!status.ok()) {
       ++rejected_pushes_;
       done(status);
@@ -908,17 +899,7 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
         break;
       }
     }
-    if (verdict.ok()) {
-      absl::MutexLock lock(&mu_);
-      // A worker dropped meanwhile is refused; nothing was applied.
-      verdict = members_.CheckMember(id);
-      if (verdict.ok()) {
-        Membership::Worker& worker = members_.worker(id);
-        worker.last_seen = absl::Now();
-        worker.last_step = std::max(worker.last_step, step);
-        if (plan_.has_value()) TakeRelay(request);
-      }
-    }
+    if (verdict.ok()) verdict = AdmitPush(request);
     if (!verdict.ok()) {
       ++rejected_pushes_;
       finish(verdict);
@@ -961,6 +942,17 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
         +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->over; },
         progress.get()));
   }
+}
+
+absl::Status ParameterShard::AdmitPush(const WirePush& request) {
+  absl::MutexLock lock(&mu_);
+  // A worker dropped since the push arrived is refused; nothing was applied.
+  RETURN_IF_ERROR(members_.CheckMember(request.worker_id));
+  Membership::Worker& worker = members_.worker(request.worker_id);
+  worker.last_seen = absl::Now();
+  worker.last_step = std::max(worker.last_step, request.step);
+  if (plan_.has_value()) TakeRelay(request);
+  return absl::OkStatus();
 }
 
 void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, int part,

@@ -255,6 +255,10 @@ class ParameterShard {
   // Completes the pulls and answers the held gradients in `released`. No lock held.
   void Finish(Released* released);
   TensorAggregator::Context Context() const;
+  // A push that passed its checks: its worker must still be a member (it may have been dropped
+  // since), its lease is renewed, and an adaptive batch's relay is kept. An error: nothing may be
+  // applied.
+  absl::Status AdmitPush(const WirePush& request) ABSL_LOCKS_EXCLUDED(mu_);
   void ApplyGradient(int worker, int64_t step, int tensor, int part, const ByteChunks* data,
                      std::shared_ptr<const void> keepalive,
                      std::function<void(absl::Status)> on_added, GradientOutcome* outcome);

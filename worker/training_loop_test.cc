@@ -302,23 +302,15 @@ TEST(TrainingLoopTest, AdaptiveBatchChangesAtTheSameStepOnEveryWorker) {
   EXPECT_EQ(shards[0].noise_scale().batch_small(), plan.BatchAt(shards[0].noise_scale().step()));
 }
 
-// A client whose every push answers with the given batch change, for the worker's checks of
-// what the servers announce.
-class AnnouncingClient : public PsClient {
+// A client of one shard for the 4-tensor model whose pulls leave the weights as they are and
+// whose other calls succeed; the fakes below override what they test.
+class FakeClient : public PsClient {
  public:
-  explicit AnnouncingClient(BatchChange change) : change_(std::move(change)) {}
   absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>>, int32_t,
                                    int64_t) override {
     return 0;
   }
   absl::Status Pull(int64_t, absl::Span<std::vector<float>>, int64_t*) override {
-    return absl::OkStatus();
-  }
-  absl::Status Push(int64_t, absl::Span<const std::vector<float>>, PushResult* result) override {
-    if (result != nullptr) {
-      *result = PushResult();
-      result->batch_changes.push_back(change_);
-    }
     return absl::OkStatus();
   }
   absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
@@ -327,9 +319,25 @@ class AnnouncingClient : public PsClient {
   const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
 
  private:
-  BatchChange change_;
   std::vector<int> shard_of_ = {0, 0, 0, 0};
   std::vector<int64_t> shard_bytes_ = {1};
+};
+
+// A client whose every push answers with the given batch change, for the worker's checks of
+// what the servers announce.
+class AnnouncingClient : public FakeClient {
+ public:
+  explicit AnnouncingClient(BatchChange change) : change_(std::move(change)) {}
+  absl::Status Push(int64_t, absl::Span<const std::vector<float>>, PushResult* result) override {
+    if (result != nullptr) {
+      *result = PushResult();
+      result->batch_changes.push_back(change_);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  BatchChange change_;
 };
 
 TEST(TrainingLoopTest, AdaptiveBatchChangesThatCannotBeAppliedAreErrors) {
@@ -368,15 +376,12 @@ TEST(TrainingLoopTest, AdaptiveBatchChangesThatCannotBeAppliedAreErrors) {
 // Records what each step pushed (the sum of its gradients: with weights that never change, a
 // function of the step's batch alone), and refuses the push of `fail_at` once with ABORTED, as a
 // shard does that was restarted; registering again then resumes at `fail_at`.
-class RollBackClient : public PsClient {
+class RollBackClient : public FakeClient {
  public:
   explicit RollBackClient(int64_t fail_at) : fail_at_(fail_at) {}
   absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>>, int32_t,
                                    int64_t) override {
     return failed_ ? fail_at_ : 0;
-  }
-  absl::Status Pull(int64_t, absl::Span<std::vector<float>>, int64_t*) override {
-    return absl::OkStatus();
   }
   absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                     PushResult* result) override {
@@ -392,18 +397,12 @@ class RollBackClient : public PsClient {
     if (result != nullptr) *result = PushResult();
     return absl::OkStatus();
   }
-  absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
-  absl::Status Finish(int64_t) override { return absl::OkStatus(); }
-  const std::vector<int>& shard_of() const override { return shard_of_; }
-  const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
   const std::map<int64_t, double>& pushed() const { return pushed_; }
 
  private:
   const int64_t fail_at_;
   bool failed_ = false;
   std::map<int64_t, double> pushed_;
-  std::vector<int> shard_of_ = {0, 0, 0, 0};
-  std::vector<int64_t> shard_bytes_ = {1};
 };
 
 // A bsp job rolled back to the step whose push failed (the shard restored that step, as when a
