@@ -58,6 +58,10 @@ absl::StatusOr<CallPlan> PlanCalls(const std::vector<TensorSpec>& model, int num
   return plan;
 }
 
+int64_t PushCallBytes(int64_t part_elements, int64_t target_call_bytes) {
+  return part_elements > 0 ? std::min(target_call_bytes, 4 * part_elements) : target_call_bytes;
+}
+
 std::vector<PushCall> PlanPushCalls(const CallPlan& plan, const std::vector<int>& tensors,
                                     const std::vector<int64_t>& part_elements,
                                     int64_t target_call_bytes) {
@@ -68,6 +72,7 @@ std::vector<PushCall> PlanPushCalls(const CallPlan& plan, const std::vector<int>
     std::sort(list.begin(), list.end());
     const int64_t part =
         static_cast<size_t>(shard) < part_elements.size() ? part_elements[shard] : 0;
+    const int64_t call_bytes = PushCallBytes(part, target_call_bytes);
     int64_t bytes = 0;
     bool open = false;  // the last call takes more whole tensors
     for (int i : list) {
@@ -79,7 +84,7 @@ std::vector<PushCall> PlanPushCalls(const CallPlan& plan, const std::vector<int>
         open = false;
         continue;
       }
-      if (!open || bytes + 4 * n > target_call_bytes) {
+      if (!open || bytes + 4 * n > call_bytes) {
         calls.push_back({shard, {}});
         bytes = 0;
         open = true;

@@ -47,11 +47,16 @@ struct PushCall {
   std::vector<PushPiece> pieces;
 };
 
+// The size of a push call to a shard whose bsp part size is `part_elements` (0: whole tensors):
+// kTargetCallBytes, or a part's bytes when smaller.
+int64_t PushCallBytes(int64_t part_elements, int64_t target_call_bytes = kTargetCallBytes);
+
 // The push calls for `tensors` (model indices, each at most once, in any order): by shard, then in
-// model order, whole tensors grouped into calls of about target_call_bytes as PlanCalls groups
-// them; but a tensor of more than part_elements[shard] elements (when that is > 0: the shard cuts
-// bsp gradients into parts, RegisterResponse.part_elements) goes in parts of that many elements,
-// each part a call of its own.
+// model order, whole tensors grouped into calls of about PushCallBytes (target_call_bytes, as
+// PlanCalls groups them, or a part's bytes when smaller); a tensor of more than
+// part_elements[shard] elements (when that is > 0: the shard cuts bsp gradients into parts,
+// RegisterResponse.part_elements) goes in parts of that many elements, each part a call of its
+// own.
 std::vector<PushCall> PlanPushCalls(const CallPlan& plan, const std::vector<int>& tensors,
                                     const std::vector<int64_t>& part_elements,
                                     int64_t target_call_bytes = kTargetCallBytes);

@@ -47,7 +47,8 @@ TEST(CallPlanTest, EveryTensorIsInExactlyOneCallToItsOwnShard) {
 }
 
 // With parts of 1000 elements on the shard, a tensor of 2500 goes in three calls of its own
-// (1000, 1000, 500); smaller ones are grouped as before; only the tensors asked for are pushed.
+// (1000, 1000, 500); smaller ones are grouped up to a part's bytes (4000), not the 8000 target, so
+// c (1200 bytes) and d (4000) go apart.
 TEST(CallPlanTest, PushCallsCutTensorsLargerThanAPartIntoParts) {
   const std::vector<TensorSpec> model = {Spec("a", 300), Spec("big", 2500), Spec("c", 300),
                                          Spec("d", 1000)};
@@ -64,7 +65,10 @@ TEST(CallPlanTest, PushCallsCutTensorsLargerThanAPartIntoParts) {
     got.push_back(call);
   }
   EXPECT_EQ(got, std::vector<std::string>({"a@0+300 ", "big@0+1000 ", "big@1000+1000 ",
-                                           "big@2000+500 ", "c@0+300 d@0+1000 "}));
+                                           "big@2000+500 ", "c@0+300 ", "d@0+1000 "}));
+  EXPECT_EQ(PushCallBytes(1000, 8000), 4000);
+  EXPECT_EQ(PushCallBytes(0, 8000), 8000);
+  EXPECT_EQ(PushCallBytes(1 << 30, 8000), 8000);
   // No parts (0): whole tensors, grouped as PlanCalls groups them.
   const std::vector<PushCall> whole = PlanPushCalls(*plan, {0, 1, 2, 3}, {0}, 8000);
   ASSERT_EQ(whole.size(), plan->groups.size());

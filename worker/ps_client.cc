@@ -64,53 +64,87 @@ namespace {
 // shard overlap on its connection, and messages below glibc's largest mmap threshold (32 MiB) are
 // built in reused heap memory instead of freshly faulted pages (common/malloc_tuning.h): with one
 // call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
-// Calls in flight to one shard at a time: for pushes, across every push of the client (the
-// tickets of StartPush run at once, one per layer); for other calls, per operation. A bsp shard
-// acknowledges a gradient that arrived before a lower-numbered worker's only once it is added, so
-// this bounds what the shard holds for each worker to about kCallsInFlightPerShard calls of
-// kTargetCallBytes (or of the largest tensor, which goes alone).
+// What may be in flight to one shard at once. Pushes: bytes, across every push of the client (the
+// tickets of StartPush run at once, one per layer), at most two calls' worth
+// (kPushCallsInFlight x the call size: kTargetCallBytes, or the shard's bsp part size when
+// smaller), so many small pushes go together but what the shard receives for this worker stays
+// bounded (a bsp shard acknowledges a gradient that arrived before a lower-numbered worker's only
+// once it is added); a call larger than that (a large tensor outside bsp) goes alone. Other calls:
+// kCallsInFlightPerShard per operation.
 constexpr int kCallsInFlightPerShard = 2;
+constexpr int64_t kPushCallsInFlight = 2;
 
-// Lets at most `limit` calls run at once, in the order they were begun; a call begun while that
-// many run starts (on the thread that ends one of them) once one ends.
+// The push gate's limit for a shard of that part size: two calls, each with its framing (names,
+// tags; far below kMessageOverheadBytes).
+int64_t PushBytesInFlight(int64_t part_elements) {
+  return kPushCallsInFlight * (PushCallBytes(part_elements) + (kMessageOverheadBytes >> 4));
+}
+
+// Lets calls run at once while their weights (1 a call, or its bytes) add up to at most `limit`,
+// in the order they were begun; one runs alone whatever its weight. A call begun while the rest
+// would not fit starts (on the thread that ends an earlier one) once they do.
 class CallGate {
  public:
-  explicit CallGate(int limit) : free_(limit) {}
+  explicit CallGate(int64_t limit) : limit_(limit) {}
   CallGate(const CallGate&) = delete;
   CallGate& operator=(const CallGate&) = delete;
 
-  // Runs `start` now, or queues it until End.
-  void Begin(std::function<void()> start) {
+  // Runs `start` now, or queues it until enough ends.
+  void Begin(int64_t weight, std::function<void()> start) {
     {
       absl::MutexLock lock(&mu_);
-      if (free_ == 0) {
-        waiting_.push_back(std::move(start));
+      if (!waiting_.empty() || !FitsLocked(weight)) {
+        waiting_.push_back({weight, std::move(start)});
         return;
       }
-      --free_;
+      in_flight_ += weight;
+      ++running_;
     }
     start();
   }
 
-  // A call that Begin started has ended: the first queued one (if any) starts now.
-  void End() {
-    std::function<void()> next;
+  // A call of `weight` that Begin started has ended: the queued ones that now fit start, in order.
+  void End(int64_t weight) {
+    std::vector<std::function<void()>> ready;
     {
       absl::MutexLock lock(&mu_);
-      if (waiting_.empty()) {
-        ++free_;
-        return;
-      }
-      next = std::move(waiting_.front());
-      waiting_.pop_front();
+      in_flight_ -= weight;
+      --running_;
+      TakeReadyLocked(&ready);
     }
-    next();
+    for (auto& start : ready) start();
+  }
+
+  // A new limit (a shard announced its part size), for the calls begun from now on.
+  void SetLimit(int64_t limit) {
+    std::vector<std::function<void()>> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      limit_ = limit;
+      TakeReadyLocked(&ready);
+    }
+    for (auto& start : ready) start();
   }
 
  private:
+  bool FitsLocked(int64_t weight) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return running_ == 0 || in_flight_ + weight <= limit_;
+  }
+  void TakeReadyLocked(std::vector<std::function<void()>>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!waiting_.empty() && FitsLocked(waiting_.front().first)) {
+      in_flight_ += waiting_.front().first;
+      ++running_;
+      ready->push_back(std::move(waiting_.front().second));
+      waiting_.pop_front();
+    }
+  }
+
   absl::Mutex mu_;
-  int free_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+  int64_t limit_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::pair<int64_t, std::function<void()>>> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 constexpr char kPushMethod[] = "/rubato.ParameterServer/Push";
@@ -179,7 +213,7 @@ class GrpcPsClient final : public PsClient {
     plan_.elements = elements_;
     part_elements_.assign(options_.servers.size(), 0);
     for (size_t s = 0; s < options_.servers.size(); ++s) {
-      push_gates_.push_back(std::make_unique<CallGate>(kCallsInFlightPerShard));
+      push_gates_.push_back(std::make_unique<CallGate>(PushBytesInFlight(0)));
     }
   }
 
@@ -356,7 +390,10 @@ class GrpcPsClient final : public PsClient {
             responses[s].part_elements(), ", not in [0, ", kMaxTensorElements, "]"));
       }
     }
-    for (int s = 0; s < shards; ++s) part_elements_[s] = responses[s].part_elements();
+    for (int s = 0; s < shards; ++s) {
+      part_elements_[s] = responses[s].part_elements();
+      push_gates_[s]->SetLimit(PushBytesInFlight(part_elements_[s]));
+    }
     // A step some shard has not seen from this worker is pushed again everywhere; shards that had
     // it acknowledge the repeat as a duplicate.
     int64_t resume = responses[0].resume_step();
@@ -406,8 +443,10 @@ class GrpcPsClient final : public PsClient {
     BorrowedSlices borrowed;  // Declared first: destroyed last, after waiting for gRPC.
     std::vector<grpc::ByteBuffer> requests(n);
     std::vector<grpc::ByteBuffer> raw(n);
+    std::vector<int64_t> weights(n);
     for (size_t c = 0; c < n; ++c) {
       requests[c] = PushRequestFor(step, calls[c].pieces, grads, &borrowed);
+      weights[c] = static_cast<int64_t>(requests[c].Length());
     }
     absl::Status status = FanOut(call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
                                  [&](ParameterServer::Stub::async_interface*, int call,
@@ -416,7 +455,7 @@ class GrpcPsClient final : public PsClient {
                                        context, kPushMethod, grpc::StubOptions(), &requests[call],
                                        &raw[call], std::move(done));
                                  },
-                                 &push_gates_);
+                                 &push_gates_, &weights);
     requests.clear();
     borrowed.WaitReleased();
     RETURN_IF_ERROR(status);
@@ -472,6 +511,7 @@ class GrpcPsClient final : public PsClient {
     for (const PushCall& call : PlanPushCalls(plan_, list, part_elements_)) {
       pending->push_shards.push_back(call.shard);
       pending->requests.push_back(PushRequestFor(step, call.pieces, grads, &pending->borrowed));
+      pending->weights.push_back(static_cast<int64_t>(pending->requests.back().Length()));
     }
     pending->raw.resize(pending->requests.size());
     PendingPush* p = pending.get();
@@ -483,7 +523,7 @@ class GrpcPsClient final : public PsClient {
                                context, kPushMethod, grpc::StubOptions(), &p->requests[call],
                                &p->raw[call], std::move(done));
                          },
-                         &push_gates_);
+                         &push_gates_, &p->weights);
       p->requests.clear();
       p->borrowed.WaitReleased();
       p->responses.resize(p->raw.size());
@@ -571,6 +611,7 @@ class GrpcPsClient final : public PsClient {
   struct PendingPush {
     BorrowedSlices borrowed;  // First: destroyed last.
     std::vector<int> push_shards;  // the shard of each push call (requests, raw, responses)
+    std::vector<int64_t> weights;  // and its bytes, for the shard's push gate
     // The pull that follows: one call per shard (call_shards) of its pushed tensors.
     std::vector<int> call_shards;
     std::vector<std::vector<int>> call_tensors;
@@ -682,11 +723,12 @@ class GrpcPsClient final : public PsClient {
   // start(async stub, call index, context, done), all at once, and waits for every one, retrying
   // as `retry` says. Returns the first error, naming its shard.
   // `gates`, if given, holds one CallGate per shard that these calls share with other operations
-  // (pushes); otherwise each shard gets a gate of this operation's own.
+  // (pushes), each call weighing its entry of `weights` (bytes); otherwise each shard gets a gate
+  // of this operation's own, of kCallsInFlightPerShard calls.
   template <typename StartCall>
   absl::Status FanOut(const std::vector<int>& call_shards, absl::Duration timeout, Retry retry,
-                      StartCall start,
-                      std::vector<std::unique_ptr<CallGate>>* gates = nullptr) {
+                      StartCall start, std::vector<std::unique_ptr<CallGate>>* gates = nullptr,
+                      const std::vector<int64_t>* weights = nullptr) {
     const size_t n = call_shards.size();
     const absl::Time deadline = absl::Now() + timeout;
     std::vector<size_t> calls(n);
@@ -695,7 +737,7 @@ class GrpcPsClient final : public PsClient {
     absl::Duration backoff = absl::Milliseconds(100);
     while (true) {
       std::vector<grpc::Status> results =
-          RunCalls(call_shards, calls, deadline, retry, start, gates);
+          RunCalls(call_shards, calls, deadline, retry, start, gates, weights);
       absl::Status error;
       std::vector<size_t> again;
       const absl::Time now = absl::Now();
@@ -768,7 +810,8 @@ class GrpcPsClient final : public PsClient {
   std::vector<grpc::Status> RunCalls(const std::vector<int>& call_shards,
                                      const std::vector<size_t>& calls, absl::Time deadline,
                                      Retry retry, StartCall& start,
-                                     std::vector<std::unique_ptr<CallGate>>* gates) {
+                                     std::vector<std::unique_ptr<CallGate>>* gates,
+                                     const std::vector<int64_t>* weights) {
     const size_t n = calls.size();
     std::vector<grpc::ClientContext> contexts(n);
     std::vector<grpc::Status> results(n);
@@ -778,10 +821,12 @@ class GrpcPsClient final : public PsClient {
     // another operation's.
     std::map<int, std::unique_ptr<CallGate>> own;
     std::vector<CallGate*> gate_of(n);
+    std::vector<int64_t> weight_of(n, 1);
     for (size_t k = 0; k < n; ++k) {
       const int shard = call_shards[calls[k]];
       if (gates != nullptr) {
         gate_of[k] = (*gates)[shard].get();
+        if (weights != nullptr) weight_of[k] = (*weights)[calls[k]];
       } else {
         std::unique_ptr<CallGate>& g = own[shard];
         if (g == nullptr) g = std::make_unique<CallGate>(kCallsInFlightPerShard);
@@ -789,7 +834,7 @@ class GrpcPsClient final : public PsClient {
       }
     }
     for (size_t k = 0; k < n; ++k) {
-      gate_of[k]->Begin([&, k] {
+      gate_of[k]->Begin(weight_of[k], [&, k] {
         const size_t c = calls[k];
         contexts[k].set_deadline(absl::ToChronoTime(deadline));
         contexts[k].set_wait_for_ready(retry == Retry::kWaitForReady);
@@ -797,7 +842,7 @@ class GrpcPsClient final : public PsClient {
         start(stubs_[call_shards[c]]->async(), static_cast<int>(c), &contexts[k],
               [&, k](grpc::Status status) {
                 results[k] = std::move(status);
-                gate_of[k]->End();  // Before the count: this round outlives its calls' gates.
+                gate_of[k]->End(weight_of[k]);  // Before the count: this round outlives its gates.
                 pending.DecrementCount();
               });
       });

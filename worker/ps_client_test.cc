@@ -372,30 +372,35 @@ TEST(GrpcPsClientTest, APartialPushPullsItsTensorsForTheNextStep) {
 }
 
 // A shard that holds pushes unanswered (as bsp holds a gradient that came before a lower-numbered
-// worker's) holds at most kCallsInFlightPerShard (2) of one worker's calls, however many layers'
-// pushes the worker has started: the limit is the client's, not one push's. The rest are sent as
-// the held ones are answered.
-TEST(GrpcPsClientTest, PushesInFlightToAShardAreLimitedAcrossEveryPartialPush) {
-  FakeShard a(absl::ZeroDuration());
-  a.service.HoldPushes();
-  absl::StatusOr<std::unique_ptr<PsClient>> client =
-      CreateGrpcPsClient(TwoLayerOptions({a.address}));
-  ASSERT_TRUE(client.ok()) << client.status();
-  const std::vector<std::vector<float>> grads(4, std::vector<float>(4, 1));
-  std::vector<int64_t> tickets;
-  for (int i = 3; i >= 0; --i) {  // One push per tensor, as a backward pass of four layers.
-    const std::vector<int> one = {i};
-    absl::StatusOr<int64_t> ticket = (*client)->StartPush(4, one, grads);
-    ASSERT_TRUE(ticket.ok()) << ticket.status();
-    tickets.push_back(*ticket);
+// worker's) gets at most two calls' worth (2 x 8 MiB) of one worker's pushes, however many layers'
+// pushes the worker has started: the limit is the client's, not one push's. With tensors of 6 MiB
+// that is two calls; the rest are sent as the held ones are answered. Small pushes go together.
+TEST(GrpcPsClientTest, PushBytesInFlightToAShardAreLimitedAcrossEveryPartialPush) {
+  for (const int64_t elements : {int64_t{6} << 18, int64_t{4}}) {  // 6 MiB, 16 bytes
+    SCOPED_TRACE(elements);
+    FakeShard a(absl::ZeroDuration());
+    a.service.HoldPushes();
+    PsClientOptions options = TwoLayerOptions({a.address});
+    for (TensorSpec& t : options.model) t.set_shape(0, elements);
+    absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::vector<std::vector<float>> grads(4, std::vector<float>(elements, 1));
+    std::vector<int64_t> tickets;
+    for (int i = 3; i >= 0; --i) {  // One push per tensor, as a backward pass of four layers.
+      const std::vector<int> one = {i};
+      absl::StatusOr<int64_t> ticket = (*client)->StartPush(4, one, grads);
+      ASSERT_TRUE(ticket.ok()) << ticket.status();
+      tickets.push_back(*ticket);
+    }
+    const int together = elements > 4 ? 2 : 4;
+    EXPECT_EQ(a.service.AwaitHeld(together, absl::Seconds(10)), together);
+    // Time for one more call to arrive, if the client sent one.
+    EXPECT_EQ(a.service.AwaitHeld(together + 1, absl::Milliseconds(300)), together);
+    a.service.ReleasePushes();
+    for (int64_t t : tickets) EXPECT_TRUE((*client)->WaitPush(t, nullptr).ok());
+    EXPECT_EQ(a.service.max_held(), together);
+    EXPECT_EQ(a.service.pushes().size(), 4u);
   }
-  EXPECT_EQ(a.service.AwaitHeld(2, absl::Seconds(10)), 2);
-  // Time for a third call to arrive, if the client sent one.
-  EXPECT_EQ(a.service.AwaitHeld(3, absl::Milliseconds(300)), 2);
-  a.service.ReleasePushes();
-  for (int64_t t : tickets) EXPECT_TRUE((*client)->WaitPush(t, nullptr).ok());
-  EXPECT_EQ(a.service.max_held(), 2);
-  EXPECT_EQ(a.service.pushes().size(), 4u);
 }
 
 }  // namespace
