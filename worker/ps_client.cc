@@ -73,6 +73,8 @@ namespace {
 // kCallsInFlightPerShard per operation.
 constexpr int kCallsInFlightPerShard = 2;
 constexpr int64_t kPushCallsInFlight = 2;
+// The smallest bsp part a server may ask for (4 KiB; rubato_server's are 1 to 8 MiB).
+constexpr int64_t kMinPartElements = 1024;
 
 // The push gate's limit for a shard of that part size: two calls, each with its framing (names,
 // tags; far below kMessageOverheadBytes).
@@ -384,10 +386,13 @@ class GrpcPsClient final : public PsClient {
                                                 " answered resume_step ",
                                                 responses[s].resume_step(), ", not in [0, 2^48)"));
       }
-      if (responses[s].part_elements() < 0 || responses[s].part_elements() > kMaxTensorElements) {
-        return absl::InternalError(absl::StrCat(
-            "server at ", options_.servers[s], " answered part_elements ",
-            responses[s].part_elements(), ", not in [0, ", kMaxTensorElements, "]"));
+      // Parts smaller than kMinPartElements would make a tensor thousands of calls: a server
+      // that asks for that is refused, as is one past any tensor's size.
+      if (const int64_t part = responses[s].part_elements();
+          part != 0 && (part < kMinPartElements || part > kMaxTensorElements)) {
+        return absl::InternalError(absl::StrCat("server at ", options_.servers[s],
+                                                " answered part_elements ", part, ", not 0 or in [",
+                                                kMinPartElements, ", ", kMaxTensorElements, "]"));
       }
     }
     for (int s = 0; s < shards; ++s) {

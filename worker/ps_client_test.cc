@@ -125,13 +125,14 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
   // recovery `recovery_id`. A Rollback is recorded and then taken as done (the shard "restarted"
   // from that step as that recovery).
   void SetRegistration(int shard_id, int shards, ConsistencyMode mode, int64_t resume_step,
-                       uint64_t recovery_id) {
+                       uint64_t recovery_id, int64_t part_elements = 0) {
     absl::MutexLock lock(&mu_);
     shard_id_ = shard_id;
     shards_ = shards;
     mode_ = mode;
     resume_step_ = resume_step;
     recovery_id_ = recovery_id;
+    part_elements_ = part_elements;
   }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
@@ -144,6 +145,7 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
       response->mutable_consistency()->set_mode(mode_);
       response->set_resume_step(resume_step_);
       response->set_recovery_id(recovery_id_);
+      response->set_part_elements(part_elements_);
     }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -191,6 +193,7 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
   ConsistencyMode mode_ ABSL_GUARDED_BY(mu_) = BSP;
   int64_t resume_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t recovery_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t part_elements_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> rollbacks_ ABSL_GUARDED_BY(mu_);
   bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
@@ -301,6 +304,25 @@ TEST(GrpcPsClientTest, AResumeStepOutOfRangeIsRefusedNamingTheServer) {
   ASSERT_FALSE(resume.ok());
   EXPECT_NE(resume.status().message().find(shard.address), std::string::npos) << resume.status();
   EXPECT_NE(resume.status().message().find("resume_step -5"), std::string::npos) << resume.status();
+}
+
+// A part size that would cut a tensor into thousands of calls, or that no tensor can have, is a
+// malformed answer naming the server.
+TEST(GrpcPsClientTest, APartSizeOutOfRangeIsRefusedNamingTheServer) {
+  for (int64_t part : {int64_t{1}, int64_t{1023}, int64_t{-1}, (int64_t{1} << 28) + 1}) {
+    SCOPED_TRACE(part);
+    FakeShard shard(absl::ZeroDuration());
+    shard.service.SetRegistration(0, 1, BSP, 0, 0, part);
+    absl::StatusOr<std::unique_ptr<PsClient>> client =
+        CreateGrpcPsClient(TwoLayerOptions({shard.address}));
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::vector<std::vector<float>> initial(4, std::vector<float>(4, 0.0f));
+    absl::StatusOr<int64_t> resume = (*client)->Register(initial, 8, 0);
+    ASSERT_FALSE(resume.ok());
+    EXPECT_NE(resume.status().message().find(shard.address), std::string::npos) << resume.status();
+    EXPECT_NE(resume.status().message().find("part_elements"), std::string::npos)
+        << resume.status();
+  }
 }
 
 // A layer's push carries only its tensors, to their shards, sent from the caller's vectors (which
