@@ -188,8 +188,7 @@ void Training(int workers, const std::string& optimizer, int slots, bool pipelin
   }
   std::printf("%-8d %-10s %-10s %8.0f M %8.0f M %8.0f M %10.2f x %10.2f x %8d x\n", workers,
               optimizer.c_str(), pipelined ? "pipelined" : "serial", MiB(idle), MiB(registered),
-              MiB(peak),
-              static_cast<double>(peak - idle) / model_bytes,
+              MiB(peak), static_cast<double>(peak - idle) / model_bytes,
               static_cast<double>(training_peak - registered) / model_bytes, 2 + slots);
   std::fflush(stdout);
 }
@@ -201,8 +200,8 @@ int main(int argc, char** argv) {
   if (const std::string list = absl::GetFlag(FLAGS_workers); !list.empty()) {
     std::printf("bsp training, %d MB model (8 tensors), %d steps: server resident size\n",
                 absl::GetFlag(FLAGS_model_mb), absl::GetFlag(FLAGS_steps));
-    std::printf("%-8s %-10s %-10s %10s %10s %10s %12s %12s %10s\n", "workers", "optimizer",
-                "loop", "idle", "registered", "peak", "peak-idle", "training", "bound");
+    std::printf("%-8s %-10s %-10s %10s %10s %10s %12s %12s %10s\n", "workers", "optimizer", "loop",
+                "idle", "registered", "peak", "peak-idle", "training", "bound");
     for (absl::string_view text : absl::StrSplit(list, ',')) {
       int workers = 0;
       if (!absl::SimpleAtoi(text, &workers) || workers < 1) return 2;

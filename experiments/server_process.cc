@@ -50,8 +50,8 @@ absl::StatusOr<ServerProcess> StartServerProcess(const std::string& binary,
   if (server.address.empty()) {
     kill(server.pid, SIGKILL);
     waitpid(server.pid, nullptr, 0);
-    return absl::UnavailableError(absl::StrCat(binary, " did not write its port within ",
-                                               absl::FormatDuration(timeout)));
+    return absl::UnavailableError(
+        absl::StrCat(binary, " did not write its port within ", absl::FormatDuration(timeout)));
   }
   return server;
 }

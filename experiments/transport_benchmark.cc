@@ -86,9 +86,8 @@ enum class Loop { kSerial, kPipelined };
 
 double Measure(int64_t model_bytes, int shards, int workers, double seconds,
                const Security& security = Security(), CpuUse* cpu = nullptr,
-               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0,
-               bool server_process = false, ConsistencyMode mode = ASYNC,
-               int64_t push_budget_mb = 32) {
+               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0, bool server_process = false,
+               ConsistencyMode mode = ASYNC, int64_t push_budget_mb = 32) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(mode);
@@ -438,12 +437,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     rubato::CpuUse cpu;
-    const double rate = rubato::Measure(int64_t{mb} << 20, shards, workers, seconds,
-                                        rubato::Security(), &cpu, loop,
-                                        absl::GetFlag(FLAGS_bucket_kb) << 10,
-                                        absl::GetFlag(FLAGS_server_process),
-                                        mode_name == "bsp" ? rubato::BSP : rubato::ASYNC,
-                                        absl::GetFlag(FLAGS_push_budget_mb));
+    const double rate = rubato::Measure(
+        int64_t{mb} << 20, shards, workers, seconds, rubato::Security(), &cpu, loop,
+        absl::GetFlag(FLAGS_bucket_kb) << 10, absl::GetFlag(FLAGS_server_process),
+        mode_name == "bsp" ? rubato::BSP : rubato::ASYNC, absl::GetFlag(FLAGS_push_budget_mb));
     std::printf("%d MB, %d shard(s), %d worker(s), %s, %s%s: %.3f GB/s per worker; %s\n", mb,
                 shards, workers, mode_name.c_str(), loop_name.c_str(),
                 absl::GetFlag(FLAGS_server_process) ? ", server process" : "", rate / 1e9,
@@ -467,8 +464,8 @@ int main(int argc, char** argv) {
         rubato::CpuText(cpu, direct).c_str());
     // A byte pushed or pulled costs at least the stream's two kernel copies and the shard's (and
     // the client's) own passes: with every core busy, no transport does better than this.
-    const double per_gb = rubato::CoreSecondsPerGb(stream_cpu, tcp) +
-                          rubato::CoreSecondsPerGb(cpu, direct);
+    const double per_gb =
+        rubato::CoreSecondsPerGb(stream_cpu, tcp) + rubato::CoreSecondsPerGb(cpu, direct);
     if (per_gb > 0) {
       const double bound = stream_cpu.machine_core_count / per_gb * 1e9;
       bounds.push_back(absl::StrFormat(
@@ -499,9 +496,9 @@ int main(int argc, char** argv) {
         absl::StrAppend(&out, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
         continue;
       }
-      absl::StrAppend(&out, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9,
-                                            rate * workers / tcp, cpu.machine_cores,
-                                            rubato::CoreSecondsPerGb(cpu, rate * workers)));
+      absl::StrAppend(
+          &out, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9, rate * workers / tcp,
+                                cpu.machine_cores, rubato::CoreSecondsPerGb(cpu, rate * workers)));
     }
     std::printf("%s\n", out.c_str());
     std::fflush(stdout);

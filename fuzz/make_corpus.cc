@@ -107,7 +107,12 @@ const std::vector<std::pair<std::string, std::string>> kShardSeeds = {
            values: [ -1 ]
          }
        }
-       actions { pull { request { worker_id: 0 step: 1 } tensors: [ 0, 1, 2 ] } }
+       actions {
+         pull {
+           request { worker_id: 0 step: 1 }
+           tensors: [ 0, 1, 2 ]
+         }
+       }
        actions { stats: true }
      )pb"},
     // An adaptive batch: two workers of 8, a decision every 2 steps from worker 0's relay (B_simple

@@ -5,9 +5,9 @@
 // parse is skipped. The harness builds a shard for the case's job (1..4 workers, pulls that wait at
 // most 1 ms, a 1 s lease or a very short one; under bsp, tensors kept in parts of 0 to 4 elements),
 // optionally registers every worker with a small valid model first, then replays the actions
-// (gradients pushed whole or part by part) through Register, Push, Pull, Heartbeat, Finish and Stats,
-// exactly as ParameterService would hand them over from the network. After each action it checks
-// what the contract promises and is cheap to check:
+// (gradients pushed whole or part by part) through Register, Push, Pull, Heartbeat, Finish and
+// Stats, exactly as ParameterService would hand them over from the network. After each action it
+// checks what the contract promises and is cheap to check:
 //   - Stats(): tensor versions never decrease; applied_updates is the sum of the versions; bytes
 //   and
 //     min_version agree with the tensors; pushes + rejected_pushes counts every Push call; the

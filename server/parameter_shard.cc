@@ -184,8 +184,7 @@ ParameterShard::ParameterShard(const ShardOptions& options, std::unique_ptr<Opti
       policy_(options.cluster.consistency()),
       optimizer_(std::move(optimizer)),
       max_wait_(absl::Milliseconds(options.cluster.wait_timeout_ms())),
-      part_elements_(options.cluster.consistency().mode() != BSP ? 0
-                     : options.part_elements >= 0
+      part_elements_(options.part_elements >= 0 && options.cluster.consistency().mode() == BSP
                          ? options.part_elements
                          : PushPartElements(options.cluster.consistency(),
                                             options.cluster.num_workers(),
@@ -373,8 +372,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
         BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(values));
         const TensorRole role = optimizer_->RoleOf(spec.name(), shape);
         tensors_.push_back(std::make_unique<TensorAggregator>(
-            spec.name(), std::move(shape), std::move(values), role,
-            options_.cluster.num_workers(), part_elements_));
+            spec.name(), std::move(shape), std::move(values), role, options_.cluster.num_workers(),
+            part_elements_));
         index_[spec.name()] = i;
       }
       members_.SetTensorCount(static_cast<int>(tensors_.size()));
@@ -622,10 +621,9 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
     std::vector<float> values(*n);
     BytesToFloats(t.values(), absl::MakeSpan(values));
     const TensorRole role = optimizer_->RoleOf(t.name(), shape);
-    tensors.push_back(std::make_unique<TensorAggregator>(t.name(), std::move(shape),
-                                                         std::move(values), role,
-                                                         options_.cluster.num_workers(),
-                                                         part_elements_));
+    tensors.push_back(
+        std::make_unique<TensorAggregator>(t.name(), std::move(shape), std::move(values), role,
+                                           options_.cluster.num_workers(), part_elements_));
     tensors.back()->Restore(t.version(), std::move(*state));
     versions += t.version();
   }
@@ -777,14 +775,14 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
           continue;
         }
         if (t.parts() < 2) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("gradient '", g.name, "' at offset ", g.offset, ": tensor '", g.name,
-                           "' is pushed whole (offset 0)"));
+          return absl::InvalidArgumentError(absl::StrCat("gradient '", g.name, "' at offset ",
+                                                         g.offset, ": tensor '", g.name,
+                                                         "' is pushed whole (offset 0)"));
         }
         if (g.offset < 0 || g.offset >= t.elements() || g.offset % t.part_elements() != 0) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "gradient '", g.name, "' at offset ", g.offset, " does not start a part of '",
-              g.name, "' (", t.elements(), " elements in parts of ", t.part_elements(), ")"));
+              "gradient '", g.name, "' at offset ", g.offset, " does not start a part of '", g.name,
+              "' (", t.elements(), " elements in parts of ", t.part_elements(), ")"));
         }
         part.push_back(static_cast<int>(g.offset / t.part_elements()));
       }
@@ -889,36 +887,37 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
       task();
     }
   };
-  // Once every value is checked: admit the push, then apply each gradient.
-  auto admit = [this, progress, gradient_done, finish, which, part, id, step, &request, keepalive,
-                run] {
-    absl::Status verdict;
-    for (const absl::Status& c : progress->checks) {
-      if (!c.ok()) {
-        verdict = c;
-        break;
-      }
-    }
-    if (verdict.ok()) verdict = AdmitPush(request);
-    if (!verdict.ok()) {
-      ++rejected_pushes_;
-      finish(verdict);
-      return;
-    }
-    ++pushes_;
-    for (size_t k = 0; k < which.size(); ++k) {
-      const ByteChunks* data = &request.gradients[k].data;
-      const int tensor = which[k];
-      const int p = part[k];
-      run([this, progress, gradient_done, k, id, step, tensor, p, data, keepalive] {
-        std::function<void(absl::Status)> on_added;
-        if (keepalive != nullptr) on_added = gradient_done;
-        GradientOutcome& outcome = progress->outcomes[k];
-        ApplyGradient(id, step, tensor, p, data, keepalive, std::move(on_added), &outcome);
-        if (!outcome.held) gradient_done(absl::OkStatus());
+  // Once every value is checked: admit the push, then apply each gradient. Shared by the check
+  // tasks, the last of which runs it.
+  auto admit = std::make_shared<std::function<void()>>(
+      [this, progress, gradient_done, finish, which, part, id, step, &request, keepalive, run] {
+        absl::Status verdict;
+        for (const absl::Status& c : progress->checks) {
+          if (!c.ok()) {
+            verdict = c;
+            break;
+          }
+        }
+        if (verdict.ok()) verdict = AdmitPush(request);
+        if (!verdict.ok()) {
+          ++rejected_pushes_;
+          finish(verdict);
+          return;
+        }
+        ++pushes_;
+        for (size_t k = 0; k < which.size(); ++k) {
+          const ByteChunks* data = &request.gradients[k].data;
+          const int tensor = which[k];
+          const int p = part[k];
+          run([this, progress, gradient_done, k, id, step, tensor, p, data, keepalive] {
+            std::function<void(absl::Status)> on_added;
+            if (keepalive != nullptr) on_added = gradient_done;
+            GradientOutcome& outcome = progress->outcomes[k];
+            ApplyGradient(id, step, tensor, p, data, keepalive, std::move(on_added), &outcome);
+            if (!outcome.held) gradient_done(absl::OkStatus());
+          });
+        }
       });
-    }
-  };
   // `request` (and the views in it) must stay valid until the tasks have read it: the caller
   // waits below, unless its keepalive holds it (then the tasks hold the keepalive).
   for (size_t k = 0; k < which.size(); ++k) {
@@ -933,14 +932,13 @@ void ParameterShard::Push(const WirePush& request, std::shared_ptr<const void> k
         progress->checks[k] = std::move(check);
         if (--progress->to_check > 0) return;
       }
-      admit();
+      (*admit)();
     });
   }
   if (keepalive == nullptr) {
     absl::MutexLock lock(&progress->mu);
     progress->mu.Await(absl::Condition(
-        +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->over; },
-        progress.get()));
+        +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->over; }, progress.get()));
   }
 }
 
@@ -962,8 +960,8 @@ void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, int par
   Released released;
   TensorAggregator::Gradient gradient{data, std::move(keepalive), std::move(on_added)};
   gradient.part = part;
-  const double lr = tensors_[tensor]->Add(Context(), worker, step, std::move(gradient), outcome,
-                                          &released);
+  const double lr =
+      tensors_[tensor]->Add(Context(), worker, step, std::move(gradient), outcome, &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
     ++duplicate_gradients_;
     return;

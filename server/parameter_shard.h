@@ -280,7 +280,7 @@ class ParameterShard {
   const ConsistencyPolicy policy_;
   const std::unique_ptr<Optimizer> optimizer_;
   const absl::Duration max_wait_;
-  const int64_t part_elements_;  // bsp's part size (PushPartElements); 0: whole tensors
+  const int64_t part_elements_;       // bsp's part size (PushPartElements); 0: whole tensors
   std::unique_ptr<ThreadPool> pool_;  // Null with update_threads == 1.
 
   mutable absl::Mutex mu_;

@@ -296,8 +296,7 @@ TEST(ParameterShardTest, ALargePushWithOneBadGradientIsRefusedWholeOnThePool) {
     const absl::Status refused = push(std::numeric_limits<float>::infinity());
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
     EXPECT_NE(refused.message().find("gradient 't3'"), std::string::npos) << refused;
-    EXPECT_NE(refused.message().find(absl::StrCat("at element ", kElements - 1)),
-              std::string::npos)
+    EXPECT_NE(refused.message().find(absl::StrCat("at element ", kElements - 1)), std::string::npos)
         << refused;
     GetStatsResponse stats = shard->Stats();
     EXPECT_EQ(stats.applied_updates(), 0);
@@ -359,7 +358,8 @@ TEST(ParameterShardTest, BspTakesGradientsInPartsAtPartBoundariesOnly) {
     EXPECT_EQ(announced, kPart);
     const auto expect_refused = [&](const PushRequest& p, const char* what) {
       auto r = shard->Push(p);
-      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << r.status();
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+          << what << ": " << r.status();
       return r.status();
     };
     const absl::Status off = expect_refused(part(0, 1000, kPart, 1), "not a part's start");
@@ -377,8 +377,7 @@ TEST(ParameterShardTest, BspTakesGradientsInPartsAtPartBoundariesOnly) {
     ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("big", std::vector<float>(kElements, 4))})).ok());
     EXPECT_EQ(shard->Stats().applied_updates(), 1);
     const PullResponse r = PullNow(shard.get(), 0, 1);
-    EXPECT_EQ(Floats(r.tensors(0)),
-              std::vector<float>(kElements, -static_cast<float>(kLr) * 3.0f));
+    EXPECT_EQ(Floats(r.tensors(0)), std::vector<float>(kElements, -static_cast<float>(kLr) * 3.0f));
   }
   {
     auto [shard, announced] = start(ASYNC, 1);

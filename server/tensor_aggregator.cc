@@ -11,8 +11,10 @@ namespace rubato {
 
 namespace {
 
+// One part of the whole tensor unless part_elements cuts it.
 int64_t PartElements(int64_t elements, int64_t part_elements) {
-  return part_elements > 0 && part_elements < elements ? part_elements : std::max<int64_t>(elements, 1);
+  return part_elements > 0 && part_elements < elements ? part_elements
+                                                       : std::max<int64_t>(elements, 1);
 }
 
 }  // namespace
@@ -140,7 +142,7 @@ void TensorAggregator::DrainInOrder(int k, const Members& members, Released* rel
   }
 }
 
-bool TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& data,
+void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& data,
                                 const std::shared_ptr<const void>& keepalive,
                                 const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
                                 const Context& ctx) {
@@ -163,13 +165,12 @@ bool TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& da
     h.step = step;
     h.on_added = on_added;
     h.present = true;
-    return true;
+    return;
   }
   // Its turn, or no order is kept (backup), or a worker that rejoined after its turn was skipped:
   // added now (the last, after the others).
   Accumulate(k, data);
   if (in_order && w == next_worker_[k]) ++next_worker_[k];
-  return false;
 }
 
 namespace {
@@ -202,14 +203,11 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   // later one) is a repeat and is skipped; a gradient all of whose parts are is a duplicate.
   const int first = gradient.part < 0 ? 0 : gradient.part;
   const int count = gradient.part < 0 ? parts_ : 1;
-  std::vector<char> fresh(count, 0);
   bool any = false;
   for (int k = first; k < first + count; ++k) {
     int64_t& last = last_pushed_[worker * parts_ + k];
-    if (step <= last) continue;
-    last = step;
-    fresh[k - first] = 1;
-    any = true;
+    any |= step > last;
+    last = std::max(last, step);
   }
   if (!any) {  // (worker, step, tensor, part) seen before.
     outcome->kind = GradientOutcome::kDuplicate;
@@ -236,7 +234,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     on_added = std::make_shared<std::function<void(absl::Status)>>(std::move(gradient.on_added));
   }
   for (int k = first; k < first + count; ++k) {
-    if (!fresh[k - first]) continue;
+    if (got_[worker * parts_ + k]) continue;  // this step's part came before (alone)
     const ByteChunks part =
         count == 1 ? *gradient.data
                    : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
@@ -244,9 +242,8 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     TakePart(worker, k, step, part, gradient.keepalive, on_added, ctx);
   }
   if (ctx.policy->SumsInWorkerOrder()) {
-    for (int k = first; k < first + count; ++k) {
-      if (fresh[k - first]) DrainInOrder(k, *members, released);
-    }
+    // (A drain of a part this gradient did not bring changes nothing.)
+    for (int k = first; k < first + count; ++k) DrainInOrder(k, *members, released);
   }
   // Still held, some part of it: acknowledged once the last such part is added (AddHeld; this
   // Add's reference kept that from happening during the drain above). Otherwise the caller
@@ -332,10 +329,9 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
     int added = added_[0];
     for (int k = 0; k < parts_; ++k) {
       float* part = sum_.data() + int64_t{k} * part_elements_;
-      mean_squared +=
-          added_[k] > 1
-              ? DivideAndSquare<true>(part, part_size(k), static_cast<float>(added_[k]))
-              : DivideAndSquare<false>(part, part_size(k), 1.0f);
+      mean_squared += added_[k] > 1
+                          ? DivideAndSquare<true>(part, part_size(k), static_cast<float>(added_[k]))
+                          : DivideAndSquare<false>(part, part_size(k), 1.0f);
       added = std::min(added, added_[k]);
     }
     ctx.noise->Add(version_,

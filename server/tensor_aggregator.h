@@ -92,7 +92,7 @@ class TensorAggregator {
     const ByteChunks* data = nullptr;
     std::shared_ptr<const void> keepalive;
     std::function<void(absl::Status)> on_added;
-    // bsp: the part of the tensor `data` holds (its bytes: part_bytes(part)); -1, the whole
+    // bsp: the part of the tensor `data` holds (part_size(part) floats); -1, the whole
     // gradient.
     int part = -1;
   };
@@ -196,8 +196,7 @@ class TensorAggregator {
   // Adds worker `w`'s held part `k`, and acknowledges its Add if that was its last held part.
   void AddHeld(int w, int k, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `w`'s part `k` is in: added now if it is its turn (or no turn is kept), else held.
-  // Returns whether it was held.
-  bool TakePart(int w, int k, int64_t step, const ByteChunks& data,
+  void TakePart(int w, int k, int64_t step, const ByteChunks& data,
                 const std::shared_ptr<const void>& keepalive,
                 const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
                 const Context& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -236,8 +235,8 @@ class TensorAggregator {
   std::vector<int> parts_in_ ABSL_GUARDED_BY(mu_);     // (workers) parts received this step
   std::vector<char> received_ ABSL_GUARDED_BY(mu_);    // (workers) every part received
   int received_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);  // (workers x parts) early arrivals, bsp
-  std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);     // (workers x parts)
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);            // (workers x parts) early arrivals, bsp
+  std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);  // (workers x parts)
   std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(mu_);  // (workers)
   struct Waiting {
     std::shared_ptr<PullWaiter> waiter;

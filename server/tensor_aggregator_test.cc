@@ -132,7 +132,8 @@ TEST(TensorAggregatorTest, BspPartsGiveTheWholeTensorsResultInEveryArrivalOrder)
     int applied = 0;
     for (const auto& [w, k] : pieces) {
       const std::vector<float> part =
-          k < 0 ? g[w] : std::vector<float>(g[w].begin() + 4 * k, g[w].begin() + std::min(10, 4 * k + 4));
+          k < 0 ? g[w]
+                : std::vector<float>(g[w].begin() + 4 * k, g[w].begin() + std::min(10, 4 * k + 4));
       const std::string bytes = Bytes(part);
       ByteChunks chunks(bytes);
       Released released;

@@ -19,10 +19,11 @@ namespace {
 class InProcessPsClient final : public PsClient {
  public:
   InProcessPsClient(const PsClientOptions& options, std::vector<ParameterShard*> shards,
-                    CallPlan plan)
+                    CallPlan plan, int64_t target_call_bytes)
       : options_(options),
         shards_(std::move(shards)),
         plan_(std::move(plan)),
+        target_call_bytes_(target_call_bytes),
         part_elements_(shards_.size(), 0) {}
 
   ~InProcessPsClient() override {
@@ -181,8 +182,6 @@ class InProcessPsClient final : public PsClient {
     return absl::OkStatus();
   }
 
-  void set_target_call_bytes(int64_t bytes) { target_call_bytes_ = bytes; }
-
   const std::vector<int>& shard_of() const override { return plan_.placement.shard_of; }
   const std::vector<int64_t>& shard_bytes() const override { return plan_.placement.shard_bytes; }
 
@@ -276,7 +275,7 @@ class InProcessPsClient final : public PsClient {
   const PsClientOptions options_;
   const std::vector<ParameterShard*> shards_;
   const CallPlan plan_;
-  int64_t target_call_bytes_ = kTargetCallBytes;
+  const int64_t target_call_bytes_;
   std::vector<int64_t> part_elements_;  // Each shard's, from Register (0: whole tensors).
   std::map<int64_t, std::unique_ptr<Pending>> pending_;  // Used by the training thread only.
   int64_t next_ticket_ = 1;
@@ -290,9 +289,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateInProcessPsClient(
   if (shards.empty()) return absl::InvalidArgumentError("no parameter shards given");
   ASSIGN_OR_RETURN(CallPlan plan, PlanCalls(options.model, static_cast<int>(shards.size()),
                                             options.max_message_bytes, target_call_bytes));
-  auto client = std::make_unique<InProcessPsClient>(options, std::move(shards), std::move(plan));
-  client->set_target_call_bytes(target_call_bytes);
-  return std::unique_ptr<PsClient>(std::move(client));
+  return std::unique_ptr<PsClient>(
+      new InProcessPsClient(options, std::move(shards), std::move(plan), target_call_bytes));
 }
 
 }  // namespace rubato

@@ -199,8 +199,8 @@ grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message)
 
 class GrpcPsClient final : public PsClient {
  public:
-  GrpcPsClient(const PsClientOptions& options, Placement placement, std::vector<CallGroup> groups)
-      : options_(options), placement_(std::move(placement)), groups_(std::move(groups)) {
+  GrpcPsClient(const PsClientOptions& options, CallPlan plan)
+      : options_(options), plan_(std::move(plan)) {
     for (const std::string& address : options_.servers) {
       std::shared_ptr<grpc::Channel> channel =
           grpc::CreateCustomChannel(address, options_.security.credentials(),
@@ -208,11 +208,7 @@ class GrpcPsClient final : public PsClient {
       stubs_.push_back(ParameterServer::NewStub(channel));
       generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
     }
-    for (const TensorSpec& spec : options_.model) elements_.push_back(ElementCount(spec.shape()));
-    for (const CallGroup& g : groups_) group_shards_.push_back(g.shard);
-    plan_.placement = placement_;
-    plan_.groups = groups_;
-    plan_.elements = elements_;
+    for (const CallGroup& g : plan_.groups) group_shards_.push_back(g.shard);
     part_elements_.assign(options_.servers.size(), 0);
     for (size_t s = 0; s < options_.servers.size(); ++s) {
       push_gates_.push_back(std::make_unique<CallGate>(PushBytesInFlight(0)));
@@ -329,7 +325,7 @@ class GrpcPsClient final : public PsClient {
       requests[s].set_total_steps(options_.total_steps);
     }
     for (size_t i = 0; i < options_.model.size(); ++i) {
-      *requests[placement_.shard_of[i]].add_model() = options_.model[i];
+      *requests[plan_.placement.shard_of[i]].add_model() = options_.model[i];
     }
     // Without initial values first: a shard that has no weights yet asks one worker for them
     // (needs_initial_values), and tells the others to come back (initialising).
@@ -349,7 +345,7 @@ class GrpcPsClient final : public PsClient {
         RegisterResponse& r = responses[s];
         if (r.needs_initial_values() && requests[s].initial_values().empty()) {
           for (size_t i = 0; i < options_.model.size(); ++i) {
-            if (placement_.shard_of[i] != s) continue;
+            if (plan_.placement.shard_of[i] != s) continue;
             TensorValue* v = requests[s].add_initial_values();
             v->set_name(options_.model[i].name());
             FloatsToBytes(initial[i], v->mutable_data());
@@ -417,10 +413,10 @@ class GrpcPsClient final : public PsClient {
       return absl::InvalidArgumentError(
           absl::StrCat("pull into ", params.size(), " tensors, model has ", options_.model.size()));
     }
-    const size_t n = groups_.size();
+    const size_t n = plan_.groups.size();
     std::vector<grpc::ByteBuffer> requests(n);
     std::vector<grpc::ByteBuffer> responses(n);
-    for (size_t g = 0; g < n; ++g) requests[g] = PullRequestFor(step, groups_[g].tensors);
+    for (size_t g = 0; g < n; ++g) requests[g] = PullRequestFor(step, plan_.groups[g].tensors);
     RETURN_IF_ERROR(FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
                            [&](ParameterServer::Stub::async_interface*, int call,
                                grpc::ClientContext* context, Done done) {
@@ -430,8 +426,8 @@ class GrpcPsClient final : public PsClient {
                            }));
     bool first = true;
     for (size_t g = 0; g < n; ++g) {
-      RETURN_IF_ERROR(StoreTensors(groups_[g].shard, groups_[g].tensors, responses[g], params,
-                                   min_version, &first));
+      RETURN_IF_ERROR(StoreTensors(plan_.groups[g].shard, plan_.groups[g].tensors, responses[g],
+                                   params, min_version, &first));
     }
     return absl::OkStatus();
   }
@@ -453,14 +449,14 @@ class GrpcPsClient final : public PsClient {
       requests[c] = PushRequestFor(step, calls[c].pieces, grads, &borrowed);
       weights[c] = static_cast<int64_t>(requests[c].Length());
     }
-    absl::Status status = FanOut(call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
-                                 [&](ParameterServer::Stub::async_interface*, int call,
-                                     grpc::ClientContext* context, Done done) {
-                                   generic_[call_shards[call]]->UnaryCall(
-                                       context, kPushMethod, grpc::StubOptions(), &requests[call],
-                                       &raw[call], std::move(done));
-                                 },
-                                 &push_gates_, &weights);
+    absl::Status status = FanOut(
+        call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+        [&](ParameterServer::Stub::async_interface*, int call, grpc::ClientContext* context,
+            Done done) {
+          generic_[call_shards[call]]->UnaryCall(context, kPushMethod, grpc::StubOptions(),
+                                                 &requests[call], &raw[call], std::move(done));
+        },
+        &push_gates_, &weights);
     requests.clear();
     borrowed.WaitReleased();
     RETURN_IF_ERROR(status);
@@ -498,12 +494,12 @@ class GrpcPsClient final : public PsClient {
         return absl::InvalidArgumentError(absl::StrCat(
             "push of tensor index ", i, ", the model has ", options_.model.size(), " tensors"));
       }
-      if (static_cast<int64_t>(grads[i].size()) != elements_[i]) {
+      if (static_cast<int64_t>(grads[i].size()) != plan_.elements[i]) {
         return absl::InvalidArgumentError(absl::StrCat("gradient of '", options_.model[i].name(),
                                                        "' has ", grads[i].size(),
-                                                       " elements, expected ", elements_[i]));
+                                                       " elements, expected ", plan_.elements[i]));
       }
-      const int shard = placement_.shard_of[i];
+      const int shard = plan_.placement.shard_of[i];
       auto [it, added] = call_of_shard.emplace(shard, pending->call_shards.size());
       if (added) {
         pending->call_shards.push_back(shard);
@@ -521,14 +517,15 @@ class GrpcPsClient final : public PsClient {
     pending->raw.resize(pending->requests.size());
     PendingPush* p = pending.get();
     p->thread = std::thread([this, p, step, pull_into] {
-      p->status = FanOut(p->push_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
-                         [this, p](ParameterServer::Stub::async_interface*, int call,
-                                   grpc::ClientContext* context, Done done) {
-                           generic_[p->push_shards[call]]->UnaryCall(
-                               context, kPushMethod, grpc::StubOptions(), &p->requests[call],
-                               &p->raw[call], std::move(done));
-                         },
-                         &push_gates_, &p->weights);
+      p->status = FanOut(
+          p->push_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
+          [this, p](ParameterServer::Stub::async_interface*, int call, grpc::ClientContext* context,
+                    Done done) {
+            generic_[p->push_shards[call]]->UnaryCall(context, kPushMethod, grpc::StubOptions(),
+                                                      &p->requests[call], &p->raw[call],
+                                                      std::move(done));
+          },
+          &push_gates_, &p->weights);
       p->requests.clear();
       p->borrowed.WaitReleased();
       p->responses.resize(p->raw.size());
@@ -606,8 +603,8 @@ class GrpcPsClient final : public PsClient {
             Done done) { async->Finish(context, &request, response, std::move(done)); });
   }
 
-  const std::vector<int>& shard_of() const override { return placement_.shard_of; }
-  const std::vector<int64_t>& shard_bytes() const override { return placement_.shard_bytes; }
+  const std::vector<int>& shard_of() const override { return plan_.placement.shard_of; }
+  const std::vector<int64_t>& shard_bytes() const override { return plan_.placement.shard_bytes; }
 
  private:
   using Done = std::function<void(grpc::Status)>;
@@ -700,11 +697,11 @@ class GrpcPsClient final : public PsClient {
       const WireTensor& v = tensors[k];
       const int i = want[k];
       if (v.name != options_.model[i].name() ||
-          static_cast<int64_t>(v.data.size()) != 4 * elements_[i]) {
+          static_cast<int64_t>(v.data.size()) != 4 * plan_.elements[i]) {
         return absl::InternalError(absl::StrCat(
             "shard ", shard, " returned a malformed value for '", options_.model[i].name(), "'"));
       }
-      params[i].resize(elements_[i]);
+      params[i].resize(plan_.elements[i]);
       CopyFloats(v.data, params[i].data());
       if (min_version != nullptr) {
         *min_version = *first ? v.version : std::min(*min_version, v.version);
@@ -821,9 +818,9 @@ class GrpcPsClient final : public PsClient {
     std::vector<grpc::ClientContext> contexts(n);
     std::vector<grpc::Status> results(n);
     absl::BlockingCounter pending(static_cast<int>(n));
-    // At most kCallsInFlightPerShard calls per shard at once (FanOut's `gates`, or this round's
-    // own); each finished call starts the next one queued at its shard's gate, which may be
-    // another operation's.
+    // Each call passes its shard's gate: FanOut's `gates` (pushes, weighed in bytes), or this
+    // round's own (kCallsInFlightPerShard calls); each finished call starts the ones queued at its
+    // shard's gate that now fit, which may be another operation's.
     std::map<int, std::unique_ptr<CallGate>> own;
     std::vector<CallGate*> gate_of(n);
     std::vector<int64_t> weight_of(n, 1);
@@ -875,24 +872,22 @@ class GrpcPsClient final : public PsClient {
                                                      options_.model.size(), " tensors"));
     }
     for (size_t i = 0; i < values.size(); ++i) {
-      if (static_cast<int64_t>(values[i].size()) != elements_[i]) {
+      if (static_cast<int64_t>(values[i].size()) != plan_.elements[i]) {
         return absl::InvalidArgumentError(absl::StrCat(what, " of '", options_.model[i].name(),
                                                        "' has ", values[i].size(),
-                                                       " elements, expected ", elements_[i]));
+                                                       " elements, expected ", plan_.elements[i]));
       }
     }
     return absl::OkStatus();
   }
 
   const PsClientOptions options_;
-  const Placement placement_;
-  const std::vector<CallGroup> groups_;
+  // Placement, the pulls' call groups and each tensor's elements (worker/call_plan.h).
+  const CallPlan plan_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   // The same channels, for Push and Pull as raw bytes (common/tensor_wire.h).
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
-  std::vector<int64_t> elements_;
-  std::vector<int> group_shards_;  // Shard of each entry of groups_.
-  CallPlan plan_;                   // placement_, groups_ and elements_, for PlanPushCalls
+  std::vector<int> group_shards_;  // Shard of each entry of plan_.groups.
   // Each shard's bsp part size from its last Register answer (0: whole tensors).
   std::vector<int64_t> part_elements_;
   // One gate per shard for the calls that carry gradients, shared by Push and every StartPush.
@@ -909,8 +904,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
   if (options.model.empty()) return absl::InvalidArgumentError("the model has no tensors");
   ASSIGN_OR_RETURN(CallPlan plan, PlanCalls(options.model, static_cast<int>(options.servers.size()),
                                             options.max_message_bytes));
-  return std::unique_ptr<PsClient>(
-      new GrpcPsClient(options, std::move(plan.placement), std::move(plan.groups)));
+  return std::unique_ptr<PsClient>(new GrpcPsClient(options, std::move(plan)));
 }
 
 }  // namespace rubato

@@ -252,8 +252,7 @@ absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const
   // Registers again after a server dropped this worker (or was restored); returns the step to
   // continue from. `drawn`: this step's batch was drawn already (its push failed), so going back
   // to it draws that batch again.
-  auto rejoin = [&](int64_t step, const absl::Status& why,
-                    bool drawn) -> absl::StatusOr<int64_t> {
+  auto rejoin = [&](int64_t step, const absl::Status& why, bool drawn) -> absl::StatusOr<int64_t> {
     if (++rejoins > options.max_rejoins) {
       return absl::Status(why.code(), absl::StrCat("step ", step, ": dropped ", rejoins - 1,
                                                    " times, giving up: ", why.message()));

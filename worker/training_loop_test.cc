@@ -173,14 +173,20 @@ TEST(TrainingLoopTest, ABucketGathersTheLayersIntoOnePushWithTheSameResult) {
 // 262144 (the 1 MiB floor): the workers push it as two calls, and the job ends on the same weights,
 // bit for bit, as with whole tensors, with overlap and without.
 TEST(TrainingLoopTest, GradientsPushedInPartsGiveTheSameWeights) {
-  ASSERT_EQ(PushPartElements([] { ConsistencyConfig c; c.set_mode(BSP); return c; }(), 3, 1),
+  ASSERT_EQ(PushPartElements(
+                [] {
+                  ConsistencyConfig c;
+                  c.set_mode(BSP);
+                  return c;
+                }(),
+                3, 1),
             262144);
   const JobResult whole = RunJob(BSP, 3, 1, /*overlap=*/false, 12, 1 << 20, {}, nullptr, 0,
                                  "8-40000-3", int64_t{1} << 30);
-  const JobResult parts = RunJob(BSP, 3, 1, /*overlap=*/false, 12, 1 << 20, {}, nullptr, 0,
-                                 "8-40000-3", 1);
-  const JobResult overlapped = RunJob(BSP, 3, 1, /*overlap=*/true, 12, 1 << 20, {}, nullptr, 0,
-                                      "8-40000-3", 1);
+  const JobResult parts =
+      RunJob(BSP, 3, 1, /*overlap=*/false, 12, 1 << 20, {}, nullptr, 0, "8-40000-3", 1);
+  const JobResult overlapped =
+      RunJob(BSP, 3, 1, /*overlap=*/true, 12, 1 << 20, {}, nullptr, 0, "8-40000-3", 1);
   for (int w = 0; w < 3; ++w) {
     ASSERT_EQ(whole.params[w].size(), 4u);
     EXPECT_EQ(whole.params[w], whole.params[0]) << "worker " << w;
