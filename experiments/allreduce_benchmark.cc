@@ -46,6 +46,9 @@ ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp",
           "jobs) and grpc (a gRPC stream, what TLS jobs use).");
 ABSL_FLAG(int64_t, segment_kb, 0,
           "Segment size in KiB (0: the default, DefaultRingSegmentElements).");
+ABSL_FLAG(int64_t, spin_us, -1,
+          "tcp: how long a receive polls before it sleeps, in microseconds (TcpRingLink::"
+          "SetReceiveSpin; 0: sleeps at once; -1: the link's default, as in jobs).");
 
 namespace rubato {
 namespace {
@@ -112,7 +115,11 @@ int RunRank(int rank, int ranks, int64_t bytes, int64_t segment_elements, bool t
         absl::StrCat("127.0.0.1:", static_cast<int>(ports[(rank + 1) % ranks]));
     std::unique_ptr<RingLink> owned;
     if (tcp) {
-      owned = std::make_unique<TcpRingLink>(rank, ranks, next, listener.get());
+      auto link = std::make_unique<TcpRingLink>(rank, ranks, next, listener.get());
+      if (absl::GetFlag(FLAGS_spin_us) >= 0) {
+        link->SetReceiveSpin(absl::Microseconds(absl::GetFlag(FLAGS_spin_us)));
+      }
+      owned = std::move(link);
     } else {
       owned = std::make_unique<GrpcRingLink>(rank, ranks, next, &mailbox);
     }

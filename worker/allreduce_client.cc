@@ -58,8 +58,10 @@ class AllReduceClient final : public PsClient {
       }
       ASSIGN_OR_RETURN(data_,
                        TcpRingListener::Create(host, options_.data_port, mailbox_.from_rank()));
-      link_ = std::make_unique<TcpRingLink>(options_.rank, size_, next, data_.get(),
-                                            absl::Seconds(10), options_.client_security);
+      auto link = std::make_unique<TcpRingLink>(options_.rank, size_, next, data_.get(),
+                                                absl::Seconds(10), options_.client_security);
+      link->SetReceiveSpin(options_.receive_spin);
+      link_ = std::move(link);
     } else {
       link_ = std::make_unique<GrpcRingLink>(options_.rank, size_, next, &mailbox_,
                                              absl::Seconds(10), options_.client_security,

@@ -15,6 +15,7 @@
 #include "common/security.h"
 #include "proto/cluster.pb.h"
 #include "worker/ps_client.h"
+#include "worker/ring_tcp.h"
 
 namespace rubato {
 
@@ -51,6 +52,8 @@ struct AllReduceOptions {
   RingTransport transport = RingTransport::kAuto;
   // kTcp: the data listener's port on the listen address's host (0: any free port).
   int data_port = 0;
+  // kTcp: how long a receive polls before it sleeps (TcpRingLink::SetReceiveSpin).
+  absl::Duration receive_spin = kDefaultRingReceiveSpin;
 };
 
 // Starts this rank's RingPeer server on `listen`, else cluster.workers(rank).

@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,12 +69,26 @@ std::string PeerName(const sockaddr_storage& addr) {
                                     : absl::StrCat(host, ":", port);
 }
 
+// Polls `fd` without sleeping until it is readable (true) or `until` (false), giving the core to
+// any other runnable thread between tries.
+bool SpinUntilReadable(int fd, absl::Time until) {
+  do {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0) return true;  // Readable, closed, or an error for recv to report.
+    ::sched_yield();
+  } while (absl::Now() < until);
+  return false;
+}
+
 // How ReadWithin ended.
 enum class ReadEnd { kDone, kClosed, kError, kTimedOut };
 
 // Reads exactly `size` bytes from `fd` by `deadline`, waiting in poll(); with kError, `why` is the
 // system's reason.
-ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::string* why) {
+// With `spin` > 0, each wait for bytes first polls without sleeping for up to `spin`, yielding the
+// core between tries, and only then sleeps in poll (see TcpRingLink::SetReceiveSpin).
+ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::string* why,
+                   absl::Duration spin = absl::ZeroDuration()) {
   while (size > 0) {
     const ssize_t n = ::recv(fd, data, size, MSG_DONTWAIT);
     if (n > 0) {
@@ -86,6 +101,9 @@ ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::st
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       *why = std::strerror(errno);
       return ReadEnd::kError;
+    }
+    if (spin > absl::ZeroDuration() && SpinUntilReadable(fd, std::min(absl::Now() + spin, deadline))) {
+      continue;
     }
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, PollMillis(deadline)) == 0 && absl::Now() >= deadline) {
@@ -580,7 +598,7 @@ absl::Status TcpRingLink::ReadFull(char* data, size_t size, int64_t tag, absl::T
   // in between give up one after the other, each telling its next why, until the previous rank
   // does, which takes milliseconds (see TcpRingLink in the header).
   std::string why;
-  switch (ReadWithin(in_fd_, data, size, deadline, &why)) {
+  switch (ReadWithin(in_fd_, data, size, deadline, &why, receive_spin_)) {
     case ReadEnd::kDone:
       return absl::OkStatus();
     case ReadEnd::kClosed:

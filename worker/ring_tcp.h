@@ -77,6 +77,8 @@ constexpr size_t kRingHelloBytes = 48;
 constexpr size_t kRingFrameHeaderBytes = 16;
 constexpr int64_t kRingGiveUpTag = -3;
 constexpr size_t kRingGiveUpTextBytes = 1024;
+// TcpRingLink::SetReceiveSpin's default (allreduce_benchmark --spin_us compares).
+constexpr absl::Duration kDefaultRingReceiveSpin = absl::Microseconds(200);
 // Tickets the listener honours at once (see IssueTicket).
 constexpr size_t kRingOutstandingTickets = 8;
 
@@ -140,6 +142,13 @@ class TcpRingLink final : public RingLink {
   ~TcpRingLink() override;
   TcpRingLink(const TcpRingLink&) = delete;
   TcpRingLink& operator=(const TcpRingLink&) = delete;
+
+  // How long a Receive waiting for bytes polls the socket without sleeping (yielding the core
+  // between polls) before it sleeps until they come; zero sleeps at once. The wake-up from a
+  // sleep costs tens of microseconds (two context switches, more on a busy host), paid once or
+  // twice per block; a short spin skips it whenever the block is that close. Set before the
+  // first Receive. kDefaultRingReceiveSpin unless set.
+  void SetReceiveSpin(absl::Duration spin) { receive_spin_ = spin; }
 
   // Waits for the sender thread's connection to the next rank and accepts the previous rank's.
   absl::Status Connect(absl::Time deadline) override;
@@ -205,6 +214,7 @@ class TcpRingLink final : public RingLink {
   // The receiving side, touched only by the caller's thread.
   int in_fd_ = -1;
   absl::Status receive_error_;  // Sticky: after one, the stream is out of step.
+  absl::Duration receive_spin_ = kDefaultRingReceiveSpin;
   std::vector<char> piece_;
 };
 

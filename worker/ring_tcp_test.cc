@@ -502,6 +502,39 @@ TEST(TcpRingTest, APreviousRankThatDiesFailsTheReceiverAtOnceButWhatCameCounts) 
   EXPECT_THAT(s.message(), HasSubstr("from rank 0 broke"));
 }
 
+TEST(TcpRingTest, ASpinningReceiveTakesBlocksThatComeDuringOrAfterItsSpinAndKeepsItsDeadline) {
+  {
+    FedRank r;
+    r.link->SetReceiveSpin(absl::Milliseconds(50));
+    std::thread feed([&] {
+      absl::SleepFor(absl::Milliseconds(5));  // Within the spin.
+      WriteFrame(r.fd, 0, {1, 2, 3});
+      absl::SleepFor(absl::Milliseconds(300));  // Past it: the receiver sleeps in poll by then.
+      WriteFrame(r.fd, 1, {4, 5, 6});
+    });
+    std::vector<float> out(3);
+    const absl::Status s0 = r.link->Receive(0, absl::MakeSpan(out), RingLink::Combine::kCopy,
+                                            absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(s0.ok()) << s0;
+    EXPECT_EQ(out, std::vector<float>({1, 2, 3}));
+    const absl::Status s1 = r.link->Receive(1, absl::MakeSpan(out), RingLink::Combine::kAdd,
+                                            absl::Now() + absl::Seconds(10));
+    feed.join();
+    EXPECT_TRUE(s1.ok()) << s1;
+    EXPECT_EQ(out, std::vector<float>({5, 7, 9}));
+  }
+  {
+    // A spin longer than the wait ends at the deadline, naming whom it waited for.
+    FedRank r;
+    r.link->SetReceiveSpin(absl::Seconds(30));
+    const absl::Time start = absl::Now();
+    const absl::Status s = r.Receive(0, 3, absl::Milliseconds(100));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "spun past the deadline";
+    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("from rank 0"));
+  }
+}
+
 TEST(TcpRingTest, ADeadNextRankFailsSendsToItAtOnceNamingIt) {
   Peer p0(1);
   p0.Start();
