@@ -102,7 +102,8 @@ ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::st
       *why = std::strerror(errno);
       return ReadEnd::kError;
     }
-    if (spin > absl::ZeroDuration() && SpinUntilReadable(fd, std::min(absl::Now() + spin, deadline))) {
+    if (spin > absl::ZeroDuration() &&
+        SpinUntilReadable(fd, std::min(absl::Now() + spin, deadline))) {
       continue;
     }
     pollfd p{fd, POLLIN, 0};
