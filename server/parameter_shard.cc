@@ -967,7 +967,9 @@ void ParameterShard::ApplyGradient(int worker, int64_t step, int tensor, int par
     return;
   }
   if (outcome->kind == GradientOutcome::kDropped) ++dropped_gradients_;
-  if (outcome->kind == GradientOutcome::kAccepted) RecordStaleness(outcome->staleness);
+  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part) {
+    RecordStaleness(outcome->staleness);
+  }
   if (outcome->applied) {
     last_learning_rate_ = lr;
   }

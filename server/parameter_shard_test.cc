@@ -369,13 +369,23 @@ TEST(ParameterShardTest, BspTakesGradientsInPartsAtPartBoundariesOnly) {
     EXPECT_FALSE(expect_refused(part(0, 2 * kPart, 10, 1), "past the end").ok());
     EXPECT_FALSE(expect_refused(part(0, -kPart, kPart, 1), "negative").ok());
     EXPECT_EQ(shard->Stats().applied_updates(), 0);
-    // Worker 0 in parts, the second part first; worker 1 whole.
-    ASSERT_TRUE(shard->Push(part(0, kPart, kElements - kPart, 2)).ok());
+    // Worker 0 in parts, the second part first; worker 1 whole. A push's response counts each
+    // part it carries; the staleness histogram counts a gradient in parts once; a repeated part
+    // is a duplicate.
+    auto second = shard->Push(part(0, kPart, kElements - kPart, 2));
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->accepted(), 1);
     EXPECT_EQ(shard->Push(part(0, kPart, kElements - kPart, 2))->duplicates(), 1);
-    ASSERT_TRUE(shard->Push(part(0, 0, kPart, 2)).ok());
+    auto first = shard->Push(part(0, 0, kPart, 2));
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->accepted(), 1);
+    EXPECT_EQ(first->duplicates(), 0);
     EXPECT_EQ(shard->Stats().applied_updates(), 0);
     ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("big", std::vector<float>(kElements, 4))})).ok());
-    EXPECT_EQ(shard->Stats().applied_updates(), 1);
+    const GetStatsResponse stats = shard->Stats();
+    EXPECT_EQ(stats.applied_updates(), 1);
+    EXPECT_EQ(stats.staleness_histogram(0), 2) << "one per worker's gradient, not per part";
+    EXPECT_EQ(stats.duplicate_gradients(), 1);
     const PullResponse r = PullNow(shard.get(), 0, 1);
     EXPECT_EQ(Floats(r.tensors(0)), std::vector<float>(kElements, -static_cast<float>(kLr) * 3.0f));
   }

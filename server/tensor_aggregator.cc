@@ -203,6 +203,9 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   // later one) is a repeat and is skipped; a gradient all of whose parts are is a duplicate.
   const int first = gradient.part < 0 ? 0 : gradient.part;
   const int count = gradient.part < 0 ? parts_ : 1;
+  for (int k = 0; k < parts_ && outcome->first_part; ++k) {
+    if (last_pushed_[worker * parts_ + k] >= step) outcome->first_part = false;
+  }
   bool any = false;
   for (int k = first; k < first + count; ++k) {
     int64_t& last = last_pushed_[worker * parts_ + k];

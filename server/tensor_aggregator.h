@@ -69,6 +69,10 @@ struct GradientOutcome {
   int64_t staleness = 0;
   bool applied = false;  // An update was applied (this gradient completed a step, or async).
   bool held = false;     // Held for its turn; its on_added is called once it is added.
+  // kAccepted: the first of the gradient's parts for this (worker, step) to come (always, for a
+  // gradient pushed whole). The staleness histogram counts gradients by it, so that a gradient in
+  // parts is one gradient there (a push's response counts each part it carries).
+  bool first_part = true;
 };
 
 // What a call set free, for the caller to finish once it holds no lock: pulls whose every tensor
