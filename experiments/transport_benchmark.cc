@@ -404,9 +404,9 @@ ABSL_FLAG(int64_t, push_budget_mb, 32, "With --only and --mode=bsp: the shards' 
 ABSL_FLAG(bool, server_process, false,
           "With --only: the shards are rubato_server processes, not in this process.");
 
-ABSL_FLAG(int64_t, bucket_kb, 0,
+ABSL_FLAG(int64_t, bucket_kb, rubato::kDefaultPushBucketKb,
           "With --only and --loop=pipelined: gather tensors into pushes of at least this many "
-          "KiB (rubato_worker --push_bucket_kb; 0: one push per tensor, the worker's default).");
+          "KiB (rubato_worker --push_bucket_kb, whose default this is; 0: one push per tensor).");
 
 ABSL_FLAG(std::string, loop, "pipelined",
           "With --only: serial (pull every tensor, then push every tensor) or pipelined (each "
@@ -490,8 +490,9 @@ int main(int argc, char** argv) {
     std::string out = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), shards, workers);
     for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
       rubato::CpuUse cpu;
-      const double rate = rubato::Measure(mb << 20, shards, workers, seconds, rubato::Security(),
-                                          &cpu, loop, 0, server_process);
+      const double rate =
+          rubato::Measure(mb << 20, shards, workers, seconds, rubato::Security(), &cpu, loop,
+                          rubato::kDefaultPushBucketKb << 10, server_process);
       if (rate < 0) {
         absl::StrAppend(&out, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
         continue;

@@ -114,10 +114,12 @@ TEST(CnnIntegrationTest, TwoWorkersTrainTheCnnPast85Percent) {
 
 TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPassEnds) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
-  const std::vector<std::string> outputs = RunCnnJob(
-      1,
-      {"--batch_size=32", "--steps=6", "--log_every=2", "--train_limit=1000", "--test_limit=100"},
-      absl::Seconds(120));
+  // Every layer pushed alone (the default 4 MiB buckets would take this small CNN in one push).
+  const std::vector<std::string> outputs =
+      RunCnnJob(1,
+                {"--batch_size=32", "--steps=6", "--log_every=2", "--train_limit=1000",
+                 "--test_limit=100", "--push_bucket_kb=0"},
+                absl::Seconds(120));
   ASSERT_EQ(outputs.size(), 1u);
   const std::vector<OverlapRecord> records = OverlapRecords(outputs[0]);
   ASSERT_EQ(records.size(), 3u) << outputs[0];

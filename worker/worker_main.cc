@@ -47,6 +47,7 @@
 #include "worker/model_file.h"
 #include "worker/model_spec.h"
 #include "worker/ps_client.h"
+#include "worker/push_buckets.h"
 #include "worker/sharpness.h"
 #include "worker/straggler_model.h"
 #include "worker/training_loop.h"
@@ -66,9 +67,10 @@ ABSL_FLAG(int, cuda_device, -1,
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
           "communication with the rest of backprop (false: one push after the whole step).");
-ABSL_FLAG(int64_t, push_bucket_kb, 0,
+ABSL_FLAG(int64_t, push_bucket_kb, rubato::kDefaultPushBucketKb,
           "With --overlap: gather consecutive layers' gradients into one push until it holds at "
-          "least this many KiB, as DDP's buckets do (0: push every layer alone).");
+          "least this many KiB, as DDP's buckets do (0: push every layer alone; a layer larger "
+          "than this goes alone).");
 ABSL_FLAG(int, batch_size, 64, "Examples per step on this worker.");
 ABSL_FLAG(int, epochs, 3, "Passes over the training set (all workers together).");
 ABSL_FLAG(int64_t, steps, 0, "Steps to run; overrides --epochs when > 0.");
