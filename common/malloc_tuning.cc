@@ -6,6 +6,8 @@
 #include <malloc.h>
 #endif
 
+#include "absl/synchronization/mutex.h"
+
 namespace rubato {
 
 void KeepFreedMemory() {
@@ -29,6 +31,10 @@ void ReturnFreedMemory() {
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif
+}
+
+void SkipMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace rubato

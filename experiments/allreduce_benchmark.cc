@@ -219,6 +219,7 @@ double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t seg
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();
+  rubato::SkipMutexDeadlockDetection();
   const double seconds = absl::GetFlag(FLAGS_seconds);
   const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
   std::printf("loopback TCP stream (1 connection): B = %.2f GB/s\n\n", tcp / 1e9);

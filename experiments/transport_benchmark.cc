@@ -415,6 +415,7 @@ ABSL_FLAG(std::string, loop, "pipelined",
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
+  rubato::SkipMutexDeadlockDetection();
   const double seconds = absl::GetFlag(FLAGS_seconds);
   using rubato::Loop;
   if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {

@@ -358,6 +358,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One Rubato worker. See README.md for the flags.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
+  rubato::SkipMutexDeadlockDetection();
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
   if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {
     return EvalModel(path);
