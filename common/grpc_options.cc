@@ -1,5 +1,7 @@
 #include "common/grpc_options.h"
 
+#include <cstdlib>
+
 #include "grpcpp/resource_quota.h"
 
 namespace rubato {
@@ -36,5 +38,7 @@ void SetServerMemoryBudget(grpc::ServerBuilder* builder, int64_t bytes) {
   quota.Resize(static_cast<size_t>(bytes));
   builder->SetResourceQuota(quota);
 }
+
+void UseGrpcExperiments() { ::setenv("GRPC_EXPERIMENTS", kGrpcExperiments, /*overwrite=*/0); }
 
 }  // namespace rubato

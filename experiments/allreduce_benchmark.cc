@@ -217,6 +217,7 @@ double SecondsPerAllReduce(int64_t bytes, int ranks, double seconds, int64_t seg
 }  // namespace rubato
 
 int main(int argc, char** argv) {
+  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();
   rubato::SkipMutexDeadlockDetection();

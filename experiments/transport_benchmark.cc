@@ -413,6 +413,7 @@ ABSL_FLAG(std::string, loop, "pipelined",
           "tensor's push followed by its pull, as a worker with --overlap does).");
 
 int main(int argc, char** argv) {
+  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
   rubato::SkipMutexDeadlockDetection();

@@ -115,6 +115,7 @@ std::string StatsJson(const rubato::GetStatsResponse& stats) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::SetProgramUsageMessage("One Rubato parameter-server shard. See README.md for the flags.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.

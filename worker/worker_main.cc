@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
+#include "common/grpc_options.h"
 #include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
@@ -355,6 +356,7 @@ int Sharpness(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::SetProgramUsageMessage("One Rubato worker. See README.md for the flags.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
