@@ -108,11 +108,11 @@ ABSL_FLAG(int32_t, ring_data_port, 0,
           "allreduce with the tcp transport: the port of this rank's data listener, on the host of "
           "its --listen (or --peers) address; 0 picks a free one. Fix it where a firewall must "
           "let it through.");
-ABSL_FLAG(int64_t, ring_spin_us, 200,
+ABSL_FLAG(int64_t, ring_spin_us, absl::ToInt64Microseconds(rubato::kDefaultRingReceiveSpin),
           "allreduce with the tcp transport: how long a rank waiting for a block polls its socket "
           "(yielding the core between polls) before it sleeps until the block comes, in "
           "microseconds; 0 sleeps at once. Spinning skips a wake-up per block (1 MB all-reduces "
-          "ran faster with 200); lower it where ranks share cores with other work.");
+          "ran faster with the default, 200); lower it where ranks share cores with other work.");
 ABSL_FLAG(std::string, health_listen, "",
           "Serve the gRPC health service, and nothing else, in plaintext on this host:port (for "
           "Kubernetes probes). SERVING from start-up until the worker exits.");
