@@ -59,6 +59,9 @@ class ServerSecurity {
   // a missing or wrong token, PERMISSION_DENIED for a valid token of another identity.
   absl::Status CheckCall(const grpc::CallbackServerContext& context,
                          std::optional<int> worker_id) const;
+  // The same check for a token that came another way (the hello of a plain-TCP data connection,
+  // server/data_plane.h); an empty token is a missing one.
+  absl::Status CheckToken(absl::string_view token, std::optional<int> worker_id) const;
 
   // OK for a loopback address, or when calls are authenticated, or with --insecure; otherwise
   // FAILED_PRECONDITION naming the address and the two ways out.
@@ -85,6 +88,8 @@ class ClientSecurity {
   const std::shared_ptr<grpc::ChannelCredentials>& credentials() const { return credentials_; }
   // Adds this process's token to a call, if it has one.
   void Attach(grpc::ClientContext* context) const;
+  // That token ("" without one), for a data connection's hello.
+  const std::string& token() const { return token_; }
   // True with TLS: what this client sends is encrypted.
   bool encrypts() const { return encrypts_; }
 

@@ -45,12 +45,16 @@
 #include "experiments/server_process.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/data_plane.h"
 #include "server/parameter_service.h"
 #include "server/parameter_shard.h"
 #include "worker/ps_client.h"
 #include "worker/push_buckets.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");
+ABSL_FLAG(std::string, ps_transport, "auto",
+          "auto: Push and Pull over the shards' plain-TCP data plane (server/data_plane.h), as "
+          "rubato_worker does by default; grpc: over gRPC.");
 ABSL_FLAG(std::string, server, "server/rubato_server",
           "The server binary for the separate-process figures (runfiles path).");
 
@@ -63,6 +67,7 @@ struct Server {
   std::unique_ptr<ParameterShard> shard;
   std::unique_ptr<ParameterService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<DataPlaneServer> data_plane;  // Destroyed first.
   std::string address;
 };
 
@@ -120,6 +125,7 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
     servers[s].address = p->address;
     processes.push_back(*p);
   }
+  const bool use_data_plane = absl::GetFlag(FLAGS_ps_transport) != "grpc";
   for (int s = 0; s < shards && !server_process; ++s) {
     ShardOptions options;
     options.shard_id = s;
@@ -141,9 +147,22 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
     builder.RegisterService(servers[s].service.get());
     servers[s].server = builder.BuildAndStart();
     servers[s].address = absl::StrCat("127.0.0.1:", port);
+    if (use_data_plane) {
+      DataPlaneOptions data_options;
+      data_options.host = "127.0.0.1";
+      data_options.max_message_bytes = kMaxMessageBytesLimit;
+      auto data = DataPlaneServer::Start(data_options, servers[s].shard.get(), security.server);
+      if (!data.ok()) {
+        std::fprintf(stderr, "data plane: %s\n", data.status().ToString().c_str());
+        return -1;
+      }
+      servers[s].data_plane = std::move(*data);
+      servers[s].service->set_data_port(servers[s].data_plane->port());
+    }
   }
   const int64_t elements = model_bytes / 4 / kTensors;
   PsClientOptions base;
+  base.use_data_plane = use_data_plane;
   for (const Server& s : servers) base.servers.push_back(s.address);
   base.num_workers = workers;
   base.consistency = cluster.consistency();

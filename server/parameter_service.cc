@@ -9,29 +9,21 @@
 #include "common/tensor_wire.h"
 
 namespace rubato {
-namespace {
 
-// Finishes `context`'s default reactor with `result`, copying the value into `response` when OK.
-template <typename Response>
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                 absl::StatusOr<Response> result, Response* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
-
-grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& message) {
+grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message) {
   grpc::Slice slice(message.SerializeAsString());
   return grpc::ByteBuffer(&slice, 1);
 }
+
+namespace {
 
 // Releases the reference to a version's weights that a pull answer's slice held.
 void ReleaseWeights(void* held) {
   delete static_cast<std::shared_ptr<const std::vector<float>>*>(held);
 }
 
-// A PullResponse as slices: each tensor's framing, then its weights in place.
+}  // namespace
+
 grpc::ByteBuffer EncodePullResponse(const std::vector<PulledTensor>& tensors) {
   std::vector<grpc::Slice> slices;
   slices.reserve(2 * tensors.size());
@@ -45,6 +37,18 @@ grpc::ByteBuffer EncodePullResponse(const std::vector<PulledTensor>& tensors) {
                         new std::shared_ptr<const std::vector<float>>(t.snapshot.values));
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+namespace {
+
+// Finishes `context`'s default reactor with `result`, copying the value into `response` when OK.
+template <typename Response>
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                 absl::StatusOr<Response> result, Response* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (result.ok()) *response = std::move(*result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -61,7 +65,9 @@ grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext
   if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
     return Refuse(context, s);
   }
-  return Answer(context, shard_->Register(*request), response);
+  absl::StatusOr<RegisterResponse> result = shard_->Register(*request);
+  if (result.ok()) result->set_data_port(data_port_.load());
+  return Answer(context, std::move(result), response);
 }
 
 grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* context,
@@ -90,7 +96,7 @@ grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* co
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const WirePush& push = received->push;
   shard_->Push(push, std::move(received), [reactor, response](absl::StatusOr<PushResponse> result) {
-    if (result.ok()) *response = Serialized(*result);
+    if (result.ok()) *response = SerializedMessage(*result);
     reactor->Finish(ToGrpcStatus(result.status()));
   });
   return reactor;

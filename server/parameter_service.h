@@ -10,7 +10,9 @@
 #ifndef RUBATO_SERVER_PARAMETER_SERVICE_H_
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
+#include <atomic>
 #include <utility>
+#include <vector>
 
 #include "common/security.h"
 #include "proto/parameter_server.grpc.pb.h"
@@ -30,11 +32,21 @@ using ParameterServiceBase =
             ParameterServer::WithCallbackMethod_Finish<ParameterServer::WithCallbackMethod_GetStats<
                 ParameterServer::WithCallbackMethod_Rollback<ParameterServer::Service>>>>>>>;
 
+// A small message as one slice.
+grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message);
+// A PullResponse as slices: each tensor's framing, then its weights in place (the slices hold
+// references to the shared weights).
+grpc::ByteBuffer EncodePullResponse(const std::vector<PulledTensor>& tensors);
+
 class ParameterService final : public ParameterServiceBase {
  public:
   // `shard` must outlive the service.
   explicit ParameterService(ParameterShard* shard, ServerSecurity security = ServerSecurity())
       : shard_(shard), security_(std::move(security)) {}
+
+  // The port of the shard's data plane (server/data_plane.h) that Register answers name; 0 (the
+  // default): none.
+  void set_data_port(int port) { data_port_.store(port); }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -60,6 +72,7 @@ class ParameterService final : public ParameterServiceBase {
  private:
   ParameterShard* const shard_;
   const ServerSecurity security_;
+  std::atomic<int> data_port_{0};
 };
 
 }  // namespace rubato

@@ -40,6 +40,7 @@
 #include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/net_diagnose.h"
 #include "common/optimizer.h"
 #include "common/security.h"
 #include "common/security_flags.h"
@@ -48,6 +49,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/checkpoint.h"
 #include "server/checkpoint_writer.h"
+#include "server/data_plane.h"
 #include "server/parameter_service.h"
 #include "server/parameter_shard.h"
 
@@ -87,6 +89,11 @@ ABSL_FLAG(int64_t, push_budget_mb, 32,
 ABSL_FLAG(int64_t, memory_budget_mb, 0,
           "Cap on the memory gRPC may use for connections and calls in flight, in MiB (a "
           "grpc::ResourceQuota). 0: 4 x --max_message_mb + 256.");
+ABSL_FLAG(int32_t, data_port, 0,
+          "The port of this shard's plain-TCP data plane for Push and Pull (server/data_plane.h), "
+          "on the host of --listen; 0 picks a free one, -1 turns it off (workers then use gRPC). "
+          "Workers authenticate on it with their job token; it is off with TLS, which it would "
+          "bypass. Fix it where a firewall must let it through.");
 
 namespace {
 
@@ -148,6 +155,10 @@ int main(int argc, char** argv) {
     if (auto s = rubato::ValidateHostPort(health_listen, "--health_listen"); !s.ok()) {
       return Fail(std::string(s.message()));
     }
+  }
+  const int data_port = absl::GetFlag(FLAGS_data_port);
+  if (data_port < -1 || data_port > 65535) {
+    return Fail(absl::StrCat("--data_port=", data_port, " is not -1 (off), 0 (any) or a port"));
   }
   int64_t memory_budget = absl::GetFlag(FLAGS_memory_budget_mb) << 20;
   if (memory_budget < 0) return Fail("--memory_budget_mb must be >= 0");
@@ -324,6 +335,26 @@ int main(int argc, char** argv) {
                              ": the address is in use or not an address of this host"));
   }
   const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  std::unique_ptr<rubato::DataPlaneServer> data_plane;
+  if (data_port >= 0 && !security->encrypts()) {
+    rubato::DataPlaneOptions data_options;
+    std::string host, ignored;
+    rubato::SplitHostPort(listen, &host, &ignored);
+    data_options.host = host;
+    data_options.port = data_port;
+    data_options.max_message_bytes = rubato::MaxMessageBytes(*spec);
+    auto started = rubato::DataPlaneServer::Start(data_options, shard->get(), *security);
+    if (!started.ok()) {
+      server->Shutdown();
+      return Fail(std::string(started.status().message()));
+    }
+    data_plane = std::move(*started);
+    service.set_data_port(data_plane->port());
+    RUBATO_LOG(INFO) << "Push and Pull data plane (plain TCP, workers authenticated as on gRPC) on "
+                     << (host.empty() ? std::string("*") : host) << ":" << data_plane->port();
+  } else if (data_port >= 0) {
+    RUBATO_LOG(INFO) << "no plain-TCP data plane with TLS: Push and Pull stay on gRPC";
+  }
   std::unique_ptr<grpc::Server> health;
   if (!health_listen.empty()) {
     auto started = rubato::StartHealthServer(health_listen, &health_service);
@@ -397,6 +428,7 @@ int main(int argc, char** argv) {
   }
   const rubato::GetStatsResponse stats = (*shard)->Stats();
   (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
+  data_plane.reset();    // Its connections' threads end once their parked pulls are answered.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (health != nullptr) health->Shutdown(std::chrono::system_clock::now());
   {

@@ -166,6 +166,7 @@ INSTANTIATE_TEST_SUITE_P(
                     {"--mode=allreduce", "--peers=127.0.0.1:1,127.0.0.1:2", "--num_workers=2",
                      "--ring_spin_us=-5"},
                     {"--ring_spin_us", "0..100000", "-5"}},
+        BadFlagCase{"UnknownPsTransport", {"--ps_transport=udp"}, {"--ps_transport=udp", "grpc"}},
         BadFlagCase{"WorkerIdOutOfRange",
                     {"--worker_id=5", "--num_workers=2"},
                     {"--worker_id", "num_workers=2", "got 5"}}),
@@ -231,7 +232,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlagCase{"NegativeWorkers", {"--num_workers=-3"}, {"num_workers", "got -3"}},
         BadFlagCase{"UnknownOptimizer", {"--optimizer=adagrad"}, {"optimizer.type", "adagrad"}},
         BadFlagCase{"BetaOutOfRange", {"--optimizer=lamb", "--beta1=1.5"}, {"optimizer.beta1"}},
-        BadFlagCase{"UnknownScaling", {"--lr_scaling=cubic"}, {"lr_schedule.scaling", "cubic"}}),
+        BadFlagCase{"UnknownScaling", {"--lr_scaling=cubic"}, {"lr_schedule.scaling", "cubic"}},
+        BadFlagCase{"DataPortOutOfRange", {"--data_port=70000"}, {"--data_port=70000", "-1"}}),
     [](const ::testing::TestParamInfo<BadFlagCase>& info) { return info.param.name; });
 
 // --- Running jobs that go wrong -----------------------------------------------------------------

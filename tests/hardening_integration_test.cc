@@ -216,6 +216,8 @@ TEST_F(HardeningTest, StoppedWorkerRejoinsAtItsOwnClockInSspAndAsync) {
 
 // Finding 9: a cut of the link between a worker and its server longer than about 5 s killed the
 // worker. It now rides out a cut shorter than --retry_timeout_ms, and fails naming the shard after.
+// The proxy stands in front of the gRPC port only, so the workers here keep Push and Pull on gRPC
+// (--ps_transport=grpc): the data plane's port would bypass the cut.
 TEST_F(HardeningTest, WorkerRidesOutANetworkCutThenFailsNamingTheShard) {
   TestServerOptions options;
   options.extra_flags = {"--lease_ms=20000"};
@@ -226,7 +228,7 @@ TEST_F(HardeningTest, WorkerRidesOutANetworkCutThenFailsNamingTheShard) {
   ASSERT_TRUE(IsOk(proxy));
   std::vector<std::string> flags = WorkerFlags(150);
   flags.insert(flags.end(), {absl::StrCat("--servers=127.0.0.1:", (*proxy)->port()),
-                             "--min_step_ms=20", "--lease_ms=20000"});
+                             "--min_step_ms=20", "--lease_ms=20000", "--ps_transport=grpc"});
   absl::StatusOr<Subprocess*> worker = cluster_->StartWorker(0, flags);
   ASSERT_TRUE(IsOk(worker));
   ASSERT_TRUE(IsOk(WaitForStdoutLine(*worker, "\"step\":10,", kRunTimeout)));
@@ -248,8 +250,9 @@ TEST_F(HardeningTest, WorkerRidesOutANetworkCutThenFailsNamingTheShard) {
   auto proxy2 = TcpProxy::Start(std::stoi(address2.substr(address2.rfind(':') + 1)));
   ASSERT_TRUE(IsOk(proxy2));
   flags = WorkerFlags(150);
-  flags.insert(flags.end(), {absl::StrCat("--servers=127.0.0.1:", (*proxy2)->port()),
-                             "--min_step_ms=20", "--lease_ms=20000", "--retry_timeout_ms=1500"});
+  flags.insert(flags.end(),
+               {absl::StrCat("--servers=127.0.0.1:", (*proxy2)->port()), "--min_step_ms=20",
+                "--lease_ms=20000", "--retry_timeout_ms=1500", "--ps_transport=grpc"});
   absl::StatusOr<Subprocess*> doomed = (*second)->StartWorker(0, flags);
   ASSERT_TRUE(IsOk(doomed));
   ASSERT_TRUE(IsOk(WaitForStdoutLine(*doomed, "\"step\":10,", kRunTimeout)));

@@ -13,6 +13,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/data_plane_wire.h"
 #include "common/grpc_options.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
@@ -26,6 +27,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "worker/call_plan.h"
+#include "worker/ps_data_channel.h"
 
 namespace rubato {
 
@@ -210,6 +212,7 @@ class GrpcPsClient final : public PsClient {
     }
     for (const CallGroup& g : plan_.groups) group_shards_.push_back(g.shard);
     part_elements_.assign(options_.servers.size(), 0);
+    data_.resize(options_.servers.size());
     for (size_t s = 0; s < options_.servers.size(); ++s) {
       push_gates_.push_back(std::make_unique<CallGate>(PushBytesInFlight(0)));
     }
@@ -392,6 +395,7 @@ class GrpcPsClient final : public PsClient {
       }
     }
     for (int s = 0; s < shards; ++s) {
+      UpdateDataChannel(s, responses[s].data_port());
       part_elements_[s] = responses[s].part_elements();
       push_gates_[s]->SetLimit(PushBytesInFlight(part_elements_[s]));
     }
@@ -420,9 +424,8 @@ class GrpcPsClient final : public PsClient {
     RETURN_IF_ERROR(FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
                            [&](ParameterServer::Stub::async_interface*, int call,
                                grpc::ClientContext* context, Done done) {
-                             generic_[group_shards_[call]]->UnaryCall(
-                                 context, kPullMethod, grpc::StubOptions(), &requests[call],
-                                 &responses[call], std::move(done));
+                             CallRaw(group_shards_[call], DataMethod::kPull, context,
+                                     &requests[call], &responses[call], std::move(done));
                            }));
     bool first = true;
     for (size_t g = 0; g < n; ++g) {
@@ -453,8 +456,8 @@ class GrpcPsClient final : public PsClient {
         call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
         [&](ParameterServer::Stub::async_interface*, int call, grpc::ClientContext* context,
             Done done) {
-          generic_[call_shards[call]]->UnaryCall(context, kPushMethod, grpc::StubOptions(),
-                                                 &requests[call], &raw[call], std::move(done));
+          CallRaw(call_shards[call], DataMethod::kPush, context, &requests[call], &raw[call],
+                  std::move(done));
         },
         &push_gates_, &weights);
     requests.clear();
@@ -521,9 +524,8 @@ class GrpcPsClient final : public PsClient {
           p->push_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
           [this, p](ParameterServer::Stub::async_interface*, int call, grpc::ClientContext* context,
                     Done done) {
-            generic_[p->push_shards[call]]->UnaryCall(context, kPushMethod, grpc::StubOptions(),
-                                                      &p->requests[call], &p->raw[call],
-                                                      std::move(done));
+            CallRaw(p->push_shards[call], DataMethod::kPush, context, &p->requests[call],
+                    &p->raw[call], std::move(done));
           },
           &push_gates_, &p->weights);
       p->requests.clear();
@@ -542,9 +544,8 @@ class GrpcPsClient final : public PsClient {
       p->status = FanOut(p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
                          [&](ParameterServer::Stub::async_interface*, int call,
                              grpc::ClientContext* context, Done done) {
-                           generic_[p->call_shards[call]]->UnaryCall(
-                               context, kPullMethod, grpc::StubOptions(), &pulls[call],
-                               &pulled[call], std::move(done));
+                           CallRaw(p->call_shards[call], DataMethod::kPull, context, &pulls[call],
+                                   &pulled[call], std::move(done));
                          });
       bool first = true;
       for (size_t c = 0; c < calls && p->status.ok(); ++c) {
@@ -625,6 +626,63 @@ class GrpcPsClient final : public PsClient {
     PushTiming timing;
     int64_t min_version = -1;  // of the tensors pulled after the push, if any
   };
+
+  // Push or Pull to `shard`: over its data plane while it offers one that works, else over gRPC.
+  void CallRaw(int shard, DataMethod method, grpc::ClientContext* context,
+               const grpc::ByteBuffer* request, grpc::ByteBuffer* response, Done done) {
+    std::shared_ptr<PsDataChannel> data;
+    {
+      absl::MutexLock lock(&data_mu_);
+      data = data_[shard];
+    }
+    if (data != nullptr && !data->broken()) {
+      data->Call(static_cast<int>(method), request, absl::FromChrono(context->deadline()), response,
+                 [this, shard, d = data.get(), done = std::move(done)](grpc::Status status) {
+                   if (d->broken()) DropDataChannel(shard, d, status);
+                   done(std::move(status));
+                 });
+      return;
+    }
+    generic_[shard]->UnaryCall(context, method == DataMethod::kPush ? kPushMethod : kPullMethod,
+                               grpc::StubOptions(), request, response, std::move(done));
+  }
+
+  // A shard's Register answer offered `port` for its data plane (0: none).
+  void UpdateDataChannel(int shard, int port) {
+    absl::MutexLock lock(&data_mu_);
+    if (!options_.use_data_plane || options_.security.encrypts() || port <= 0 || port > 65535) {
+      Retire(shard);
+      return;
+    }
+    if (data_[shard] != nullptr && data_[shard]->port() == port && !data_[shard]->broken()) return;
+    std::string host, ignored;
+    if (!SplitHostPort(options_.servers[shard], &host, &ignored)) return;
+    PsDataChannel::Options o;
+    o.host = host;
+    o.port = port;
+    o.worker_id = options_.worker_id;
+    o.token = options_.security.token();
+    o.description = absl::StrCat("shard ", shard, " at ", options_.servers[shard]);
+    o.max_message_bytes = options_.max_message_bytes;
+    Retire(shard);
+    data_[shard] = std::make_shared<PsDataChannel>(std::move(o));
+  }
+
+  // Stops using shard's data channel. It is destroyed with the client, not here: a call's
+  // callback, which runs on the channel's own thread, may be what drops it.
+  void Retire(int shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(data_mu_) {
+    if (data_[shard] != nullptr) retired_.push_back(std::move(data_[shard]));
+    data_[shard] = nullptr;
+  }
+
+  // The data channel to `shard` could not connect: its calls go over gRPC from now on.
+  void DropDataChannel(int shard, const PsDataChannel* data, const grpc::Status& why) {
+    absl::MutexLock lock(&data_mu_);
+    if (data_[shard].get() != data) return;
+    RUBATO_LOG(WARNING) << why.error_message() << "; Push and Pull to shard " << shard
+                        << " go over gRPC from now on";
+    Retire(shard);
+  }
 
   // A PullRequest for `tensors` (model indices) at `step`.
   grpc::ByteBuffer PullRequestFor(int64_t step, const std::vector<int>& tensors) const {
@@ -890,6 +948,10 @@ class GrpcPsClient final : public PsClient {
   std::vector<int> group_shards_;  // Shard of each entry of plan_.groups.
   // Each shard's bsp part size from its last Register answer (0: whole tensors).
   std::vector<int64_t> part_elements_;
+  // Each shard's data channel, while it offers one that works (null: gRPC).
+  absl::Mutex data_mu_;
+  std::vector<std::shared_ptr<PsDataChannel>> data_ ABSL_GUARDED_BY(data_mu_);
+  std::vector<std::shared_ptr<PsDataChannel>> retired_ ABSL_GUARDED_BY(data_mu_);
   // One gate per shard for the calls that carry gradients, shared by Push and every StartPush.
   std::vector<std::unique_ptr<CallGate>> push_gates_;
   // Pushes started and not yet waited for, by ticket. Used by the training thread only.

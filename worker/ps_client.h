@@ -158,6 +158,9 @@ struct PsClientOptions {
   // The job's message limit (ClusterSpec.max_message_bytes): a tensor, or a shard's initial
   // values, that cannot fit is refused at creation.
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Push and Pull over a shard's plain-TCP data plane (server/data_plane.h) where its Register
+  // answer offers one and this client has no TLS; false: over gRPC only (--ps_transport=grpc).
+  bool use_data_plane = true;
 };
 
 // InvalidArgument for an empty server list, a bad tensor shape, or a tensor (or a shard's initial

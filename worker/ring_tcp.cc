@@ -24,6 +24,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/net_diagnose.h"
+#include "common/socket_io.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -45,85 +46,11 @@ constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
 // Received blocks are read in pieces of this size and combined from there (it stays in cache).
 constexpr size_t kPieceBytes = 256 * 1024;
 
-int PollMillis(absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(
-      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 60 * 60 * 1000));
-}
-
 void Store64(char* at, int64_t v) { std::memcpy(at, &v, 8); }
 int64_t Load64(const char* at) {
   int64_t v;
   std::memcpy(&v, at, 8);
   return v;
-}
-
-std::string PeerName(const sockaddr_storage& addr) {
-  char host[NI_MAXHOST], port[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), sizeof(addr), host, sizeof(host), port,
-                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-    return "an unknown address";
-  }
-  return addr.ss_family == AF_INET6 ? absl::StrCat("[", host, "]:", port)
-                                    : absl::StrCat(host, ":", port);
-}
-
-// Polls `fd` without sleeping until it is readable (true) or `until` (false), giving the core to
-// any other runnable thread between tries.
-bool SpinUntilReadable(int fd, absl::Time until) {
-  do {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 0) return true;  // Readable, closed, or an error for recv to report.
-    ::sched_yield();
-  } while (absl::Now() < until);
-  return false;
-}
-
-// How ReadWithin ended.
-enum class ReadEnd { kDone, kClosed, kError, kTimedOut };
-
-// Reads exactly `size` bytes from `fd` by `deadline`, waiting in poll(); with kError, `why` is the
-// system's reason.
-// With `spin` > 0, each wait for bytes first polls without sleeping for up to `spin`, yielding the
-// core between tries, and only then sleeps in poll (see TcpRingLink::SetReceiveSpin).
-ReadEnd ReadWithin(int fd, char* data, size_t size, absl::Time deadline, std::string* why,
-                   absl::Duration spin = absl::ZeroDuration()) {
-  while (size > 0) {
-    const ssize_t n = ::recv(fd, data, size, MSG_DONTWAIT);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return ReadEnd::kClosed;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *why = std::strerror(errno);
-      return ReadEnd::kError;
-    }
-    if (spin > absl::ZeroDuration() &&
-        SpinUntilReadable(fd, std::min(absl::Now() + spin, deadline))) {
-      continue;
-    }
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, PollMillis(deadline)) == 0 && absl::Now() >= deadline) {
-      return ReadEnd::kTimedOut;
-    }
-  }
-  return ReadEnd::kDone;
-}
-
-// No Nagle delay, and socket buffers of 4 MiB each way (the kernel caps them at its
-// net.core.{w,r}mem_max): a whole segment (256 KiB to 1 MiB) then fits the send buffer, so sendmsg
-// takes it at once from the calling thread instead of leaving the rest to the sender thread (1 MB
-// on 2 ranks: 1.87 -> 2.55 GB/s, median of 8 interleaved runs; 16 MB unchanged).
-void SetSocketOptions(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int bytes = 4 << 20;
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
 }  // namespace
@@ -136,45 +63,12 @@ absl::StatusOr<std::unique_ptr<TcpRingListener>> TcpRingListener::Create(const s
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("ring data port ", port, " is not 0..65535"));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* list = nullptr;
-  const std::string port_text = absl::StrCat(port);
-  if (const int rc =
-          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &list);
-      rc != 0) {
+  absl::StatusOr<Listening> listening = ListenTcp(host, port, 16);
+  if (!listening.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen for ring data on ", where, ": ", gai_strerror(rc)));
+        absl::StrCat("cannot listen for ring data on ", where, ": ", listening.status().message()));
   }
-  std::string error = "no address";
-  int fd = -1;
-  for (const addrinfo* ai = list; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
-      error = std::strerror(errno);
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(list);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen for ring data on ", where, ": ", error));
-  }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int actual =
-      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
-                                        : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  const int fd = listening->fd, actual = listening->port;
   return std::unique_ptr<TcpRingListener>(new TcpRingListener(fd, actual, from_rank));
 }
 
@@ -236,17 +130,14 @@ absl::StatusOr<int> TcpRingListener::Accept(absl::Time deadline) {
     absl::Status ok =
         end == ReadEnd::kDone
             ? CheckHello(hello)
-            : absl::InvalidArgumentError(absl::StrCat(
-                  "no hello: ", end == ReadEnd::kClosed     ? "it closed the connection"
-                                : end == ReadEnd::kTimedOut ? "it sent too little in time"
-                                                            : why));
+            : absl::InvalidArgumentError(absl::StrCat("no hello: ", DescribeReadEnd(end, why)));
     if (!ok.ok()) {
       RUBATO_LOG(WARNING) << "refused a ring data connection from " << PeerName(addr) << ": "
                           << ok.message();
       ::close(fd);
       continue;
     }
-    SetSocketOptions(fd);
+    SetDataSocketOptions(fd);
     ::close(listen_fd_);
     listen_fd_ = -1;
     return fd;
@@ -396,51 +287,16 @@ absl::StatusOr<int> TcpRingLink::OpenConnection() {
   }
   const std::string data_address = absl::StrCat(
       host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", reply.port());
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* list = nullptr;
-  const std::string port_text = absl::StrCat(reply.port());
-  if (const int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("all-reduce: cannot resolve '", host,
-                                               "' for the data connection: ", gai_strerror(rc)));
-  }
-  int fd = -1;
-  std::string error = "no address";
-  for (const addrinfo* ai = list; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    int err = 0;
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      err = errno;
-      if (err == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        if (::poll(&p, 1, PollMillis(absl::Now() + kConnectTimeout)) == 0) {
-          err = ETIMEDOUT;
-        } else {
-          socklen_t len = sizeof(err);
-          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        }
-      }
-    }
-    if (err != 0) {
-      error = std::strerror(err);
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(list);
-  if (fd < 0) {
+  absl::StatusOr<int> connected = ConnectTcp(host, reply.port(), kConnectTimeout);
+  if (!connected.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "all-reduce: cannot open the data connection to rank ", next_rank_, " at ", data_address,
-        ": ", error,
+        ": ", connected.status().message(),
         " (its gRPC port answers, so a firewall may let that port through but not "
         "this one: set --ring_data_port on that rank and open it, or use --ring_transport=grpc)"));
   }
-  SetSocketOptions(fd);
+  const int fd = *connected;
+  SetDataSocketOptions(fd);
   // Blocking from here on: only this thread writes, and the destructor's shutdown() wakes it.
   ::fcntl(fd, F_SETFL, 0);
   char hello[kRingHelloBytes] = {};

@@ -100,6 +100,11 @@ ABSL_FLAG(std::string, sharpness_epsilon, "1e-3,5e-4",
 ABSL_FLAG(int, sharpness_steps, 10, "--sharpness: projected gradient-ascent steps.");
 ABSL_FLAG(int64_t, sharpness_examples, 10000,
           "--sharpness: training examples the loss is taken over (the first ones).");
+ABSL_FLAG(std::string, ps_transport, "auto",
+          "How Push and Pull travel to the parameter servers. auto: over a shard's plain-TCP data "
+          "plane where it offers one (not with TLS), falling back to gRPC where its port cannot be "
+          "reached; grpc: always over gRPC (for example behind a proxy in front of the gRPC "
+          "port, which the data connection would bypass).");
 ABSL_FLAG(std::string, ring_transport, "auto",
           "allreduce: how blocks travel between ranks. tcp: a plain TCP data connection set up "
           "through the authenticated gRPC service (fast; not encrypted); grpc: on a gRPC stream "
@@ -362,6 +367,9 @@ int main(int argc, char** argv) {
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   rubato::SkipMutexDeadlockDetection();
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
+  if (const std::string t = absl::GetFlag(FLAGS_ps_transport); t != "auto" && t != "grpc") {
+    return Fail(kExitUsage, absl::StrCat("--ps_transport=", t, " is not auto or grpc"));
+  }
   if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {
     return EvalModel(path);
   }
@@ -523,6 +531,7 @@ int main(int argc, char** argv) {
       absl::Milliseconds(std::clamp<int64_t>(cluster->lease_ms() / 4, 100, 5000));
   client_options.security = *client_security;
   client_options.max_message_bytes = rubato::MaxMessageBytes(*cluster);
+  client_options.use_data_plane = absl::GetFlag(FLAGS_ps_transport) != "grpc";
   absl::StatusOr<std::unique_ptr<rubato::PsClient>> client;
   if (cluster->consistency().mode() == rubato::ALLREDUCE) {
     // No servers: a ring all-reduce among the workers; wait_timeout_ms bounds each all-reduce.

@@ -1,0 +1,20 @@
+// The constants of the parameter servers' plain-TCP data plane, shared by the shard's side
+// (server/data_plane.h, which documents the format) and the worker's (worker/ps_data_channel.h).
+#ifndef RUBATO_COMMON_DATA_PLANE_WIRE_H_
+#define RUBATO_COMMON_DATA_PLANE_WIRE_H_
+
+#include <cstdint>
+
+namespace rubato {
+
+inline constexpr char kDataHelloMagic[8] = {'R', 'B', 'P', 'S', 'D', 'A', 'T', '1'};
+inline constexpr int kDataMaxTokenBytes = 1024;
+inline constexpr int kDataMaxTextBytes = 1024;
+inline constexpr int kDataRequestHeaderBytes = 24;
+inline constexpr int kDataResponseHeaderBytes = 16;
+enum class DataMethod : int32_t { kPush = 1, kPull = 2 };
+inline constexpr int kMaxConnectionsPerWorker = 16;
+
+}  // namespace rubato
+
+#endif  // RUBATO_COMMON_DATA_PLANE_WIRE_H_

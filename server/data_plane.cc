@@ -1,0 +1,357 @@
+#include "server/data_plane.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/socket_io.h"
+#include "common/status_macros.h"
+#include "common/tensor_wire.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "server/parameter_service.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the data plane's wire format is the host's little-endian layout");
+
+namespace rubato {
+namespace {
+
+constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
+constexpr absl::Duration kBodyTimeout = absl::Seconds(60);
+constexpr absl::Duration kWriteTimeout = absl::Seconds(60);
+// The longest timeout a request may ask for (the shard caps its waits further).
+constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
+
+template <typename T>
+T Load(const char* at) {
+  T v;
+  std::memcpy(&v, at, sizeof(T));
+  return v;
+}
+template <typename T>
+void Store(char* at, T v) {
+  std::memcpy(at, &v, sizeof(T));
+}
+
+// What the shard answered: filled by its callback, on whichever thread, and waited for by the
+// connection's thread. Shared, so that a callback after the connection gave up still finds it.
+struct Answer {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  grpc::ByteBuffer body ABSL_GUARDED_BY(mu);
+
+  void Set(absl::Status s, grpc::ByteBuffer b) {
+    absl::MutexLock lock(&mu);
+    status = std::move(s);
+    body = std::move(b);
+    done = true;
+  }
+};
+
+// A received request body, owned for as long as the shard holds views into it.
+struct Body {
+  std::unique_ptr<char[]> bytes;
+  size_t size = 0;
+  WirePush push;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
+    const DataPlaneOptions& options, ParameterShard* shard, ServerSecurity security) {
+  const std::string host = options.host == "0.0.0.0" ? "" : options.host;
+  absl::StatusOr<Listening> listening = ListenTcp(host, options.port, 128);
+  if (!listening.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for Push and Pull data on ",
+                                               options.host, ":", options.port, ": ",
+                                               listening.status().message()));
+  }
+  return std::unique_ptr<DataPlaneServer>(
+      new DataPlaneServer(options, shard, std::move(security), listening->fd, listening->port));
+}
+
+DataPlaneServer::DataPlaneServer(const DataPlaneOptions& options, ParameterShard* shard,
+                                 ServerSecurity security, int listen_fd, int port)
+    : options_(options),
+      shard_(shard),
+      security_(std::move(security)),
+      listen_fd_(listen_fd),
+      port_(port) {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+DataPlaneServer::~DataPlaneServer() {
+  stopping_.store(true);
+  acceptor_.join();
+  ::close(listen_fd_);
+  std::list<std::unique_ptr<Connection>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& c : connections_) ::shutdown(c->fd, SHUT_RDWR);  // Wakes its reads and writes.
+    all = std::move(connections_);
+  }
+  for (auto& c : all) {
+    c->thread.join();
+    ::close(c->fd);
+  }
+}
+
+int DataPlaneServer::connections() const {
+  absl::MutexLock lock(&mu_);
+  int open = 0;
+  for (const auto& c : connections_) open += c->ended.load() ? 0 : 1;
+  return open;
+}
+
+void DataPlaneServer::Reap() {
+  std::list<std::unique_ptr<Connection>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if ((*it)->ended.load()) {
+        ended.push_back(std::move(*it));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : ended) {
+    c->thread.join();
+    ::close(c->fd);
+  }
+}
+
+void DataPlaneServer::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) {
+      Reap();
+      continue;
+    }
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;  // EAGAIN, EINTR, ECONNABORTED: wait on.
+    Reap();
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+      RUBATO_LOG(WARNING) << "refused a data connection from " << PeerName(addr) << ": "
+                          << options_.max_connections << " are open already";
+      ::close(fd);
+      continue;
+    }
+    SetDataSocketOptions(fd);
+    auto connection = std::make_unique<Connection>();
+    connection->fd = fd;
+    connection->peer = PeerName(addr);
+    Connection* raw = connection.get();
+    connections_.push_back(std::move(connection));
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+  }
+}
+
+absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
+  char hello[16];
+  std::string why;
+  const absl::Time deadline = absl::Now() + kHelloTimeout;
+  ReadEnd end = ReadWithin(c->fd, hello, sizeof(hello), deadline, &why);
+  if (end != ReadEnd::kDone) {
+    return absl::InvalidArgumentError(absl::StrCat("no hello: ", DescribeReadEnd(end, why)));
+  }
+  if (std::memcmp(hello, kDataHelloMagic, sizeof(kDataHelloMagic)) != 0) {
+    return absl::InvalidArgumentError("it is not a Rubato data connection");
+  }
+  const int32_t worker = Load<int32_t>(hello + 8);
+  const int32_t token_bytes = Load<int32_t>(hello + 12);
+  if (token_bytes < 0 || token_bytes > kDataMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a hello with a token of ", token_bytes,
+                                                   " bytes (at most ", kDataMaxTokenBytes, ")"));
+  }
+  if (worker < 0 || worker >= kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("a hello from worker ", worker));
+  }
+  std::string token(static_cast<size_t>(token_bytes), '\0');
+  end = ReadWithin(c->fd, token.data(), token.size(), deadline, &why);
+  if (end != ReadEnd::kDone) {
+    return absl::InvalidArgumentError(absl::StrCat("no token: ", DescribeReadEnd(end, why)));
+  }
+  RETURN_IF_ERROR(security_.CheckToken(token, worker));
+  absl::MutexLock lock(&mu_);
+  int& open = per_worker_[worker];
+  if (open >= kMaxConnectionsPerWorker) {
+    return absl::ResourceExhaustedError(absl::StrCat("worker ", worker, " has ", open,
+                                                     " data connections open already (at most ",
+                                                     kMaxConnectionsPerWorker, ")"));
+  }
+  ++open;
+  return worker;
+}
+
+namespace {
+
+// Writes a status code and a body (the answer's slices, or an error's text) as one response.
+std::string WriteResponse(int fd, const absl::Status& status, const grpc::ByteBuffer* body) {
+  std::vector<grpc::Slice> slices;
+  std::string text;
+  if (status.ok()) {
+    if (body != nullptr && body->Valid() && !body->Dump(&slices).ok()) slices.clear();
+  } else {
+    text = std::string(status.message().substr(0, kDataMaxTextBytes));
+  }
+  int64_t bytes = static_cast<int64_t>(text.size());
+  for (const grpc::Slice& s : slices) bytes += static_cast<int64_t>(s.size());
+  char header[kDataResponseHeaderBytes] = {};
+  Store<int32_t>(header, static_cast<int32_t>(status.code()));
+  Store<int64_t>(header + 8, bytes);
+  std::vector<iovec> iov;
+  iov.reserve(2 + slices.size());
+  iov.push_back({header, sizeof(header)});
+  if (!text.empty()) iov.push_back({text.data(), text.size()});
+  for (const grpc::Slice& s : slices) {
+    iov.push_back({const_cast<uint8_t*>(s.begin()), s.size()});
+  }
+  return WriteWithin(fd, iov.data(), static_cast<int>(iov.size()), absl::Now() + kWriteTimeout);
+}
+
+}  // namespace
+
+void DataPlaneServer::Serve(Connection* c) {
+  absl::StatusOr<int> worker = Hello(c);
+  {
+    char answer[16] = {};
+    const std::string text =
+        worker.ok() ? "" : std::string(worker.status().message().substr(0, kDataMaxTextBytes));
+    Store<int32_t>(answer, static_cast<int32_t>(worker.status().code()));
+    Store<int32_t>(answer + 4, static_cast<int32_t>(text.size()));
+    iovec iov[2] = {{answer, sizeof(answer)}, {const_cast<char*>(text.data()), text.size()}};
+    const std::string failed = WriteWithin(c->fd, iov, 2, absl::Now() + kHelloTimeout);
+    if (!worker.ok() || !failed.empty()) {
+      if (!worker.ok()) {
+        RUBATO_LOG(WARNING) << "refused a data connection from " << c->peer << ": "
+                            << worker.status().message();
+      }
+      if (worker.ok()) {
+        absl::MutexLock lock(&mu_);
+        --per_worker_[*worker];
+      }
+      c->ended.store(true);
+      return;
+    }
+  }
+  c->worker = *worker;
+  const std::string who = absl::StrCat("worker ", *worker, "'s data connection from ", c->peer);
+  for (;;) {
+    char header[kDataRequestHeaderBytes];
+    std::string why;
+    const ReadEnd end =
+        ReadWithin(c->fd, header, sizeof(header), absl::Now() + options_.idle_timeout, &why,
+                   options_.receive_spin);
+    if (end != ReadEnd::kDone) break;  // Closed by the worker, idle too long, or stopping.
+    const int32_t method = Load<int32_t>(header);
+    const int64_t timeout_ms = Load<int64_t>(header + 8);
+    const int64_t bytes = Load<int64_t>(header + 16);
+    absl::Status bad;
+    if (method != static_cast<int32_t>(DataMethod::kPush) &&
+        method != static_cast<int32_t>(DataMethod::kPull)) {
+      bad = absl::InvalidArgumentError(absl::StrCat("unknown data method ", method));
+    } else if (timeout_ms < 0) {
+      bad = absl::InvalidArgumentError(absl::StrCat("a negative timeout, ", timeout_ms, " ms"));
+    } else if (bytes < 0 || bytes > options_.max_message_bytes) {
+      bad = absl::ResourceExhaustedError(absl::StrCat("a ", bytes,
+                                                      "-byte request; this job's limit is ",
+                                                      options_.max_message_bytes, " bytes"));
+    }
+    if (!bad.ok()) {
+      RUBATO_LOG(WARNING) << who << ": " << bad.message() << "; closing it";
+      WriteResponse(c->fd, bad, nullptr);
+      break;
+    }
+    auto body = std::make_shared<Body>();
+    body->size = static_cast<size_t>(bytes);
+    body->bytes.reset(new char[body->size > 0 ? body->size : 1]);
+    if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why) !=
+        ReadEnd::kDone) {
+      break;
+    }
+    const absl::Time deadline =
+        absl::Now() + absl::Milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
+    auto answer = std::make_shared<Answer>();
+    const absl::string_view whole(body->bytes.get(), body->size);
+    if (method == static_cast<int32_t>(DataMethod::kPush)) {
+      absl::Status s = ParsePushRequest(ByteChunks(whole), kMaxTensors, &body->push);
+      if (s.ok() && body->push.worker_id != *worker) {
+        s = absl::PermissionDeniedError(absl::StrCat("a push for worker ", body->push.worker_id,
+                                                     " on ", who,
+                                                     "; a worker can act only as itself"));
+      }
+      if (!s.ok()) {
+        answer->Set(s, grpc::ByteBuffer());
+      } else {
+        const WirePush& push = body->push;
+        shard_->Push(push, std::move(body), [answer](absl::StatusOr<PushResponse> result) {
+          if (result.ok()) {
+            answer->Set(absl::OkStatus(), SerializedMessage(*result));
+          } else {
+            answer->Set(result.status(), grpc::ByteBuffer());
+          }
+        });
+      }
+    } else {
+      PullRequest pull;
+      if (!pull.ParseFromArray(whole.data(), static_cast<int>(whole.size()))) {
+        answer->Set(absl::InvalidArgumentError("malformed PullRequest"), grpc::ByteBuffer());
+      } else if (pull.worker_id() != *worker) {
+        answer->Set(
+            absl::PermissionDeniedError(absl::StrCat("a pull for worker ", pull.worker_id(), " on ",
+                                                     who, "; a worker can act only as itself")),
+            grpc::ByteBuffer());
+      } else {
+        shard_->Pull(pull, deadline,
+                     ParameterShard::SharedPullDone(
+                         [answer](absl::Status status, std::vector<PulledTensor> tensors) {
+                           grpc::ByteBuffer b;
+                           if (status.ok()) b = EncodePullResponse(tensors);
+                           answer->Set(std::move(status), std::move(b));
+                         }));
+      }
+    }
+    // The shard answers every call (a parked pull by its deadline, capped by the job's wait
+    // timeout); this wait only gives up when the server stops.
+    absl::Status status;
+    grpc::ByteBuffer response;
+    {
+      absl::MutexLock lock(&answer->mu);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) {
+        return answer->done || stopping_.load();
+      };
+      while (!answer->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200))) {
+      }
+      if (!answer->done) break;
+      status = answer->status;
+      response = std::move(answer->body);
+    }
+    if (const std::string failed = WriteResponse(c->fd, status, &response); !failed.empty()) {
+      RUBATO_LOG(WARNING) << who << ": cannot send its answer: " << failed << "; closing it";
+      break;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    --per_worker_[*worker];
+  }
+  c->ended.store(true);
+}
+
+}  // namespace rubato

@@ -1,0 +1,118 @@
+// DataPlaneServer: a shard's Push and Pull over plain TCP, beside its gRPC service.
+//
+// Why: on loopback a 1 MB push+pull through gRPC 1.51's callback API costs about 11 context
+// switches, spread over gRPC's two poller threads and the caller's (the 1 MB, 3-worker case ran
+// at 0.56x ps-lite, both pollers ~62% busy and a quarter of the machine idle). The ring all-reduce
+// left gRPC for the same reason (worker/ring_tcp.h). Here one thread per connection reads a
+// request, hands it to the shard (the same ParameterShard calls, the same zero-copy parse and
+// shared-snapshot answer as server/parameter_service.h), and writes the answer with one sendmsg.
+//
+// Who may connect: a connection's first bytes are a hello with the worker id and the worker's
+// job token (common/auth.h), checked exactly as the gRPC metadata is (ServerSecurity::CheckToken);
+// every request on it must then be that worker's. The bytes are not encrypted, so a server with
+// TLS runs no data plane (server_main.cc): its workers stay on gRPC. A worker learns the port from
+// RegisterResponse.data_port and dials it on the host of the shard's gRPC address; where that
+// fails (a firewall, a proxy in front of the gRPC port) it uses gRPC (worker/ps_data_channel.h).
+//
+// Wire format (little-endian, as the floats):
+//   hello     "RBPSDAT1", worker id (int32), token bytes n (int32, at most 1024), the token;
+//   answer    status code (int32, 0 = OK, else absl's code), text bytes (int32, at most 1024),
+//             0 (int64), the text (why it was refused); after a refusal the server closes;
+//   request   method (int32: 1 Push, 2 Pull), 0 (int32), timeout in ms (int64, >= 0),
+//             body bytes (int64, at most the job's message limit), then the body: a PushRequest
+//             or PullRequest in protobuf's wire format (proto/parameter_server.proto);
+//   response  status code (int32), 0 (int32), body bytes (int64), then the body: the
+//             PushResponse or PullResponse when the code is 0, else the error's text.
+// One request at a time per connection, answered in order; a client opens more connections for
+// calls in flight together (at most kMaxConnectionsPerWorker each).
+//
+// Limits, so that no client can hang the server or grow its memory without bound: a hello must
+// arrive within 5 s; a request header may wait up to 10 minutes (then the idle connection is
+// closed), its body must arrive within 60 s of its header, and an answer must be taken within
+// 60 s. At most max_connections connections at once, at most kMaxConnectionsPerWorker per worker;
+// a body larger than the message limit, an unknown method, or a negative timeout closes the
+// connection after an answer naming the problem. A malformed message is answered with
+// INVALID_ARGUMENT and the connection goes on, as over gRPC.
+#ifndef RUBATO_SERVER_DATA_PLANE_H_
+#define RUBATO_SERVER_DATA_PLANE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/data_plane_wire.h"
+#include "common/security.h"
+#include "server/parameter_shard.h"
+
+namespace rubato {
+
+struct DataPlaneOptions {
+  std::string host;               // The address to listen on ("" or "0.0.0.0": every address).
+  int port = 0;                   // 0: any free port.
+  int64_t max_message_bytes = 0;  // The job's message limit: a larger body is refused.
+  int max_connections = 512;
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // How long a connection waiting for its next request polls before it sleeps (see
+  // common/socket_io.h, ReadWithin).
+  absl::Duration receive_spin = absl::Microseconds(100);
+};
+
+class DataPlaneServer {
+ public:
+  // Listens and starts accepting. `shard` must outlive the server. UNAVAILABLE naming the address
+  // if it cannot listen.
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(const DataPlaneOptions& options,
+                                                                ParameterShard* shard,
+                                                                ServerSecurity security);
+  // Stops accepting, closes every connection and waits for their threads. Call after the shard's
+  // Shutdown, which answers the parked pulls those threads may wait for.
+  ~DataPlaneServer();
+
+  DataPlaneServer(const DataPlaneServer&) = delete;
+  DataPlaneServer& operator=(const DataPlaneServer&) = delete;
+
+  int port() const { return port_; }
+  // Connections open now (tests).
+  int connections() const;
+
+ private:
+  struct Connection {
+    int fd = -1;
+    std::string peer;
+    int worker = -1;  // Set once its hello is accepted.
+    std::thread thread;
+    std::atomic<bool> ended{false};
+  };
+
+  DataPlaneServer(const DataPlaneOptions& options, ParameterShard* shard, ServerSecurity security,
+                  int listen_fd, int port);
+  void AcceptLoop();
+  void Serve(Connection* connection);
+  // Reads and checks the hello; the worker id, or the refusal sent back.
+  absl::StatusOr<int> Hello(Connection* connection);
+  // Removes the connections whose threads have ended (joins them).
+  void Reap() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const DataPlaneOptions options_;
+  ParameterShard* const shard_;
+  const ServerSecurity security_;
+  const int listen_fd_;
+  const int port_;
+  std::atomic<bool> stopping_{false};
+  mutable absl::Mutex mu_;
+  std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, int> per_worker_ ABSL_GUARDED_BY(mu_);
+  std::thread acceptor_;
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_SERVER_DATA_PLANE_H_

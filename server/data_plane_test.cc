@@ -1,0 +1,306 @@
+// The Push and Pull data plane (server/data_plane.h) against a real shard, its gRPC service and a
+// PsClient: the client uses it when offered and gets the same answers as over gRPC; a client
+// without the job's token, a worker acting as another, an oversized or unknown request and a
+// garbage hello are refused with errors that name the problem, and leave the shard serving; a
+// data port that cannot be reached, or that goes away mid-job, sends the calls over gRPC.
+#include "server/data_plane.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_options.h"
+#include "common/socket_io.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "server/parameter_service.h"
+#include "worker/ps_client.h"
+
+namespace rubato {
+namespace {
+
+constexpr int kElements = 3000;
+
+std::string WriteSecret() {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/data_plane_secret_", ::getpid());
+  std::ofstream(path) << "a job secret of more than sixteen bytes\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+class DataPlaneTest : public ::testing::Test {
+ protected:
+  // One shard of an async job of `workers` workers, SGD at rate 1, with or without a job secret.
+  void Start(int workers, bool authenticate) {
+    ShardOptions o;
+    o.cluster.set_num_workers(workers);
+    o.cluster.mutable_consistency()->set_mode(ASYNC);
+    o.cluster.mutable_optimizer()->set_type("sgd");
+    o.cluster.mutable_optimizer()->set_learning_rate(1.0);
+    o.cluster.set_lease_ms(10000);
+    o.cluster.set_wait_timeout_ms(10000);
+    auto shard = ParameterShard::Create(o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    shard_ = std::move(*shard);
+    if (authenticate) config_.auth_secret_file = WriteSecret();
+    auto security = ServerSecurity::Create(config_);
+    ASSERT_TRUE(security.ok()) << security.status();
+    service_ = std::make_unique<ParameterService>(shard_.get(), *security);
+    grpc::ServerBuilder builder;
+    ConfigureServerBuilder(&builder);
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = absl::StrCat("127.0.0.1:", port);
+    DataPlaneOptions d;
+    d.host = "127.0.0.1";
+    d.max_message_bytes = kDefaultMaxMessageBytes;
+    auto data = DataPlaneServer::Start(d, shard_.get(), *security);
+    ASSERT_TRUE(data.ok()) << data.status();
+    data_ = std::move(*data);
+    service_->set_data_port(data_->port());
+  }
+
+  void TearDown() override {
+    if (shard_) shard_->Shutdown();
+    data_.reset();
+    if (server_) server_->Shutdown();
+  }
+
+  std::unique_ptr<PsClient> Client(int worker, bool use_data_plane = true) {
+    PsClientOptions options;
+    options.servers = {address_};
+    options.worker_id = worker;
+    options.num_workers = workers_;
+    options.consistency.set_mode(ASYNC);
+    options.use_data_plane = use_data_plane;
+    options.retry_timeout = absl::Seconds(10);
+    TensorSpec t;
+    t.set_name("w");
+    t.add_shape(kElements);
+    options.model = {t};
+    auto security = ClientSecurity::Create(config_, worker);
+    EXPECT_TRUE(security.ok()) << security.status();
+    options.security = *security;
+    auto client = CreateGrpcPsClient(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(*client);
+  }
+
+  // A raw connection to the data port, after `hello` (as the server expects: magic, worker,
+  // token bytes, token).
+  int Connect() {
+    absl::StatusOr<int> fd = ConnectTcp("127.0.0.1", data_->port(), absl::Seconds(2));
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    return *fd;
+  }
+  static std::string Hello(int worker, const std::string& token) {
+    std::string h(kDataHelloMagic, sizeof(kDataHelloMagic));
+    const int32_t w = worker, n = static_cast<int32_t>(token.size());
+    h.append(reinterpret_cast<const char*>(&w), 4);
+    h.append(reinterpret_cast<const char*>(&n), 4);
+    return h + token;
+  }
+  static void Send(int fd, const std::string& bytes) {
+    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+    ASSERT_EQ(WriteWithin(fd, &iov, 1, absl::Now() + absl::Seconds(5)), "");
+  }
+  // Reads a 16-byte header (code, then a length at byte 4 for a hello answer or byte 8 for a
+  // response) and its text.
+  static std::pair<int32_t, std::string> Answer(int fd, bool hello) {
+    char header[16];
+    std::string why;
+    if (ReadWithin(fd, header, 16, absl::Now() + absl::Seconds(5), &why) != ReadEnd::kDone) {
+      return {-1, "no answer"};
+    }
+    int32_t code;
+    std::memcpy(&code, header, 4);
+    int64_t n = 0;
+    if (hello) {
+      int32_t n32;
+      std::memcpy(&n32, header + 4, 4);
+      n = n32;
+    } else {
+      std::memcpy(&n, header + 8, 8);
+    }
+    std::string text(static_cast<size_t>(n), '\0');
+    ReadWithin(fd, text.data(), text.size(), absl::Now() + absl::Seconds(5), &why);
+    return {code, text};
+  }
+  // True once the server has closed `fd` (a reset when it left bytes unread).
+  static bool Closed(int fd) {
+    char c;
+    std::string why;
+    const ReadEnd end = ReadWithin(fd, &c, 1, absl::Now() + absl::Seconds(5), &why);
+    return end == ReadEnd::kClosed || end == ReadEnd::kError;
+  }
+  static std::string Request(int32_t method, int64_t timeout_ms, const std::string& body,
+                             int64_t claimed_bytes = -1) {
+    char header[kDataRequestHeaderBytes] = {};
+    const int64_t bytes = claimed_bytes >= 0 ? claimed_bytes : static_cast<int64_t>(body.size());
+    std::memcpy(header, &method, 4);
+    std::memcpy(header + 8, &timeout_ms, 8);
+    std::memcpy(header + 16, &bytes, 8);
+    return std::string(header, sizeof(header)) + body;
+  }
+
+  // Registers a client, pushes gradient g = 0.25 everywhere twice and pulls: w = 1 - 2 x 0.25.
+  void TrainTwoSteps(PsClient* client) {
+    const std::vector<std::vector<float>> initial = {std::vector<float>(kElements, 1.0f)};
+    auto resume = client->Register(initial, 4, 0);
+    ASSERT_TRUE(resume.ok()) << resume.status();
+    const std::vector<std::vector<float>> grads = {std::vector<float>(kElements, 0.25f)};
+    for (int step = 0; step < 2; ++step) {
+      std::vector<std::vector<float>> params(1);
+      ASSERT_TRUE(client->Pull(step, absl::MakeSpan(params)).ok());
+      ASSERT_TRUE(client->Push(step, grads).ok());
+    }
+    std::vector<std::vector<float>> params(1);
+    ASSERT_TRUE(client->Pull(2, absl::MakeSpan(params)).ok());
+    ASSERT_EQ(params[0].size(), static_cast<size_t>(kElements));
+    for (float v : params[0]) ASSERT_EQ(v, 0.5f);
+  }
+
+  int workers_ = 1;
+  SecurityConfig config_;
+  std::unique_ptr<ParameterShard> shard_;
+  std::unique_ptr<ParameterService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<DataPlaneServer> data_;
+  std::string address_;
+};
+
+TEST_F(DataPlaneTest, AnAuthenticatedClientTrainsOverTheDataPlane) {
+  Start(1, /*authenticate=*/true);
+  std::unique_ptr<PsClient> client = Client(0);
+  TrainTwoSteps(client.get());
+  EXPECT_GE(data_->connections(), 1) << "the client did not use the data plane";
+  EXPECT_EQ(shard_->Stats().pushes(), 2);
+}
+
+TEST_F(DataPlaneTest, WithGrpcChosenNoDataConnectionIsOpened) {
+  Start(1, /*authenticate=*/false);
+  std::unique_ptr<PsClient> client = Client(0, /*use_data_plane=*/false);
+  TrainTwoSteps(client.get());
+  EXPECT_EQ(data_->connections(), 0);
+}
+
+TEST_F(DataPlaneTest, AHelloWithoutTheJobsTokenIsRefusedNamingWhy) {
+  Start(1, /*authenticate=*/true);
+  for (const std::string& token : {std::string(), std::string("worker/0/abcd")}) {
+    const int fd = Connect();
+    Send(fd, Hello(0, token));
+    auto [code, text] = Answer(fd, /*hello=*/true);
+    EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) << text;
+    EXPECT_FALSE(text.empty());
+    EXPECT_TRUE(Closed(fd));
+    ::close(fd);
+  }
+  // Not a Rubato hello at all, and a token length out of range.
+  for (const std::string& hello :
+       {std::string("GET / HTTP/1.1\r\n\r\n"), Hello(0, "").substr(0, 12) + "\xff\xff\xff\x7f"}) {
+    const int fd = Connect();
+    Send(fd, hello);
+    auto [code, text] = Answer(fd, /*hello=*/true);
+    EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kInvalidArgument)) << text;
+    EXPECT_TRUE(Closed(fd));
+    ::close(fd);
+  }
+  std::unique_ptr<PsClient> client = Client(0);  // The shard still serves.
+  TrainTwoSteps(client.get());
+}
+
+TEST_F(DataPlaneTest, AWorkerCannotPushOrPullAsAnother) {
+  workers_ = 2;
+  Start(2, /*authenticate=*/false);
+  const int fd = Connect();
+  Send(fd, Hello(1, ""));
+  ASSERT_EQ(Answer(fd, /*hello=*/true).first, 0);
+  PullRequest pull;
+  pull.set_worker_id(0);
+  Send(fd, Request(2, 1000, pull.SerializeAsString()));
+  auto [code, text] = Answer(fd, /*hello=*/false);
+  EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kPermissionDenied)) << text;
+  EXPECT_NE(text.find("act only as itself"), std::string::npos) << text;
+  // A malformed push is answered, and the connection goes on.
+  Send(fd, Request(1, 1000, "\xff\xff\xff garbage"));
+  auto [code2, text2] = Answer(fd, /*hello=*/false);
+  EXPECT_EQ(code2, static_cast<int32_t>(absl::StatusCode::kInvalidArgument)) << text2;
+  Send(fd, Request(2, 1000, "\xff"));
+  EXPECT_EQ(Answer(fd, /*hello=*/false).first,
+            static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  ::close(fd);
+}
+
+TEST_F(DataPlaneTest, AnOversizedOrUnknownRequestIsRefusedAndTheConnectionClosed) {
+  Start(1, /*authenticate=*/false);
+  struct Case {
+    int32_t method;
+    int64_t timeout_ms;
+    int64_t bytes;
+    absl::StatusCode code;
+    const char* names;
+  };
+  for (const Case& c :
+       {Case{1, 1000, int64_t{1} << 40, absl::StatusCode::kResourceExhausted, "limit"},
+        Case{7, 1000, 0, absl::StatusCode::kInvalidArgument, "method 7"},
+        Case{2, -5, 0, absl::StatusCode::kInvalidArgument, "negative"}}) {
+    const int fd = Connect();
+    Send(fd, Hello(0, ""));
+    ASSERT_EQ(Answer(fd, /*hello=*/true).first, 0);
+    Send(fd, Request(c.method, c.timeout_ms, "", c.bytes));
+    auto [code, text] = Answer(fd, /*hello=*/false);
+    EXPECT_EQ(code, static_cast<int32_t>(c.code)) << text;
+    EXPECT_NE(text.find(c.names), std::string::npos) << text;
+    EXPECT_TRUE(Closed(fd));
+    ::close(fd);
+  }
+  std::unique_ptr<PsClient> client = Client(0);
+  TrainTwoSteps(client.get());
+}
+
+TEST_F(DataPlaneTest, AnUnreachableDataPortSendsTheCallsOverGrpc) {
+  Start(1, /*authenticate=*/false);
+  // A port where nothing listens.
+  absl::StatusOr<Listening> l = ListenTcp("127.0.0.1", 0, 1);
+  ASSERT_TRUE(l.ok());
+  const int dead_port = l->port;
+  ::close(l->fd);
+  service_->set_data_port(dead_port);
+  std::unique_ptr<PsClient> client = Client(0);
+  TrainTwoSteps(client.get());
+  EXPECT_EQ(data_->connections(), 0);
+}
+
+TEST_F(DataPlaneTest, ADataPlaneThatGoesAwayMidJobLeavesTheCallsToGrpc) {
+  Start(1, /*authenticate=*/false);
+  std::unique_ptr<PsClient> client = Client(0);
+  const std::vector<std::vector<float>> initial = {std::vector<float>(kElements, 1.0f)};
+  ASSERT_TRUE(client->Register(initial, 4, 0).ok());
+  const std::vector<std::vector<float>> grads = {std::vector<float>(kElements, 0.25f)};
+  std::vector<std::vector<float>> params(1);
+  ASSERT_TRUE(client->Pull(0, absl::MakeSpan(params)).ok());
+  absl::Status pushed = client->Push(0, grads);
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  ASSERT_GE(data_->connections(), 1);
+  data_.reset();  // Its connections close; its port refuses from now on.
+  absl::Status pulled = client->Pull(1, absl::MakeSpan(params));
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  pushed = client->Push(1, grads);
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  ASSERT_TRUE(client->Pull(2, absl::MakeSpan(params)).ok());
+  for (float v : params[0]) ASSERT_EQ(v, 0.5f);
+}
+
+}  // namespace
+}  // namespace rubato

@@ -1,0 +1,241 @@
+#include "worker/ps_data_channel.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/data_plane_wire.h"
+#include "common/socket_io.h"
+#include "grpc/slice.h"
+#include "grpcpp/support/slice.h"
+
+namespace rubato {
+namespace {
+
+template <typename T>
+T Load(const char* at) {
+  T v;
+  std::memcpy(&v, at, sizeof(T));
+  return v;
+}
+template <typename T>
+void Store(char* at, T v) {
+  std::memcpy(at, &v, sizeof(T));
+}
+
+// The answer to a call may come this long after its deadline (the shard's own DEADLINE_EXCEEDED
+// answer, on its way).
+constexpr absl::Duration kAnswerSlack = absl::Seconds(2);
+
+}  // namespace
+
+PsDataChannel::~PsDataChannel() {
+  std::vector<std::unique_ptr<Connection>> all;
+  std::deque<Job> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& c : connections_) {
+      if (const int fd = c->fd.load(); fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
+    all = std::move(connections_);
+    waiting = std::move(waiting_);
+  }
+  for (auto& c : all) {
+    c->thread.join();
+    if (const int fd = c->fd.load(); fd >= 0) ::close(fd);
+  }
+  for (Job& job : waiting) {
+    job.done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the data channel closed"));
+  }
+}
+
+void PsDataChannel::Call(int method, const grpc::ByteBuffer* request, absl::Time deadline,
+                         grpc::ByteBuffer* response, Done done) {
+  Job job{method, request, deadline, response, std::move(done)};
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      Assign(std::move(job));
+      return;
+    }
+  }
+  job.done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the data channel closed"));
+}
+
+void PsDataChannel::Assign(Job job) {
+  if (!idle_.empty()) {
+    Connection* c = idle_.back();
+    idle_.pop_back();
+    c->job = std::move(job);
+    c->has_job = true;
+  } else if (static_cast<int>(connections_.size()) < kMaxDataConnections) {
+    auto c = std::make_unique<Connection>();
+    c->job = std::move(job);
+    c->has_job = true;
+    Connection* raw = c.get();
+    connections_.push_back(std::move(c));
+    raw->thread = std::thread([this, raw] { Run(raw); });
+  } else {
+    waiting_.push_back(std::move(job));
+  }
+}
+
+void PsDataChannel::Run(Connection* c) {
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return c->has_job || stopping_; };
+      mu_.Await(absl::Condition(&ready));
+      if (!c->has_job) return;
+      job = std::move(c->job);
+    }
+    grpc::Status status;
+    if (c->fd.load() < 0) {
+      int fd = -1;
+      status = Open(&fd);
+      if (status.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) {
+          ::close(fd);
+          status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the data channel closed");
+        } else {
+          c->fd.store(fd);
+        }
+      } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        broken_.store(true);
+      }
+    }
+    if (status.ok()) status = Exchange(c, job);
+    {
+      absl::MutexLock lock(&mu_);
+      c->has_job = false;
+      if (!waiting_.empty()) {
+        c->job = std::move(waiting_.front());
+        waiting_.pop_front();
+        c->has_job = true;
+      } else {
+        idle_.push_back(c);
+      }
+    }
+    job.done(std::move(status));
+  }
+}
+
+grpc::Status PsDataChannel::Open(int* fd_out) {
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  absl::StatusOr<int> fd = ConnectTcp(options_.host, options_.port, options_.connect_timeout);
+  if (!fd.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("cannot open the data connection to ", options_.description,
+                                     " (port ", options_.port, "): ", fd.status().message()));
+  }
+  SetDataSocketOptions(*fd);
+  char hello[16];
+  std::memcpy(hello, kDataHelloMagic, sizeof(kDataHelloMagic));
+  Store<int32_t>(hello + 8, options_.worker_id);
+  Store<int32_t>(hello + 12, static_cast<int32_t>(options_.token.size()));
+  iovec iov[2] = {{hello, sizeof(hello)},
+                  {const_cast<char*>(options_.token.data()), options_.token.size()}};
+  std::string failed = WriteWithin(*fd, iov, 2, deadline);
+  char answer[16];
+  std::string why;
+  ReadEnd end = ReadEnd::kError;
+  if (failed.empty()) {
+    end = ReadWithin(*fd, answer, sizeof(answer), deadline, &why);
+    if (end != ReadEnd::kDone) failed = DescribeReadEnd(end, why);
+  }
+  if (!failed.empty()) {
+    ::close(*fd);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("the data connection to ", options_.description,
+                                     " broke during its hello: ", failed));
+  }
+  const int32_t code = Load<int32_t>(answer);
+  const int32_t text_bytes = std::clamp(Load<int32_t>(answer + 4), 0, kDataMaxTextBytes);
+  if (code != 0) {
+    std::string text(static_cast<size_t>(text_bytes), '\0');
+    ReadWithin(*fd, text.data(), text.size(), deadline, &why);
+    ::close(*fd);
+    return grpc::Status(static_cast<grpc::StatusCode>(code),
+                        absl::StrCat(options_.description, " refused a data connection: ", text));
+  }
+  *fd_out = *fd;
+  return grpc::Status::OK;
+}
+
+grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
+  const int fd = c->fd.load();
+  auto broke = [&](grpc::StatusCode code, const std::string& what) {
+    ::shutdown(fd, SHUT_RDWR);
+    {
+      absl::MutexLock lock(&mu_);
+      c->fd.store(-1);
+    }
+    ::close(fd);
+    return grpc::Status(code,
+                        absl::StrCat("the data connection to ", options_.description, " ", what));
+  };
+  std::vector<grpc::Slice> slices;
+  if (!job.request->Dump(&slices).ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "unreadable request");
+  }
+  int64_t bytes = 0;
+  for (const grpc::Slice& s : slices) bytes += static_cast<int64_t>(s.size());
+  char header[kDataRequestHeaderBytes] = {};
+  Store<int32_t>(header, job.method);
+  Store<int64_t>(header + 8,
+                 std::max<int64_t>(0, absl::ToInt64Milliseconds(job.deadline - absl::Now())));
+  Store<int64_t>(header + 16, bytes);
+  std::vector<iovec> iov;
+  iov.reserve(1 + slices.size());
+  iov.push_back({header, sizeof(header)});
+  for (const grpc::Slice& s : slices) iov.push_back({const_cast<uint8_t*>(s.begin()), s.size()});
+  if (std::string failed = WriteWithin(fd, iov.data(), static_cast<int>(iov.size()), job.deadline);
+      !failed.empty()) {
+    return broke(absl::Now() >= job.deadline ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                             : grpc::StatusCode::UNAVAILABLE,
+                 absl::StrCat("broke while sending: ", failed));
+  }
+  const absl::Time answer_by = job.deadline + kAnswerSlack;
+  char answer[kDataResponseHeaderBytes];
+  std::string why;
+  ReadEnd end = ReadWithin(fd, answer, sizeof(answer), answer_by, &why, options_.receive_spin);
+  if (end == ReadEnd::kTimedOut) {
+    return broke(grpc::StatusCode::DEADLINE_EXCEEDED, "had no answer by the call's deadline");
+  }
+  if (end != ReadEnd::kDone) {
+    return broke(grpc::StatusCode::UNAVAILABLE,
+                 absl::StrCat("broke: ", DescribeReadEnd(end, why),
+                              " (the shard exited, was killed or lost the connection)"));
+  }
+  const int32_t code = Load<int32_t>(answer);
+  const int64_t size = Load<int64_t>(answer + 8);
+  if (size < 0 || size > options_.max_message_bytes + (int64_t{1} << 20) ||
+      (code != 0 && size > kDataMaxTextBytes)) {
+    return broke(grpc::StatusCode::INTERNAL,
+                 absl::StrCat("sent an answer of ", size, " bytes (status ", code, ")"));
+  }
+  grpc::Slice body(grpc_slice_malloc_large(static_cast<size_t>(size)), grpc::Slice::STEAL_REF);
+  end = ReadWithin(fd, reinterpret_cast<char*>(const_cast<uint8_t*>(body.begin())), body.size(),
+                   answer_by, &why);
+  if (end != ReadEnd::kDone) {
+    return broke(end == ReadEnd::kTimedOut ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                           : grpc::StatusCode::UNAVAILABLE,
+                 absl::StrCat("broke in an answer: ", DescribeReadEnd(end, why)));
+  }
+  if (code != 0) {
+    return grpc::Status(static_cast<grpc::StatusCode>(code),
+                        std::string(reinterpret_cast<const char*>(body.begin()), body.size()));
+  }
+  *job.response = grpc::ByteBuffer(&body, 1);
+  return grpc::Status::OK;
+}
+
+}  // namespace rubato

@@ -1,0 +1,100 @@
+// PsDataChannel: a worker's Push and Pull calls to one shard over the shard's plain-TCP data
+// plane (server/data_plane.h, which documents the wire format and why it exists).
+//
+// Each call runs on one connection from start to answer: the connection's own thread writes the
+// request (the gradient slices in place, no copy) with one sendmsg, then reads the answer into a
+// fresh slice that PsClient parses as it parses gRPC's. Calls in flight together get connections
+// of their own (opened on demand, kept for reuse, at most kMaxDataConnections; more calls wait
+// for one), so that the shard's answers never queue behind one another.
+//
+// Failures come back as gRPC statuses, so that PsClient's retries treat both transports alike:
+// UNAVAILABLE when the connection cannot be opened or breaks (the shard died or restarted), the
+// shard's own code and text when it refuses a call, DEADLINE_EXCEEDED when no answer comes by the
+// call's deadline. A channel that could not open a connection is broken() from then on: PsClient
+// sends that shard's calls over gRPC instead, until the next registration offers a data port.
+#ifndef RUBATO_WORKER_PS_DATA_CHANNEL_H_
+#define RUBATO_WORKER_PS_DATA_CHANNEL_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/status.h"
+
+namespace rubato {
+
+inline constexpr int kMaxDataConnections = 8;
+
+class PsDataChannel {
+ public:
+  struct Options {
+    std::string host;  // The host of the shard's gRPC address.
+    int port = 0;      // RegisterResponse.data_port.
+    int worker_id = 0;
+    std::string token;              // The worker's job token ("" without authentication).
+    std::string description;        // "shard 1 at host:port", for messages.
+    int64_t max_message_bytes = 0;  // A larger answer is refused.
+    absl::Duration connect_timeout = absl::Seconds(3);
+    // How long a call waiting for its answer polls before it sleeps (common/socket_io.h).
+    absl::Duration receive_spin = absl::Microseconds(100);
+  };
+  explicit PsDataChannel(Options options) : options_(std::move(options)) {}
+  // Closes every connection and waits for their threads (calls in flight end with UNAVAILABLE).
+  ~PsDataChannel();
+
+  PsDataChannel(const PsDataChannel&) = delete;
+  PsDataChannel& operator=(const PsDataChannel&) = delete;
+
+  using Done = std::function<void(grpc::Status)>;
+  // Sends `request` (a PushRequest, method 1, or PullRequest, method 2, in protobuf's wire format)
+  // and calls done(status) on a connection's thread once *response holds the answer or the call
+  // failed. `request` and `response` must stay valid until then.
+  void Call(int method, const grpc::ByteBuffer* request, absl::Time deadline,
+            grpc::ByteBuffer* response, Done done);
+
+  // A connection could not be opened: use gRPC.
+  bool broken() const { return broken_.load(); }
+  int port() const { return options_.port; }
+
+ private:
+  struct Job {
+    int method = 0;
+    const grpc::ByteBuffer* request = nullptr;
+    absl::Time deadline;
+    grpc::ByteBuffer* response = nullptr;
+    Done done;
+  };
+  struct Connection {
+    std::atomic<int> fd{-1};  // Set by its thread; shut down by the destructor.
+    std::thread thread;
+    bool has_job = false;  // Guarded by the channel's mu_.
+    Job job;
+    bool dead = false;
+  };
+  // Gives `job` to an idle connection, a new one, or the queue.
+  void Assign(Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(Connection* c);
+  // Opens and greets; the fd, or UNAVAILABLE / the shard's refusal.
+  grpc::Status Open(int* fd);
+  grpc::Status Exchange(Connection* c, const Job& job);
+
+  const Options options_;
+  std::atomic<bool> broken_{false};
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::vector<Connection*> idle_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_WORKER_PS_DATA_CHANNEL_H_
