@@ -15,8 +15,9 @@ mpirun and horovodrun. Servers are spread round-robin over --server_hosts (defau
 workers are placed on --worker_hosts (default: every host) by --map_by slot (fill each host's slots
 in host-file order, the default) or host (one per host in turn); a host takes at most `slots`
 workers (default 1) unless --oversubscribe. Servers do not take slots. Every process listens on a
-fixed port, 0.0.0.0:(--base_port + shard) for server shards and 0.0.0.0:(--base_port + rank) for
-allreduce ranks (whose TCP data connection listens on --base_port + workers + rank), and is
+fixed port, 0.0.0.0:(--base_port + shard) for server shards (whose Push and Pull data plane
+listens on --base_port + servers + shard) and 0.0.0.0:(--base_port + rank) for allreduce ranks
+(whose TCP data connection listens on --base_port + workers + rank), and is
 advertised as HOST:PORT with HOST spelled as in the host file, so the whole
 --servers or --peers list is known before anything starts (every host must resolve every other
 host's name). Processes start through --rsh (default `ssh -o BatchMode=yes`), as
@@ -866,7 +867,8 @@ class Plan:
         self.server_ports = [args.base_port + i for i in range(args.servers)]
         self.rank_ports = [args.base_port + r for r in range(args.workers)]
         self.rank_data_ports = [args.base_port + args.workers + r for r in range(args.workers)]
-        if args.base_port + max(args.servers, 2 * args.workers) > 65536:
+        self.server_data_ports = [args.base_port + args.servers + i for i in range(args.servers)]
+        if args.base_port + max(2 * args.servers, 2 * args.workers) > 65536:
             raise ValueError("--base_port %d leaves too few ports" % args.base_port)
 
     def servers(self):
@@ -1201,7 +1203,8 @@ def main(argv):
             for s in range(args.servers):
                 proc = remote("server-%d" % s, SERVER_PROGRAM, plan.server_hosts[s],
                               [server_bin, "--shard_id=%d" % s, "--num_shards=%d" % args.servers,
-                               "--listen=0.0.0.0:%d" % plan.server_ports[s]]
+                               "--listen=0.0.0.0:%d" % plan.server_ports[s],
+                               "--data_port=%d" % plan.server_data_ports[s]]
                               + cluster + forwarded(args, SERVER_FLAGS))
                 procs.append(proc)
                 servers.append(proc)

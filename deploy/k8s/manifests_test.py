@@ -126,6 +126,8 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(pod["subdomain"], "rubato-ps")
         self.assertIn("--shard_id=$(JOB_COMPLETION_INDEX)", c["args"])
         self.assertIn("--listen=0.0.0.0:5000", c["args"])
+        self.assertIn("--data_port=5001", c["args"])  # The Push and Pull data plane's port.
+        self.assertLessEqual({5000, 5001}, {p["containerPort"] for p in c["ports"]})
         self.assertIn("--checkpoint_dir=/opt/rubato/checkpoints", c["args"])
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         self.assertEqual(mounts["checkpoints"]["mountPath"], "/opt/rubato/checkpoints")
@@ -135,7 +137,7 @@ class ManifestsTest(unittest.TestCase):
         pvc = render.find(objects, "PersistentVolumeClaim", claim)
         self.assertIsNotNone(pvc, "no PersistentVolumeClaim " + claim)
         self.assertEqual(pvc["spec"]["accessModes"], ["ReadWriteMany"])
-        service = self.check_headless_service(objects, "rubato-ps", [5000], "parameter-server")
+        service = self.check_headless_service(objects, "rubato-ps", [5000, 5001], "parameter-server")
         for key, value in service["spec"]["selector"].items():
             self.assertEqual(ps["spec"]["template"]["metadata"]["labels"][key], value)
         return self.check_workers(objects, workers, "rubato-ps")
