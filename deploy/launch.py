@@ -87,7 +87,7 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
 SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb", "push_budget_mb", "checkpoint_dir",
                 "checkpoint_every_steps", "checkpoint_keep", "restore_step")
 # Flags given to workers only.
-WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "push_bucket_kb", "ring_spin_us", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
+WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "push_bucket_kb", "ps_transport", "ring_spin_us", "batch_size", "epochs", "steps", "eval_every", "log_every", "train_limit",
                 "test_limit", "seed", "data_dir", "backend", "connect_timeout_ms", "retry_timeout_ms",
                 "server_restart_timeout_s",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
@@ -978,7 +978,8 @@ def make_parser():
                        help="Where server/ and worker/ binaries are on every host (default: "
                             "--bin_dir, made absolute).")
     hosts.add_argument("--base_port", type=int, default=None, metavar="PORT",
-                       help="Server shard i listens on PORT + i, allreduce rank r on PORT + r "
+                       help="Server shard i listens on PORT + i (its Push and Pull data plane on "
+                            "PORT + servers + i), allreduce rank r on PORT + r "
                             "and its data connection on PORT + workers + r (default %d)."
                             % DEFAULT_BASE_PORT)
     hosts.add_argument("--preflight_timeout", type=float, default=None, metavar="S",
