@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -59,9 +60,18 @@ struct Answer {
 };
 
 // A received request body, owned for as long as the shard holds views into it.
+// Its bytes count against the server's budget until it is freed, which may be after the server
+// is gone (the shard may hold it), hence the shared counter.
 struct Body {
+  Body(size_t n, std::shared_ptr<std::atomic<int64_t>> budget_used)
+      : bytes(new char[n > 0 ? n : 1]), size(n), used(std::move(budget_used)) {}
+  ~Body() { used->fetch_sub(static_cast<int64_t>(size)); }
+  Body(const Body&) = delete;
+  Body& operator=(const Body&) = delete;
+
   std::unique_ptr<char[]> bytes;
-  size_t size = 0;
+  const size_t size;
+  const std::shared_ptr<std::atomic<int64_t>> used;
   WirePush push;
 };
 
@@ -278,9 +288,18 @@ void DataPlaneServer::Serve(Connection* c) {
       WriteResponse(c->fd, bad, nullptr);
       break;
     }
-    auto body = std::make_shared<Body>();
-    body->size = static_cast<size_t>(bytes);
-    body->bytes.reset(new char[body->size > 0 ? body->size : 1]);
+    // Every connection's bodies together stay within the memory budget, held ones included.
+    if (body_bytes_->fetch_add(bytes) + bytes > options_.memory_budget_bytes) {
+      body_bytes_->fetch_sub(bytes);
+      const absl::Status busy = absl::ResourceExhaustedError(
+          absl::StrCat("a ", bytes, "-byte request would take the server's data plane past its ",
+                       options_.memory_budget_bytes >> 20,
+                       " MiB memory budget (--memory_budget_mb); retry later"));
+      RUBATO_LOG(WARNING) << who << ": " << busy.message() << "; closing it";
+      WriteResponse(c->fd, busy, nullptr);
+      break;
+    }
+    auto body = std::make_shared<Body>(static_cast<size_t>(bytes), body_bytes_);
     if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why) !=
         ReadEnd::kDone) {
       break;

@@ -29,7 +29,9 @@
 // Limits, so that no client can hang the server or grow its memory without bound: a hello must
 // arrive within 5 s; a request header may wait up to 10 minutes (then the idle connection is
 // closed), its body must arrive within 60 s of its header, and an answer must be taken within
-// 60 s. At most max_connections connections at once, at most kMaxConnectionsPerWorker per worker;
+// 60 s. At most max_connections connections at once, at most kMaxConnectionsPerWorker per worker,
+// and request bodies within memory_budget_bytes together (rubato_server gives it the size of its
+// gRPC quota, --memory_budget_mb);
 // a body larger than the message limit, an unknown method, or a negative timeout closes the
 // connection after an answer naming the problem. A malformed message is answered with
 // INVALID_ARGUMENT and the connection goes on, as over gRPC.
@@ -58,6 +60,9 @@ struct DataPlaneOptions {
   std::string host;               // The address to listen on ("" or "0.0.0.0": every address).
   int port = 0;                   // 0: any free port.
   int64_t max_message_bytes = 0;  // The job's message limit: a larger body is refused.
+  // What the request bodies of every connection may take together, the ones the shard still
+  // holds included; a request past it is refused (RESOURCE_EXHAUSTED) and its connection closed.
+  int64_t memory_budget_bytes = int64_t{4} << 30;
   int max_connections = 512;
   absl::Duration idle_timeout = absl::Minutes(10);
   // How long a connection waiting for its next request polls before it sleeps (see
@@ -107,6 +112,9 @@ class DataPlaneServer {
   const int listen_fd_;
   const int port_;
   std::atomic<bool> stopping_{false};
+  // Bytes of request bodies alive now (Body), against options_.memory_budget_bytes.
+  const std::shared_ptr<std::atomic<int64_t>> body_bytes_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   mutable absl::Mutex mu_;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int> per_worker_ ABSL_GUARDED_BY(mu_);

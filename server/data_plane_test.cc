@@ -5,14 +5,17 @@
 // data port that cannot be reached, or that goes away mid-job, sends the calls over gRPC.
 #include "server/data_plane.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +68,7 @@ class DataPlaneTest : public ::testing::Test {
     DataPlaneOptions d;
     d.host = "127.0.0.1";
     d.max_message_bytes = kDefaultMaxMessageBytes;
+    d.memory_budget_bytes = memory_budget_;
     auto data = DataPlaneServer::Start(d, shard_.get(), *security);
     ASSERT_TRUE(data.ok()) << data.status();
     data_ = std::move(*data);
@@ -172,6 +176,7 @@ class DataPlaneTest : public ::testing::Test {
   }
 
   int workers_ = 1;
+  int64_t memory_budget_ = int64_t{1} << 30;
   SecurityConfig config_;
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<ParameterService> service_;
@@ -267,6 +272,49 @@ TEST_F(DataPlaneTest, AnOversizedOrUnknownRequestIsRefusedAndTheConnectionClosed
   }
   std::unique_ptr<PsClient> client = Client(0);
   TrainTwoSteps(client.get());
+}
+
+TEST_F(DataPlaneTest, RequestsPastTheMemoryBudgetAreRefused) {
+  memory_budget_ = 256 << 10;
+  Start(1, /*authenticate=*/false);
+  const int fd = Connect();
+  Send(fd, Hello(0, ""));
+  ASSERT_EQ(Answer(fd, /*hello=*/true).first, 0);
+  Send(fd, Request(1, 1000, "", 1 << 20));  // Within the message limit, past the budget.
+  auto [code, text] = Answer(fd, /*hello=*/false);
+  EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) << text;
+  EXPECT_NE(text.find("memory budget"), std::string::npos) << text;
+  EXPECT_TRUE(Closed(fd));
+  ::close(fd);
+  std::unique_ptr<PsClient> client = Client(0);  // 12 KB calls fit: the budget was given back.
+  TrainTwoSteps(client.get());
+  EXPECT_GE(data_->connections(), 1);
+}
+
+TEST_F(DataPlaneTest, APortThatDoesNotAnswerAsADataPlaneSendsTheCallsOverGrpc) {
+  Start(1, /*authenticate=*/false);
+  absl::StatusOr<Listening> l = ListenTcp("127.0.0.1", 0, 4);
+  ASSERT_TRUE(l.ok());
+  // Some other service: it answers every connection with 16 bytes that are not a status.
+  std::atomic<bool> stop{false};
+  std::thread other([&] {
+    while (!stop.load()) {
+      pollfd p{l->fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int fd = ::accept(l->fd, nullptr, nullptr);
+      if (fd < 0) continue;
+      const char reply[] = "\x39\x05\0\0HTTP/1.0 400 x";
+      ::send(fd, reply, 16, MSG_NOSIGNAL);
+      ::close(fd);
+    }
+  });
+  service_->set_data_port(l->port);
+  std::unique_ptr<PsClient> client = Client(0);
+  TrainTwoSteps(client.get());
+  stop.store(true);
+  other.join();
+  ::close(l->fd);
+  EXPECT_EQ(data_->connections(), 0);
 }
 
 TEST_F(DataPlaneTest, AnUnreachableDataPortSendsTheCallsOverGrpc) {

@@ -343,6 +343,7 @@ int main(int argc, char** argv) {
     data_options.host = host;
     data_options.port = data_port;
     data_options.max_message_bytes = rubato::MaxMessageBytes(*spec);
+    data_options.memory_budget_bytes = memory_budget;
     auto started = rubato::DataPlaneServer::Start(data_options, shard->get(), *security);
     if (!started.ok()) {
       server->Shutdown();

@@ -31,6 +31,8 @@ void Store(char* at, T v) {
 // The answer to a call may come this long after its deadline (the shard's own DEADLINE_EXCEEDED
 // answer, on its way).
 constexpr absl::Duration kAnswerSlack = absl::Seconds(2);
+// The largest status code (UNAUTHENTICATED); anything else on the wire is not a shard's answer.
+constexpr int32_t kMaxStatusCode = 16;
 
 }  // namespace
 
@@ -159,6 +161,12 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
   }
   const int32_t code = Load<int32_t>(answer);
   const int32_t text_bytes = std::clamp(Load<int32_t>(answer + 4), 0, kDataMaxTextBytes);
+  if (code < 0 || code > kMaxStatusCode) {  // Whatever answered is not a Rubato shard.
+    ::close(*fd);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("port ", options_.port, " of ", options_.description,
+                                     " does not answer as a Rubato data plane"));
+  }
   if (code != 0) {
     std::string text(static_cast<size_t>(text_bytes), '\0');
     ReadWithin(*fd, text.data(), text.size(), deadline, &why);
@@ -217,8 +225,8 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   }
   const int32_t code = Load<int32_t>(answer);
   const int64_t size = Load<int64_t>(answer + 8);
-  if (size < 0 || size > options_.max_message_bytes + (int64_t{1} << 20) ||
-      (code != 0 && size > kDataMaxTextBytes)) {
+  if (size < 0 || size > options_.max_message_bytes + (int64_t{1} << 20) || code < 0 ||
+      code > kMaxStatusCode || (code != 0 && size > kDataMaxTextBytes)) {
     return broke(grpc::StatusCode::INTERNAL,
                  absl::StrCat("sent an answer of ", size, " bytes (status ", code, ")"));
   }
