@@ -4,6 +4,7 @@
 #define RUBATO_COMMON_DATA_PLANE_WIRE_H_
 
 #include <cstdint>
+#include <cstring>
 
 namespace rubato {
 
@@ -14,6 +15,18 @@ inline constexpr int kDataRequestHeaderBytes = 24;
 inline constexpr int kDataResponseHeaderBytes = 16;
 enum class DataMethod : int32_t { kPush = 1, kPull = 2 };
 inline constexpr int kMaxConnectionsPerWorker = 16;
+
+// A header field at `at`, in the host's (little-endian) layout, without alignment.
+template <typename T>
+T WireLoad(const char* at) {
+  T v;
+  std::memcpy(&v, at, sizeof(T));
+  return v;
+}
+template <typename T>
+void WireStore(char* at, T v) {
+  std::memcpy(at, &v, sizeof(T));
+}
 
 }  // namespace rubato
 

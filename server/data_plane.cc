@@ -32,17 +32,6 @@ constexpr absl::Duration kWriteTimeout = absl::Seconds(60);
 // The longest timeout a request may ask for (the shard caps its waits further).
 constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
 
-template <typename T>
-T Load(const char* at) {
-  T v;
-  std::memcpy(&v, at, sizeof(T));
-  return v;
-}
-template <typename T>
-void Store(char* at, T v) {
-  std::memcpy(at, &v, sizeof(T));
-}
-
 // What the shard answered: filled by its callback, on whichever thread, and waited for by the
 // connection's thread. Shared, so that a callback after the connection gave up still finds it.
 struct Answer {
@@ -183,8 +172,8 @@ absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
   if (std::memcmp(hello, kDataHelloMagic, sizeof(kDataHelloMagic)) != 0) {
     return absl::InvalidArgumentError("it is not a Rubato data connection");
   }
-  const int32_t worker = Load<int32_t>(hello + 8);
-  const int32_t token_bytes = Load<int32_t>(hello + 12);
+  const int32_t worker = WireLoad<int32_t>(hello + 8);
+  const int32_t token_bytes = WireLoad<int32_t>(hello + 12);
   if (token_bytes < 0 || token_bytes > kDataMaxTokenBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a hello with a token of ", token_bytes,
                                                    " bytes (at most ", kDataMaxTokenBytes, ")"));
@@ -223,8 +212,8 @@ std::string WriteResponse(int fd, const absl::Status& status, const grpc::ByteBu
   int64_t bytes = static_cast<int64_t>(text.size());
   for (const grpc::Slice& s : slices) bytes += static_cast<int64_t>(s.size());
   char header[kDataResponseHeaderBytes] = {};
-  Store<int32_t>(header, static_cast<int32_t>(status.code()));
-  Store<int64_t>(header + 8, bytes);
+  WireStore<int32_t>(header, static_cast<int32_t>(status.code()));
+  WireStore<int64_t>(header + 8, bytes);
   std::vector<iovec> iov;
   iov.reserve(2 + slices.size());
   iov.push_back({header, sizeof(header)});
@@ -243,8 +232,8 @@ void DataPlaneServer::Serve(Connection* c) {
     char answer[16] = {};
     const std::string text =
         worker.ok() ? "" : std::string(worker.status().message().substr(0, kDataMaxTextBytes));
-    Store<int32_t>(answer, static_cast<int32_t>(worker.status().code()));
-    Store<int32_t>(answer + 4, static_cast<int32_t>(text.size()));
+    WireStore<int32_t>(answer, static_cast<int32_t>(worker.status().code()));
+    WireStore<int32_t>(answer + 4, static_cast<int32_t>(text.size()));
     iovec iov[2] = {{answer, sizeof(answer)}, {const_cast<char*>(text.data()), text.size()}};
     const std::string failed = WriteWithin(c->fd, iov, 2, absl::Now() + kHelloTimeout);
     if (!worker.ok() || !failed.empty()) {
@@ -269,9 +258,9 @@ void DataPlaneServer::Serve(Connection* c) {
         ReadWithin(c->fd, header, sizeof(header), absl::Now() + options_.idle_timeout, &why,
                    options_.receive_spin);
     if (end != ReadEnd::kDone) break;  // Closed by the worker, idle too long, or stopping.
-    const int32_t method = Load<int32_t>(header);
-    const int64_t timeout_ms = Load<int64_t>(header + 8);
-    const int64_t bytes = Load<int64_t>(header + 16);
+    const int32_t method = WireLoad<int32_t>(header);
+    const int64_t timeout_ms = WireLoad<int64_t>(header + 8);
+    const int64_t bytes = WireLoad<int64_t>(header + 16);
     absl::Status bad;
     if (method != static_cast<int32_t>(DataMethod::kPush) &&
         method != static_cast<int32_t>(DataMethod::kPull)) {

@@ -17,17 +17,6 @@
 namespace rubato {
 namespace {
 
-template <typename T>
-T Load(const char* at) {
-  T v;
-  std::memcpy(&v, at, sizeof(T));
-  return v;
-}
-template <typename T>
-void Store(char* at, T v) {
-  std::memcpy(at, &v, sizeof(T));
-}
-
 // The answer to a call may come this long after its deadline (the shard's own DEADLINE_EXCEEDED
 // answer, on its way).
 constexpr absl::Duration kAnswerSlack = absl::Seconds(2);
@@ -141,8 +130,8 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
   SetDataSocketOptions(*fd);
   char hello[16];
   std::memcpy(hello, kDataHelloMagic, sizeof(kDataHelloMagic));
-  Store<int32_t>(hello + 8, options_.worker_id);
-  Store<int32_t>(hello + 12, static_cast<int32_t>(options_.token.size()));
+  WireStore<int32_t>(hello + 8, options_.worker_id);
+  WireStore<int32_t>(hello + 12, static_cast<int32_t>(options_.token.size()));
   iovec iov[2] = {{hello, sizeof(hello)},
                   {const_cast<char*>(options_.token.data()), options_.token.size()}};
   std::string failed = WriteWithin(*fd, iov, 2, deadline);
@@ -159,8 +148,8 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
                         absl::StrCat("the data connection to ", options_.description,
                                      " broke during its hello: ", failed));
   }
-  const int32_t code = Load<int32_t>(answer);
-  const int32_t text_bytes = std::clamp(Load<int32_t>(answer + 4), 0, kDataMaxTextBytes);
+  const int32_t code = WireLoad<int32_t>(answer);
+  const int32_t text_bytes = std::clamp(WireLoad<int32_t>(answer + 4), 0, kDataMaxTextBytes);
   if (code < 0 || code > kMaxStatusCode) {  // Whatever answered is not a Rubato shard.
     ::close(*fd);
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -197,10 +186,10 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   int64_t bytes = 0;
   for (const grpc::Slice& s : slices) bytes += static_cast<int64_t>(s.size());
   char header[kDataRequestHeaderBytes] = {};
-  Store<int32_t>(header, job.method);
-  Store<int64_t>(header + 8,
+  WireStore<int32_t>(header, job.method);
+  WireStore<int64_t>(header + 8,
                  std::max<int64_t>(0, absl::ToInt64Milliseconds(job.deadline - absl::Now())));
-  Store<int64_t>(header + 16, bytes);
+  WireStore<int64_t>(header + 16, bytes);
   std::vector<iovec> iov;
   iov.reserve(1 + slices.size());
   iov.push_back({header, sizeof(header)});
@@ -223,8 +212,8 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
                  absl::StrCat("broke: ", DescribeReadEnd(end, why),
                               " (the shard exited, was killed or lost the connection)"));
   }
-  const int32_t code = Load<int32_t>(answer);
-  const int64_t size = Load<int64_t>(answer + 8);
+  const int32_t code = WireLoad<int32_t>(answer);
+  const int64_t size = WireLoad<int64_t>(answer + 8);
   if (size < 0 || size > options_.max_message_bytes + (int64_t{1} << 20) || code < 0 ||
       code > kMaxStatusCode || (code != 0 && size > kDataMaxTextBytes)) {
     return broke(grpc::StatusCode::INTERNAL,
