@@ -122,6 +122,23 @@ void SetDataSocketOptions(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
+void WatchPeerLiveness(int fd, absl::Duration dead_after) {
+  const int seconds =
+      static_cast<int>(std::clamp<int64_t>(absl::ToInt64Seconds(dead_after), 2, 24 * 3600));
+  int on = 1;
+  // Probes start after two thirds of the time idle, then every sixth; TCP_USER_TIMEOUT overrides
+  // the probe count, ending the connection once `dead_after` passed with a probe unanswered.
+  int idle = std::max(1, seconds * 2 / 3);
+  int interval = std::max(1, seconds / 6);
+  int count = 3;
+  unsigned int user_timeout_ms = static_cast<unsigned int>(seconds) * 1000u;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+}
+
 std::string PeerName(const sockaddr_storage& addr) {
   char host[NI_MAXHOST], port[NI_MAXSERV];
   if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), sizeof(addr), host, sizeof(host), port,

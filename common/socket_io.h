@@ -46,6 +46,20 @@ std::string WriteWithin(int fd, iovec* iov, int count, absl::Time deadline);
 // net.core.{w,r}mem_max), so that a large message is taken by one sendmsg from the calling thread.
 void SetDataSocketOptions(int fd);
 
+// How long a connection of the parameter servers' data plane may go without any sign of life from
+// its peer's host before it is dropped: the same as gRPC's keepalive on Rubato's channels (a ping
+// after 10 s, answered within 5 s; common/grpc_options.cc), so that a shard whose host vanished
+// (powered off, partitioned, a pod moved) is given up as soon over either transport.
+inline constexpr absl::Duration kDataPeerDeadAfter = absl::Seconds(15);
+
+// Has the kernel end the connection (reads and writes then fail with ETIMEDOUT) once its peer's
+// host has shown no sign of life for about `dead_after`: TCP keepalive probes an idle connection
+// (a call parked at a barrier sends nothing for minutes), and TCP_USER_TIMEOUT bounds how long
+// sent data may stay unacknowledged. A live peer that is merely slow to answer keeps the
+// connection: its kernel acknowledges the probes. Not for the ring, whose ranks may leave a full
+// receive window unread while they compute. Rounded to whole seconds, at least 2.
+void WatchPeerLiveness(int fd, absl::Duration dead_after);
+
 // "host:port" of a peer, bracketed for IPv6.
 std::string PeerName(const sockaddr_storage& addr);
 

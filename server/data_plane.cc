@@ -152,6 +152,7 @@ void DataPlaneServer::AcceptLoop() {
       continue;
     }
     SetDataSocketOptions(fd);
+    WatchPeerLiveness(fd, options_.peer_dead_after);
     auto connection = std::make_unique<Connection>();
     connection->fd = fd;
     connection->peer = PeerName(addr);

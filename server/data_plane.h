@@ -29,12 +29,13 @@
 // Limits, so that no client can hang the server or grow its memory without bound: a hello must
 // arrive within 5 s; a request header may wait up to 10 minutes (then the idle connection is
 // closed), its body must arrive within 60 s of its header, and an answer must be taken within
-// 60 s. At most max_connections connections at once, at most kMaxConnectionsPerWorker per worker,
-// and request bodies within memory_budget_bytes together (rubato_server gives it the size of its
-// gRPC quota, --memory_budget_mb);
-// a body larger than the message limit, an unknown method, or a negative timeout closes the
-// connection after an answer naming the problem. A malformed message is answered with
-// INVALID_ARGUMENT and the connection goes on, as over gRPC.
+// 60 s; a connection whose peer's host stops acknowledging (TCP keepalive and TCP_USER_TIMEOUT)
+// ends after peer_dead_after, 15 s, on both sides, as gRPC's keepalive ends a dead channel. At most
+// max_connections connections at once, at most kMaxConnectionsPerWorker per worker, and request
+// bodies within memory_budget_bytes together (rubato_server gives it the size of its gRPC quota,
+// --memory_budget_mb); a body larger than the message limit, an unknown method, or a negative
+// timeout closes the connection after an answer naming the problem. A malformed message is answered
+// with INVALID_ARGUMENT and the connection goes on, as over gRPC.
 #ifndef RUBATO_SERVER_DATA_PLANE_H_
 #define RUBATO_SERVER_DATA_PLANE_H_
 
@@ -51,15 +52,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data_plane_wire.h"
+#include "common/limits.h"
 #include "common/security.h"
+#include "common/socket_io.h"
 #include "server/parameter_shard.h"
 
 namespace rubato {
 
 struct DataPlaneOptions {
-  std::string host;               // The address to listen on ("" or "0.0.0.0": every address).
-  int port = 0;                   // 0: any free port.
-  int64_t max_message_bytes = 0;  // The job's message limit: a larger body is refused.
+  std::string host;  // The address to listen on ("" or "0.0.0.0": every address).
+  int port = 0;      // 0: any free port.
+  // The job's message limit: a larger body is refused.
+  int64_t max_message_bytes = kDefaultMaxMessageBytes;
   // What the request bodies of every connection may take together, the ones the shard still
   // holds included; a request past it is refused (RESOURCE_EXHAUSTED) and its connection closed.
   int64_t memory_budget_bytes = int64_t{4} << 30;
@@ -68,6 +72,9 @@ struct DataPlaneOptions {
   // How long a connection waiting for its next request polls before it sleeps (see
   // common/socket_io.h, ReadWithin).
   absl::Duration receive_spin = absl::Microseconds(100);
+  // A connection whose worker's host shows no sign of life for this long is closed
+  // (common/socket_io.h, WatchPeerLiveness).
+  absl::Duration peer_dead_after = kDataPeerDeadAfter;
 };
 
 class DataPlaneServer {

@@ -2,7 +2,8 @@
 // PsClient: the client uses it when offered and gets the same answers as over gRPC; a client
 // without the job's token, a worker acting as another, an oversized or unknown request and a
 // garbage hello are refused with errors that name the problem, and leave the shard serving; a
-// data port that cannot be reached, or that goes away mid-job, sends the calls over gRPC.
+// data port that cannot be reached, or that goes away mid-job, sends the calls over gRPC; a
+// channel the client stops using closes its connections at both ends.
 #include "server/data_plane.h"
 
 #include <poll.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "common/grpc_options.h"
 #include "common/socket_io.h"
 #include "grpcpp/server.h"
@@ -26,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_service.h"
 #include "worker/ps_client.h"
+#include "worker/ps_data_channel.h"
 
 namespace rubato {
 namespace {
@@ -348,6 +351,61 @@ TEST_F(DataPlaneTest, ADataPlaneThatGoesAwayMidJobLeavesTheCallsToGrpc) {
   ASSERT_TRUE(pushed.ok()) << pushed;
   ASSERT_TRUE(client->Pull(2, absl::MakeSpan(params)).ok());
   for (float v : params[0]) ASSERT_EQ(v, 0.5f);
+}
+
+// A channel that PsClient retires (the shard restarted, or its data port could not be reached
+// once) must not keep its connections: each holds a thread at both ends, and the shard counts
+// them against the worker's kMaxConnectionsPerWorker, so a few retirements would lock the worker
+// out of a live shard's data plane.
+TEST_F(DataPlaneTest, ADrainedChannelClosesItsConnectionsAtBothEnds) {
+  Start(1, /*authenticate=*/false);
+  PsDataChannel::Options o;
+  o.host = "127.0.0.1";
+  o.port = data_->port();
+  o.worker_id = 0;
+  o.description = "the test's shard";
+  PsDataChannel channel(o);
+  PullRequest pull;
+  pull.set_worker_id(0);
+  pull.add_names("w");
+  const grpc::ByteBuffer request = SerializedMessage(pull);
+  // Calls at once take connections of their own; each is answered (an unregistered worker's pull
+  // is refused), and its connection stays open for the next call.
+  auto call_all = [&](int calls) {
+    std::vector<grpc::ByteBuffer> responses(calls);
+    absl::BlockingCounter done(calls);
+    std::atomic<int> answered{0};
+    for (int i = 0; i < calls; ++i) {
+      channel.Call(2, &request, absl::Now() + absl::Seconds(5), &responses[i],
+                   [&](grpc::Status status) {
+                     answered += status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                                 status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+                     done.DecrementCount();
+                   });
+    }
+    done.Wait();
+    return answered.load();
+  };
+  EXPECT_EQ(call_all(3), 3);
+  const int opened = channel.open_connections();
+  EXPECT_GE(opened, 1);
+  EXPECT_LE(opened, 3);
+  auto server_connections_become = [&](int n) {
+    for (absl::Time until = absl::Now() + absl::Seconds(5); absl::Now() < until;) {
+      if (data_->connections() == n) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  };
+  EXPECT_TRUE(server_connections_become(opened)) << data_->connections();
+  channel.Drain();
+  EXPECT_TRUE(server_connections_become(0)) << data_->connections() << " still open at the shard";
+  EXPECT_EQ(channel.open_connections(), 0);
+  // A call that reaches a drained channel is still carried, and its connection closes after it.
+  EXPECT_EQ(call_all(1), 1);
+  EXPECT_TRUE(server_connections_become(0)) << data_->connections() << " still open at the shard";
+  EXPECT_EQ(channel.open_connections(), 0);
+  EXPECT_FALSE(channel.broken());
 }
 
 }  // namespace

@@ -612,7 +612,7 @@ class GrpcPsClient final : public PsClient {
 
   // One StartPush: its calls, run by `thread`, and what they returned.
   struct PendingPush {
-    BorrowedSlices borrowed;  // First: destroyed last.
+    BorrowedSlices borrowed;       // First: destroyed last.
     std::vector<int> push_shards;  // the shard of each push call (requests, raw, responses)
     std::vector<int64_t> weights;  // and its bytes, for the shard's push gate
     // The pull that follows: one call per shard (call_shards) of its pushed tensors.
@@ -656,7 +656,10 @@ class GrpcPsClient final : public PsClient {
     }
     if (data_[shard] != nullptr && data_[shard]->port() == port && !data_[shard]->broken()) return;
     std::string host, ignored;
-    if (!SplitHostPort(options_.servers[shard], &host, &ignored)) return;
+    if (!SplitHostPort(options_.servers[shard], &host, &ignored)) {
+      Retire(shard);
+      return;
+    }
     PsDataChannel::Options o;
     o.host = host;
     o.port = port;
@@ -668,10 +671,13 @@ class GrpcPsClient final : public PsClient {
     data_[shard] = std::make_shared<PsDataChannel>(std::move(o));
   }
 
-  // Stops using shard's data channel. It is destroyed with the client, not here: a call's
-  // callback, which runs on the channel's own thread, may be what drops it.
+  // Stops using shard's data channel: its connections close as their calls end (Drain). It is
+  // destroyed with the client, not here: a call's callback, which runs on the channel's own
+  // thread, may be what drops it.
   void Retire(int shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(data_mu_) {
-    if (data_[shard] != nullptr) retired_.push_back(std::move(data_[shard]));
+    if (data_[shard] == nullptr) return;
+    data_[shard]->Drain();
+    retired_.push_back(std::move(data_[shard]));
     data_[shard] = nullptr;
   }
 

@@ -59,13 +59,31 @@ void PsDataChannel::Call(int method, const grpc::ByteBuffer* request, absl::Time
   job.done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the data channel closed"));
 }
 
+void PsDataChannel::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;  // Wakes the idle connections' threads, which end (Run).
+}
+
+int PsDataChannel::open_connections() const {
+  absl::MutexLock lock(&mu_);
+  int open = 0;
+  for (const auto& c : connections_) open += c->ended ? 0 : 1;
+  return open;
+}
+
+void PsDataChannel::EndConnection(Connection* c) {
+  if (const int fd = c->fd.exchange(-1); fd >= 0) ::close(fd);  // The shard's end sees it close.
+  c->ended = true;
+  ++ended_;
+}
+
 void PsDataChannel::Assign(Job job) {
   if (!idle_.empty()) {
     Connection* c = idle_.back();
     idle_.pop_back();
     c->job = std::move(job);
     c->has_job = true;
-  } else if (static_cast<int>(connections_.size()) < kMaxDataConnections) {
+  } else if (static_cast<int>(connections_.size()) - ended_ < kMaxDataConnections) {
     auto c = std::make_unique<Connection>();
     c->job = std::move(job);
     c->has_job = true;
@@ -82,9 +100,17 @@ void PsDataChannel::Run(Connection* c) {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return c->has_job || stopping_; };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return c->has_job || stopping_ || draining_;
+      };
       mu_.Await(absl::Condition(&ready));
-      if (!c->has_job) return;
+      if (!c->has_job) {
+        if (!stopping_) {  // Draining: an idle connection ends now.
+          idle_.erase(std::find(idle_.begin(), idle_.end(), c));
+          EndConnection(c);
+        }
+        return;
+      }
       job = std::move(c->job);
     }
     grpc::Status status;
@@ -104,6 +130,7 @@ void PsDataChannel::Run(Connection* c) {
       }
     }
     if (status.ok()) status = Exchange(c, job);
+    bool ended = false;
     {
       absl::MutexLock lock(&mu_);
       c->has_job = false;
@@ -111,11 +138,15 @@ void PsDataChannel::Run(Connection* c) {
         c->job = std::move(waiting_.front());
         waiting_.pop_front();
         c->has_job = true;
+      } else if (draining_ && !stopping_) {
+        EndConnection(c);
+        ended = true;
       } else {
         idle_.push_back(c);
       }
     }
     job.done(std::move(status));
+    if (ended) return;
   }
 }
 
@@ -128,6 +159,7 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
                                      " (port ", options_.port, "): ", fd.status().message()));
   }
   SetDataSocketOptions(*fd);
+  WatchPeerLiveness(*fd, options_.peer_dead_after);
   char hello[16];
   std::memcpy(hello, kDataHelloMagic, sizeof(kDataHelloMagic));
   WireStore<int32_t>(hello + 8, options_.worker_id);
@@ -188,7 +220,7 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   char header[kDataRequestHeaderBytes] = {};
   WireStore<int32_t>(header, job.method);
   WireStore<int64_t>(header + 8,
-                 std::max<int64_t>(0, absl::ToInt64Milliseconds(job.deadline - absl::Now())));
+                     std::max<int64_t>(0, absl::ToInt64Milliseconds(job.deadline - absl::Now())));
   WireStore<int64_t>(header + 16, bytes);
   std::vector<iovec> iov;
   iov.reserve(1 + slices.size());

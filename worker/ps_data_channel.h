@@ -8,7 +8,9 @@
 // for one), so that the shard's answers never queue behind one another.
 //
 // Failures come back as gRPC statuses, so that PsClient's retries treat both transports alike:
-// UNAVAILABLE when the connection cannot be opened or breaks (the shard died or restarted), the
+// UNAVAILABLE when the connection cannot be opened or breaks (the shard died or restarted, or its
+// host stopped acknowledging for kDataPeerDeadAfter: a vanished host is given up as soon as over
+// gRPC, whose keepalive does the same, not at the call's deadline minutes later), the
 // shard's own code and text when it refuses a call, DEADLINE_EXCEEDED when no answer comes by the
 // call's deadline. A channel that could not open a connection is broken() from then on: PsClient
 // sends that shard's calls over gRPC instead, until the next registration offers a data port.
@@ -26,6 +28,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
+#include "common/socket_io.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 
@@ -39,12 +43,15 @@ class PsDataChannel {
     std::string host;  // The host of the shard's gRPC address.
     int port = 0;      // RegisterResponse.data_port.
     int worker_id = 0;
-    std::string token;              // The worker's job token ("" without authentication).
-    std::string description;        // "shard 1 at host:port", for messages.
-    int64_t max_message_bytes = 0;  // A larger answer is refused.
+    std::string token;        // The worker's job token ("" without authentication).
+    std::string description;  // "shard 1 at host:port", for messages.
+    int64_t max_message_bytes = kDefaultMaxMessageBytes;  // A larger answer is refused.
     absl::Duration connect_timeout = absl::Seconds(3);
     // How long a call waiting for its answer polls before it sleeps (common/socket_io.h).
     absl::Duration receive_spin = absl::Microseconds(100);
+    // A connection whose shard's host shows no sign of life for this long fails with UNAVAILABLE
+    // (common/socket_io.h, WatchPeerLiveness), which PsClient retries as it retries gRPC's.
+    absl::Duration peer_dead_after = kDataPeerDeadAfter;
   };
   explicit PsDataChannel(Options options) : options_(std::move(options)) {}
   // Closes every connection and waits for their threads (calls in flight end with UNAVAILABLE).
@@ -60,8 +67,16 @@ class PsDataChannel {
   void Call(int method, const grpc::ByteBuffer* request, absl::Time deadline,
             grpc::ByteBuffer* response, Done done);
 
+  // The client stopped using this channel (it uses gRPC, or a newer channel, for the shard): each
+  // connection closes as soon as it has no call, so that neither end keeps threads and sockets
+  // for it (the shard counts a worker's connections against kMaxConnectionsPerWorker). Calls made
+  // after this are still carried, on connections that close once they end.
+  void Drain();
+
   // A connection could not be opened: use gRPC.
   bool broken() const { return broken_.load(); }
+  // Connections open now, or being opened (tests).
+  int open_connections() const;
   int port() const { return options_.port; }
 
  private:
@@ -75,12 +90,14 @@ class PsDataChannel {
   struct Connection {
     std::atomic<int> fd{-1};  // Set by its thread; shut down by the destructor.
     std::thread thread;
-    bool has_job = false;  // Guarded by the channel's mu_.
+    bool has_job = false;  // Guarded by the channel's mu_, as are job and ended.
     Job job;
-    bool dead = false;
+    bool ended = false;  // Its thread returned (draining); it takes no more jobs.
   };
   // Gives `job` to an idle connection, a new one, or the queue.
   void Assign(Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends connection `c`'s thread while draining: closes its socket, and it takes no more jobs.
+  void EndConnection(Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Connection* c);
   // Opens and greets; the fd, or UNAVAILABLE / the shard's refusal.
   grpc::Status Open(int* fd);
@@ -88,9 +105,11 @@ class PsDataChannel {
 
   const Options options_;
   std::atomic<bool> broken_{false};
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  int ended_ ABSL_GUARDED_BY(mu_) = 0;  // Of connections_.
   std::vector<Connection*> idle_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> waiting_ ABSL_GUARDED_BY(mu_);
 };
