@@ -297,27 +297,21 @@ absl::StatusOr<int> TcpRingLink::OpenConnection() {
   }
   const int fd = *connected;
   SetDataSocketOptions(fd);
-  // Blocking from here on: only this thread writes, and the destructor's shutdown() wakes it.
-  ::fcntl(fd, F_SETFL, 0);
   char hello[kRingHelloBytes] = {};
   std::memcpy(hello, kHelloMagic, sizeof(kHelloMagic));
   const int32_t from = rank_, size = size_;
   std::memcpy(hello + 8, &from, 4);
   std::memcpy(hello + 12, &size, 4);
   std::memcpy(hello + 16, reply.ticket().data(), kRingTicketBytes);
-  size_t sent = 0;
-  while (sent < sizeof(hello)) {
-    const ssize_t n = ::send(fd, hello + sent, sizeof(hello) - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n < 0 ? std::strerror(errno) : "nothing written";
-      ::close(fd);
-      return absl::UnavailableError(absl::StrCat("all-reduce: the data connection to rank ",
-                                                 next_rank_, " at ", data_address,
-                                                 " broke during its hello: ", why));
-    }
-    sent += static_cast<size_t>(n);
+  iovec iov{hello, sizeof(hello)};
+  if (const std::string why = WriteWithin(fd, &iov, 1, absl::Now() + kHelloTimeout); !why.empty()) {
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("all-reduce: the data connection to rank ",
+                                               next_rank_, " at ", data_address,
+                                               " broke during its hello: ", why));
   }
+  // Blocking from here on: only this thread writes, and the destructor's shutdown() wakes it.
+  ::fcntl(fd, F_SETFL, 0);
   return fd;
 }
 
