@@ -1,5 +1,6 @@
 // make_corpus: writes the seed corpora of the fuzz harnesses, one serialized case per file, into
-// <dir>/shard_fuzzer/seed-<name> and <dir>/ring_mailbox_fuzzer/seed-<name>:
+// <dir>/shard_fuzzer/seed-<name> and <dir>/ring_mailbox_fuzzer/seed-<name>, and one client
+// connection's bytes per file into <dir>/data_plane_fuzzer/seed-<name>:
 //
 //   bazel run //fuzz:make_corpus -- $PWD/fuzz/corpus
 //
@@ -10,6 +11,7 @@
 // mostly valid session, so that the fuzzer starts from inputs that reach deep into the code.
 #include <sys/stat.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -19,6 +21,7 @@
 #include "fuzz/fuzz_case.pb.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
+#include "proto/parameter_server.pb.h"
 
 namespace rubato {
 namespace fuzz {
@@ -834,6 +837,80 @@ const std::vector<std::pair<std::string, std::string>> kRingSeeds = {
      )pb"},
 };
 
+// The data plane's seeds are raw byte streams (one client connection each, server/data_plane.h):
+// a hello, then requests, for the fuzzer's shard of two workers with tensors "w" (4) and "b" (2).
+std::string DataHello(int32_t worker, const std::string& token, int32_t token_bytes = -1) {
+  std::string h = "RBPSDAT1";
+  const int32_t n = token_bytes >= 0 ? token_bytes : static_cast<int32_t>(token.size());
+  h.append(reinterpret_cast<const char*>(&worker), 4);
+  h.append(reinterpret_cast<const char*>(&n), 4);
+  return h + token;
+}
+std::string DataRequest(int32_t method, int64_t timeout_ms, const std::string& body,
+                        int64_t claimed_bytes = -1) {
+  const int32_t reserved = 0;
+  const int64_t bytes = claimed_bytes >= 0 ? claimed_bytes : static_cast<int64_t>(body.size());
+  std::string r(reinterpret_cast<const char*>(&method), 4);
+  r.append(reinterpret_cast<const char*>(&reserved), 4);
+  r.append(reinterpret_cast<const char*>(&timeout_ms), 8);
+  r.append(reinterpret_cast<const char*>(&bytes), 8);
+  return r + body;
+}
+std::string DataPull(int32_t worker, int64_t step) {
+  rubato::PullRequest pull;
+  pull.set_worker_id(worker);
+  pull.set_step(step);
+  pull.add_names("w");
+  pull.add_names("b");
+  return DataRequest(2, 1000, pull.SerializeAsString());
+}
+std::string DataPush(int32_t worker, int64_t step, float value) {
+  rubato::PushRequest push;
+  push.set_worker_id(worker);
+  push.set_step(step);
+  for (const auto& [name, elements] : {std::pair<const char*, int>{"w", 4}, {"b", 2}}) {
+    rubato::TensorValue* g = push.add_gradients();
+    g->set_name(name);
+    std::string data;
+    for (int i = 0; i < elements; ++i) data.append(reinterpret_cast<const char*>(&value), 4);
+    g->set_data(data);
+  }
+  return DataRequest(1, 1000, push.SerializeAsString());
+}
+
+const std::vector<std::pair<std::string, std::string>>& DataPlaneSeeds() {
+  static const auto* seeds = new std::vector<std::pair<std::string, std::string>>{
+      {"pull", DataHello(0, "") + DataPull(0, 0)},
+      {"push-pull", DataHello(0, "") + DataPush(0, 0, 0.5f) + DataPull(0, 1)},
+      {"two-pushes-as-worker-1",
+       DataHello(1, "worker/1/token") + DataPush(1, 0, 0.25f) + DataPush(1, 1, -1.0f)},
+      {"push-as-another-worker", DataHello(1, "") + DataPush(0, 0, 0.5f) + DataPull(1, 0)},
+      {"garbage-body-then-pull",
+       DataHello(0, "") + DataRequest(1, 0, "\xff\xff garbage") + DataPull(0, 0)},
+      {"oversized-request", DataHello(0, "") + DataRequest(1, 1000, "", int64_t{1} << 30)},
+      {"short-body", DataHello(0, "") + DataRequest(2, 1000, "\x08", 4096)},
+      {"unknown-method", DataHello(0, "") + DataRequest(9, 1000, "")},
+      {"token-length-out-of-range", DataHello(0, "", 1 << 20)},
+      {"not-a-hello", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+  };
+  return *seeds;
+}
+
+bool WriteRawSeeds(const std::string& dir,
+                   const std::vector<std::pair<std::string, std::string>>& seeds) {
+  mkdir(dir.c_str(), 0755);
+  for (const auto& [name, bytes] : seeds) {
+    const std::string path = dir + "/seed-" + name;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out || !out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()))) {
+      std::fprintf(stderr, "make_corpus: cannot write %s\n", path.c_str());
+      return false;
+    }
+    std::printf("%s (%zu bytes)\n", path.c_str(), bytes.size());
+  }
+  return true;
+}
+
 bool WriteSeeds(const std::string& dir,
                 const std::vector<std::pair<std::string, std::string>>& seeds,
                 google::protobuf::Message* prototype) {
@@ -870,6 +947,7 @@ int main(int argc, char** argv) {
   rubato::fuzz::RingFuzzCase ring;
   const bool ok =
       rubato::fuzz::WriteSeeds(dir + "/shard_fuzzer", rubato::fuzz::kShardSeeds, &shard) &&
-      rubato::fuzz::WriteSeeds(dir + "/ring_mailbox_fuzzer", rubato::fuzz::kRingSeeds, &ring);
+      rubato::fuzz::WriteSeeds(dir + "/ring_mailbox_fuzzer", rubato::fuzz::kRingSeeds, &ring) &&
+      rubato::fuzz::WriteRawSeeds(dir + "/data_plane_fuzzer", rubato::fuzz::DataPlaneSeeds());
   return ok ? 0 : 1;
 }

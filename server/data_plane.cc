@@ -246,6 +246,7 @@ void DataPlaneServer::Serve(Connection* c) {
         absl::MutexLock lock(&mu_);
         --per_worker_[*worker];
       }
+      ::shutdown(c->fd, SHUT_RDWR);  // The peer sees the end now; Reap closes the fd.
       c->ended.store(true);
       return;
     }
@@ -360,6 +361,7 @@ void DataPlaneServer::Serve(Connection* c) {
     absl::MutexLock lock(&mu_);
     --per_worker_[*worker];
   }
+  ::shutdown(c->fd, SHUT_RDWR);
   c->ended.store(true);
 }
 
