@@ -291,8 +291,8 @@ void DataPlaneServer::Serve(Connection* c) {
       break;
     }
     auto body = std::make_shared<Body>(static_cast<size_t>(bytes), body_bytes_);
-    if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why) !=
-        ReadEnd::kDone) {
+    if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why,
+                   options_.receive_spin) != ReadEnd::kDone) {
       break;
     }
     const absl::Time deadline =

@@ -420,17 +420,24 @@ class GrpcPsClient final : public PsClient {
     const size_t n = plan_.groups.size();
     std::vector<grpc::ByteBuffer> requests(n);
     std::vector<grpc::ByteBuffer> responses(n);
-    for (size_t g = 0; g < n; ++g) requests[g] = PullRequestFor(step, plan_.groups[g].tensors);
+    // Over the data plane each answer is read straight into `params` (no copy) where it is laid
+    // out as expected; else (and over gRPC) it is parsed and copied by StoreTensors.
+    std::vector<PsDataChannel::PullSink> sinks(n);
+    for (size_t g = 0; g < n; ++g) {
+      requests[g] = PullRequestFor(step, plan_.groups[g].tensors);
+      sinks[g] = SinkFor(plan_.groups[g].tensors, params);
+    }
     RETURN_IF_ERROR(FanOut(group_shards_, options_.rpc_timeout, Retry::kWhileUnavailable,
                            [&](ParameterServer::Stub::async_interface*, int call,
                                grpc::ClientContext* context, Done done) {
                              CallRaw(group_shards_[call], DataMethod::kPull, context,
-                                     &requests[call], &responses[call], std::move(done));
+                                     &requests[call], &responses[call], std::move(done),
+                                     &sinks[call]);
                            }));
     bool first = true;
     for (size_t g = 0; g < n; ++g) {
-      RETURN_IF_ERROR(StoreTensors(plan_.groups[g].shard, plan_.groups[g].tensors, responses[g],
-                                   params, min_version, &first));
+      RETURN_IF_ERROR(StorePulled(plan_.groups[g].shard, plan_.groups[g].tensors, sinks[g],
+                                  responses[g], params, min_version, &first));
     }
     return absl::OkStatus();
   }
@@ -540,17 +547,21 @@ class GrpcPsClient final : public PsClient {
       const size_t calls = p->call_shards.size();
       std::vector<grpc::ByteBuffer> pulls(calls);
       std::vector<grpc::ByteBuffer> pulled(calls);
-      for (size_t c = 0; c < calls; ++c) pulls[c] = PullRequestFor(step + 1, p->call_tensors[c]);
+      std::vector<PsDataChannel::PullSink> sinks(calls);
+      for (size_t c = 0; c < calls; ++c) {
+        pulls[c] = PullRequestFor(step + 1, p->call_tensors[c]);
+        sinks[c] = SinkFor(p->call_tensors[c], absl::MakeSpan(*pull_into));
+      }
       p->status = FanOut(p->call_shards, options_.rpc_timeout, Retry::kWhileUnavailable,
                          [&](ParameterServer::Stub::async_interface*, int call,
                              grpc::ClientContext* context, Done done) {
                            CallRaw(p->call_shards[call], DataMethod::kPull, context, &pulls[call],
-                                   &pulled[call], std::move(done));
+                                   &pulled[call], std::move(done), &sinks[call]);
                          });
       bool first = true;
       for (size_t c = 0; c < calls && p->status.ok(); ++c) {
-        p->status = StoreTensors(p->call_shards[c], p->call_tensors[c], pulled[c],
-                                 absl::MakeSpan(*pull_into), &p->min_version, &first);
+        p->status = StorePulled(p->call_shards[c], p->call_tensors[c], sinks[c], pulled[c],
+                                absl::MakeSpan(*pull_into), &p->min_version, &first);
       }
       p->timing.pulled = absl::Now();
     });
@@ -629,18 +640,21 @@ class GrpcPsClient final : public PsClient {
 
   // Push or Pull to `shard`: over its data plane while it offers one that works, else over gRPC.
   void CallRaw(int shard, DataMethod method, grpc::ClientContext* context,
-               const grpc::ByteBuffer* request, grpc::ByteBuffer* response, Done done) {
+               const grpc::ByteBuffer* request, grpc::ByteBuffer* response, Done done,
+               PsDataChannel::PullSink* sink = nullptr) {
     std::shared_ptr<PsDataChannel> data;
     {
       absl::MutexLock lock(&data_mu_);
       data = data_[shard];
     }
     if (data != nullptr && !data->broken()) {
-      data->Call(static_cast<int>(method), request, absl::FromChrono(context->deadline()), response,
-                 [this, shard, d = data.get(), done = std::move(done)](grpc::Status status) {
-                   if (d->broken()) DropDataChannel(shard, d, status);
-                   done(std::move(status));
-                 });
+      data->Call(
+          static_cast<int>(method), request, absl::FromChrono(context->deadline()), response,
+          [this, shard, d = data.get(), done = std::move(done)](grpc::Status status) {
+            if (d->broken()) DropDataChannel(shard, d, status);
+            done(std::move(status));
+          },
+          sink);
       return;
     }
     generic_[shard]->UnaryCall(context, method == DataMethod::kPush ? kPushMethod : kPullMethod,
@@ -735,6 +749,33 @@ class GrpcPsClient final : public PsClient {
   // order) into params, straight from the received slices, lowering *min_version (if given) to
   // each tensor's version, or setting it for the first tensor while *first. INTERNAL for a
   // malformed answer.
+  // Where a pull of `tensors` may be read into `params` in place (each resized to its size first).
+  PsDataChannel::PullSink SinkFor(const std::vector<int>& tensors,
+                                  absl::Span<std::vector<float>> params) const {
+    PsDataChannel::PullSink sink;
+    for (int i : tensors) {
+      params[i].resize(plan_.elements[i]);
+      sink.tensors.push_back({&options_.model[i].name(), params[i].data(), plan_.elements[i]});
+    }
+    return sink;
+  }
+
+  // A pull's answer: already in `params` if the data channel stored it in place (its versions in
+  // the sink), else parsed from `raw` and copied there.
+  absl::Status StorePulled(int shard, const std::vector<int>& want,
+                           const PsDataChannel::PullSink& sink, const grpc::ByteBuffer& raw,
+                           absl::Span<std::vector<float>> params, int64_t* min_version,
+                           bool* first) const {
+    if (!sink.stored) return StoreTensors(shard, want, raw, params, min_version, first);
+    for (const PsDataChannel::PullSink::Tensor& t : sink.tensors) {
+      if (min_version != nullptr) {
+        *min_version = *first ? t.version : std::min(*min_version, t.version);
+      }
+      *first = false;
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status StoreTensors(int shard, const std::vector<int>& want, const grpc::ByteBuffer& raw,
                             absl::Span<std::vector<float>> params, int64_t* min_version,
                             bool* first) const {

@@ -4,10 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/data_plane_wire.h"
 #include "common/socket_io.h"
@@ -47,8 +51,8 @@ PsDataChannel::~PsDataChannel() {
 }
 
 void PsDataChannel::Call(int method, const grpc::ByteBuffer* request, absl::Time deadline,
-                         grpc::ByteBuffer* response, Done done) {
-  Job job{method, request, deadline, response, std::move(done)};
+                         grpc::ByteBuffer* response, Done done, PullSink* sink) {
+  Job job{method, request, deadline, response, std::move(done), sink};
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
@@ -251,9 +255,18 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
     return broke(grpc::StatusCode::INTERNAL,
                  absl::StrCat("sent an answer of ", size, " bytes (status ", code, ")"));
   }
+  if (code == 0 && job.sink != nullptr) {
+    if (const std::string failed = ReadPullInPlace(fd, size, job, answer_by, &end);
+        !failed.empty()) {
+      return broke(end == ReadEnd::kTimedOut ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                             : grpc::StatusCode::UNAVAILABLE,
+                   absl::StrCat("broke in an answer: ", failed));
+    }
+    return grpc::Status::OK;
+  }
   grpc::Slice body(grpc_slice_malloc_large(static_cast<size_t>(size)), grpc::Slice::STEAL_REF);
   end = ReadWithin(fd, reinterpret_cast<char*>(const_cast<uint8_t*>(body.begin())), body.size(),
-                   answer_by, &why);
+                   answer_by, &why, options_.receive_spin);
   if (end != ReadEnd::kDone) {
     return broke(end == ReadEnd::kTimedOut ? grpc::StatusCode::DEADLINE_EXCEEDED
                                            : grpc::StatusCode::UNAVAILABLE,
@@ -265,6 +278,152 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   }
   *job.response = grpc::ByteBuffer(&body, 1);
   return grpc::Status::OK;
+}
+
+namespace {
+
+// The body of one answer, read from a socket through a small buffer (for the few bytes of each
+// tensor's header) or straight into a destination (its bytes), remembering everything consumed so
+// that an answer of another layout can still be handed back whole (Whole).
+class AnswerReader {
+ public:
+  AnswerReader(int fd, int64_t size, absl::Time deadline, absl::Duration spin)
+      : fd_(fd), left_(size), deadline_(deadline), spin_(spin) {}
+
+  int64_t left() const { return left_ + static_cast<int64_t>(end_ - at_); }
+
+  bool Byte(uint8_t* b) {
+    if (at_ == end_ && !Fill()) return false;
+    *b = static_cast<uint8_t>(buffer_[at_++]);
+    log_.back().text.push_back(static_cast<char>(*b));
+    return true;
+  }
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!Byte(&b)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // `n` bytes into `to` (buffered ones first), logged as a view of `to`.
+  bool Into(char* to, int64_t n) {
+    if (n > left()) return false;  // Nothing consumed: the answer can still be handed back whole.
+    const int64_t buffered = std::min<int64_t>(n, end_ - at_);
+    std::memcpy(to, buffer_ + at_, static_cast<size_t>(buffered));
+    at_ += static_cast<size_t>(buffered);
+    if (n > buffered && !Read(to + buffered, n - buffered)) return false;
+    log_.back().view = absl::string_view(to, static_cast<size_t>(n));
+    log_.emplace_back();
+    return true;
+  }
+  // What was consumed, then the rest of the answer, as one slice.
+  bool Whole(int64_t size, grpc::ByteBuffer* out) {
+    grpc::Slice body(grpc_slice_malloc_large(static_cast<size_t>(size)), grpc::Slice::STEAL_REF);
+    char* to = reinterpret_cast<char*>(const_cast<uint8_t*>(body.begin()));
+    for (const Piece& p : log_) {
+      std::memcpy(to, p.text.data(), p.text.size());
+      to += p.text.size();
+      std::memcpy(to, p.view.data(), p.view.size());
+      to += p.view.size();
+    }
+    const size_t buffered = end_ - at_;
+    std::memcpy(to, buffer_ + at_, buffered);
+    at_ = end_;
+    if (!Read(to + buffered, left_)) return false;
+    *out = grpc::ByteBuffer(&body, 1);
+    return true;
+  }
+  ReadEnd end() const { return end_state_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  struct Piece {
+    std::string text;        // Header bytes, in order,
+    absl::string_view view;  // then the tensor bytes that followed them.
+  };
+  bool Fill() {
+    const int64_t n = std::min<int64_t>(left_, sizeof(buffer_));
+    if (n == 0 || !Read(buffer_, n)) return false;
+    at_ = 0;
+    end_ = static_cast<size_t>(n);
+    return true;
+  }
+  bool Read(char* to, int64_t n) {
+    if (n > left_) return false;
+    end_state_ = ReadWithin(fd_, to, static_cast<size_t>(n), deadline_, &why_, spin_);
+    if (end_state_ != ReadEnd::kDone) return false;
+    left_ -= n;
+    return true;
+  }
+
+  const int fd_;
+  int64_t left_;  // Not yet read from the socket.
+  const absl::Time deadline_;
+  const absl::Duration spin_;
+  char buffer_[64];
+  size_t at_ = 0, end_ = 0;
+  std::vector<Piece> log_ = std::vector<Piece>(1);
+  ReadEnd end_state_ = ReadEnd::kDone;
+  std::string why_;
+};
+
+// Reads one tensor of the expected layout into `t`; false (with nothing lost) when it is not so.
+bool ReadTensorInPlace(AnswerReader& r, PsDataChannel::PullSink::Tensor& t) {
+  uint64_t tag, inner, name_bytes;
+  if (!r.Varint(&tag) || tag != 0x0a || !r.Varint(&inner) || inner > uint64_t{1} << 40) {
+    return false;
+  }
+  const int64_t inner_ends = r.left() - static_cast<int64_t>(inner);
+  uint8_t b;
+  if (!r.Byte(&b) || b != 0x0a || !r.Varint(&name_bytes) || name_bytes != t.name->size()) {
+    return false;
+  }
+  for (char expected : *t.name) {
+    if (!r.Byte(&b) || static_cast<char>(b) != expected) return false;
+  }
+  uint64_t version = 0, data_bytes;
+  if (!r.Byte(&b)) return false;
+  if (b == 0x18) {
+    if (!r.Varint(&version) || version > uint64_t{1} << 62 || !r.Byte(&b)) return false;
+  }
+  if (b != 0x12 || !r.Varint(&data_bytes) ||
+      data_bytes != static_cast<uint64_t>(t.elements) * sizeof(float) ||
+      r.left() - static_cast<int64_t>(data_bytes) != inner_ends) {
+    return false;
+  }
+  if (!r.Into(reinterpret_cast<char*>(t.data), static_cast<int64_t>(data_bytes))) return false;
+  t.version = static_cast<int64_t>(version);
+  return true;
+}
+
+}  // namespace
+
+std::string PsDataChannel::ReadPullInPlace(int fd, int64_t size, const Job& job,
+                                           absl::Time deadline, ReadEnd* end) {
+  AnswerReader reader(fd, size, deadline, options_.receive_spin);
+  job.sink->stored = false;
+  bool in_place = true;
+  for (PullSink::Tensor& t : job.sink->tensors) {
+    if (!ReadTensorInPlace(reader, t)) {
+      in_place = false;
+      break;
+    }
+  }
+  if (in_place && reader.left() == 0) {
+    job.sink->stored = true;
+    return "";
+  }
+  *end = reader.end();
+  if (*end != ReadEnd::kDone) return DescribeReadEnd(*end, reader.why());
+  // Another layout: the whole answer, for PsClient's parser.
+  if (!reader.Whole(size, job.response)) {
+    *end = reader.end();
+    return DescribeReadEnd(*end, reader.why());
+  }
+  return "";
 }
 
 }  // namespace rubato

@@ -60,12 +60,31 @@ class PsDataChannel {
   PsDataChannel(const PsDataChannel&) = delete;
   PsDataChannel& operator=(const PsDataChannel&) = delete;
 
+  // Where a pull's answer may be read straight from the socket into the model, without a copy:
+  // the tensors the answer should hold, in order, each with its name and a destination of exactly
+  // its size. An answer laid out as the shard writes it (server/parameter_service.h,
+  // EncodePullResponse: per tensor its name, its version, then its bytes) is read into place and
+  // `stored` set; any other answer (another layout, another tensor, another size, more fields) is
+  // handed back whole in *response, as without a sink, for PsClient to parse and judge. Either way
+  // the destinations may have been written (a call that then fails leaves them half-filled).
+  struct PullSink {
+    struct Tensor {
+      const std::string* name;
+      float* data;
+      int64_t elements;
+      int64_t version = 0;  // Set when stored.
+    };
+    std::vector<Tensor> tensors;
+    bool stored = false;
+  };
+
   using Done = std::function<void(grpc::Status)>;
   // Sends `request` (a PushRequest, method 1, or PullRequest, method 2, in protobuf's wire format)
-  // and calls done(status) on a connection's thread once *response holds the answer or the call
-  // failed. `request` and `response` must stay valid until then.
+  // and calls done(status) on a connection's thread once *response holds the answer (or `sink`
+  // does, for a pull) or the call failed. `request`, `response` and `sink` must stay valid until
+  // then.
   void Call(int method, const grpc::ByteBuffer* request, absl::Time deadline,
-            grpc::ByteBuffer* response, Done done);
+            grpc::ByteBuffer* response, Done done, PullSink* sink = nullptr);
 
   // The client stopped using this channel (it uses gRPC, or a newer channel, for the shard): each
   // connection closes as soon as it has no call, so that neither end keeps threads and sockets
@@ -86,6 +105,7 @@ class PsDataChannel {
     absl::Time deadline;
     grpc::ByteBuffer* response = nullptr;
     Done done;
+    PullSink* sink = nullptr;
   };
   struct Connection {
     std::atomic<int> fd{-1};  // Set by its thread; shut down by the destructor.
@@ -102,6 +122,10 @@ class PsDataChannel {
   // Opens and greets; the fd, or UNAVAILABLE / the shard's refusal.
   grpc::Status Open(int* fd);
   grpc::Status Exchange(Connection* c, const Job& job);
+  // Reads a pull answer of `size` bytes from `fd` into job.sink, or whole into *job.response when
+  // it is not laid out as expected. Empty on success, else why reading failed (and how).
+  std::string ReadPullInPlace(int fd, int64_t size, const Job& job, absl::Time deadline,
+                              ReadEnd* end);
 
   const Options options_;
   std::atomic<bool> broken_{false};
