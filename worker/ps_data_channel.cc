@@ -326,7 +326,7 @@ class AnswerReader {
     for (const Piece& p : log_) {
       std::memcpy(to, p.text.data(), p.text.size());
       to += p.text.size();
-      std::memcpy(to, p.view.data(), p.view.size());
+      if (!p.view.empty()) std::memcpy(to, p.view.data(), p.view.size());
       to += p.view.size();
     }
     const size_t buffered = end_ - at_;
