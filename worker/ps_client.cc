@@ -745,10 +745,6 @@ class GrpcPsClient final : public PsClient {
     return absl::OkStatus();
   }
 
-  // Copies the values of shard `shard`'s answer to a pull of `want` (model indices, in request
-  // order) into params, straight from the received slices, lowering *min_version (if given) to
-  // each tensor's version, or setting it for the first tensor while *first. INTERNAL for a
-  // malformed answer.
   // Where a pull of `tensors` may be read into `params` in place (each resized to its size first).
   PsDataChannel::PullSink SinkFor(const std::vector<int>& tensors,
                                   absl::Span<std::vector<float>> params) const {
@@ -768,14 +764,22 @@ class GrpcPsClient final : public PsClient {
                            bool* first) const {
     if (!sink.stored) return StoreTensors(shard, want, raw, params, min_version, first);
     for (const PsDataChannel::PullSink::Tensor& t : sink.tensors) {
-      if (min_version != nullptr) {
-        *min_version = *first ? t.version : std::min(*min_version, t.version);
-      }
-      *first = false;
+      NoteVersion(t.version, min_version, first);
     }
     return absl::OkStatus();
   }
 
+  // Lowers *min_version (if given) to `version`, or sets it for the first tensor while *first.
+  static void NoteVersion(int64_t version, int64_t* min_version, bool* first) {
+    if (min_version == nullptr) return;
+    *min_version = *first ? version : std::min(*min_version, version);
+    *first = false;
+  }
+
+  // Copies the values of shard `shard`'s answer to a pull of `want` (model indices, in request
+  // order) into params, straight from the received slices, lowering *min_version (if given) to
+  // each tensor's version, or setting it for the first tensor while *first. INTERNAL for a
+  // malformed answer.
   absl::Status StoreTensors(int shard, const std::vector<int>& want, const grpc::ByteBuffer& raw,
                             absl::Span<std::vector<float>> params, int64_t* min_version,
                             bool* first) const {
@@ -808,10 +812,7 @@ class GrpcPsClient final : public PsClient {
       }
       params[i].resize(plan_.elements[i]);
       CopyFloats(v.data, params[i].data());
-      if (min_version != nullptr) {
-        *min_version = *first ? v.version : std::min(*min_version, v.version);
-        *first = false;
-      }
+      NoteVersion(v.version, min_version, first);
     }
     return absl::OkStatus();
   }
