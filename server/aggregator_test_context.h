@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "common/lr_schedule.h"
 #include "common/optimizer.h"
@@ -18,7 +19,7 @@ namespace rubato {
 struct AggregatorTestContext {
   AggregatorTestContext(const ConsistencyConfig& consistency, int workers, double learning_rate,
                         int64_t total_steps)
-      : policy(consistency) {
+      : policy(std::move(*ConsistencyPolicy::Create(consistency))) {
     OptimizerConfig config;
     config.set_type("sgd");
     config.set_learning_rate(learning_rate);
@@ -29,7 +30,7 @@ struct AggregatorTestContext {
     m->member.assign(workers, 1);
     m->count = workers;
     members = m;
-    ctx.policy = &policy;
+    ctx.policy = policy.get();
     ctx.optimizer = optimizer.get();
     ctx.members = &members;
     ctx.schedule = &*schedule;
@@ -44,7 +45,7 @@ struct AggregatorTestContext {
     members = m;
   }
 
-  ConsistencyPolicy policy;
+  std::unique_ptr<ConsistencyPolicy> policy;
   std::unique_ptr<Optimizer> optimizer;
   std::optional<LearningRateScheduler> schedule;
   std::shared_ptr<const TensorAggregator::Members> members;

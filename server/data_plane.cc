@@ -309,14 +309,15 @@ void DataPlaneServer::Serve(Connection* c) {
       if (!s.ok()) {
         answer->Set(s, grpc::ByteBuffer());
       } else {
-        const WirePush& push = body->push;
-        shard_->Push(push, std::move(body), [answer](absl::StatusOr<PushResponse> result) {
-          if (result.ok()) {
-            answer->Set(absl::OkStatus(), SerializedMessage(*result));
-          } else {
-            answer->Set(result.status(), grpc::ByteBuffer());
-          }
-        });
+        WirePush push = std::move(body->push);  // Its bytes stay in `body`, which the shard holds.
+        shard_->Push(std::move(push), std::move(body),
+                     [answer](absl::StatusOr<PushResponse> result) {
+                       if (result.ok()) {
+                         answer->Set(absl::OkStatus(), SerializedMessage(*result));
+                       } else {
+                         answer->Set(result.status(), grpc::ByteBuffer());
+                       }
+                     });
       }
     } else {
       PullRequest pull;

@@ -153,8 +153,8 @@ TEST(NoiseScaleTest, AggregatorTermsMatchADoubleComputation) {
   // async applies each gradient alone: no terms.
   ConsistencyConfig async;
   async.set_mode(ASYNC);
-  const ConsistencyPolicy async_policy(async);
-  t.ctx.policy = &async_policy;
+  const std::unique_ptr<ConsistencyPolicy> async_policy = *ConsistencyPolicy::Create(async);
+  t.ctx.policy = async_policy.get();
   Released released;
   const std::string bytes(1001 * 4, '\0');
   ByteChunks chunks(bytes);

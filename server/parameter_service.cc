@@ -94,11 +94,13 @@ grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* co
     return Refuse(context, s);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const WirePush& push = received->push;
-  shard_->Push(push, std::move(received), [reactor, response](absl::StatusOr<PushResponse> result) {
-    if (result.ok()) *response = SerializedMessage(*result);
-    reactor->Finish(ToGrpcStatus(result.status()));
-  });
+  // The gradients' bytes stay in `received`'s slices, which the shard holds while it needs them.
+  WirePush push = std::move(received->push);
+  shard_->Push(std::move(push), std::move(received),
+               [reactor, response](absl::StatusOr<PushResponse> result) {
+                 if (result.ok()) *response = SerializedMessage(*result);
+                 reactor->Finish(ToGrpcStatus(result.status()));
+               });
   return reactor;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
@@ -12,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/tensor_bytes.h"
 #include "gtest/gtest.h"
 
@@ -67,9 +69,11 @@ RegisterRequest Registration(int worker, int num_workers) {
 }
 
 // A shard every one of whose `workers` has registered.
-std::unique_ptr<ParameterShard> StartedShard(int workers, int64_t lease_ms = 10000) {
+std::unique_ptr<ParameterShard> StartedShard(int workers, int64_t lease_ms = 10000,
+                                             Clock* clock = Clock::Real()) {
   ShardOptions options = Options(workers);
   options.cluster.set_lease_ms(lease_ms);
+  options.clock = clock;
   auto shard = ParameterShard::Create(options);
   EXPECT_TRUE(shard.ok()) << shard.status();
   for (int w = 0; w < workers; ++w) {
@@ -116,6 +120,21 @@ PullResponse PullNow(ParameterShard* shard, int worker, int64_t step) {
   EXPECT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(r->status.ok()) << r->status;
   return r->response;
+}
+
+// Moves `clock` on by `step` at a time, calling `each` before every step, until `done` is
+// notified or `limit` of simulated time has passed; returns the simulated time it took. After each
+// step it waits for the shard's deadline thread to have done what fell due (and answered it).
+absl::Duration AdvanceUntil(
+    SimulatedClock* clock, absl::Notification* done, absl::Duration step, absl::Duration limit,
+    const std::function<void()>& each = [] {}) {
+  const absl::Time start = clock->Now();
+  while (!done->HasBeenNotified() && clock->Now() - start < limit) {
+    each();
+    clock->Advance(step);
+    EXPECT_TRUE(clock->AwaitWaitersAtNow(1, absl::Seconds(30)));
+  }
+  return clock->Now() - start;
 }
 
 // Reference: the mean summed in float in worker-id order and divided by the count in float, then
@@ -679,9 +698,11 @@ TEST(ConsistencyTest, SspBlocksOnlyBeyondTheBound) {
 }
 
 TEST(ConsistencyTest, SspDoesNotWaitForADroppedWorker) {
+  SimulatedClock clock;
   ShardOptions o = Options(2);
   *o.cluster.mutable_consistency() = Mode(SSP, 1);
   o.cluster.set_lease_ms(200);
+  o.clock = &clock;
   auto created = ParameterShard::Create(o);
   ASSERT_TRUE(created.ok());
   ParameterShard* shard = created->get();
@@ -696,15 +717,17 @@ TEST(ConsistencyTest, SspDoesNotWaitForADroppedWorker) {
     ASSERT_TRUE(shard->Push(PushOf(0, c, {Value("w", {1, 1, 1, 1}), Value("b", {1, 1, 1})})).ok());
   }
   auto r = StartPull(shard, 0, 2, absl::Seconds(10));
-  const absl::Time start = absl::Now();
-  while (!r->done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-    HeartbeatRequest hb;
-    hb.set_worker_id(0);
-    ASSERT_TRUE(shard->Heartbeat(hb).ok());
-    ASSERT_LT(absl::Now() - start, absl::Seconds(5)) << "SSP waited on a dead worker";
-  }
+  const absl::Duration waited =
+      AdvanceUntil(&clock, &r->done, absl::Milliseconds(50), absl::Seconds(5), [&] {
+        HeartbeatRequest hb;
+        hb.set_worker_id(0);
+        ASSERT_TRUE(shard->Heartbeat(hb).ok());
+      });
+  ASSERT_TRUE(r->done.HasBeenNotified()) << "SSP waited on a dead worker";
   EXPECT_TRUE(r->status.ok()) << r->status;
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  // Worker 1 is dropped once its 200 ms lease has run out, not before.
+  EXPECT_GT(waited, absl::Milliseconds(200));
+  EXPECT_LE(waited, absl::Milliseconds(250));
   EXPECT_EQ(shard->Stats().dropped_workers(), 1);
 }
 
@@ -758,8 +781,10 @@ TEST(ParameterShardTest, ShutdownFailsWaitingPulls) {
 }
 
 TEST(ParameterShardTest, SilentWorkerIsDroppedAndTheStepCompletesWithoutIt) {
+  SimulatedClock clock;
   ShardOptions o = Options(3);
   o.cluster.set_lease_ms(200);
+  o.clock = &clock;
   auto created = ParameterShard::Create(o);
   ASSERT_TRUE(created.ok());
   ParameterShard* shard = created->get();
@@ -769,17 +794,18 @@ TEST(ParameterShardTest, SilentWorkerIsDroppedAndTheStepCompletesWithoutIt) {
   ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("w", g1)})).ok());
   // Worker 2 goes silent; 0 and 1 keep heartbeating while they wait for step 1.
   auto r = StartPull(shard, 0, 1, absl::Seconds(10), {"w"});
-  const absl::Time start = absl::Now();
-  while (!r->done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-    for (int w : {0, 1}) {
-      HeartbeatRequest hb;
-      hb.set_worker_id(w);
-      ASSERT_TRUE(shard->Heartbeat(hb).ok());
-    }
-    ASSERT_LT(absl::Now() - start, absl::Seconds(5)) << "the silent worker was never dropped";
-  }
+  const absl::Duration waited =
+      AdvanceUntil(&clock, &r->done, absl::Milliseconds(50), absl::Seconds(5), [&] {
+        for (int w : {0, 1}) {
+          HeartbeatRequest hb;
+          hb.set_worker_id(w);
+          ASSERT_TRUE(shard->Heartbeat(hb).ok());
+        }
+      });
+  ASSERT_TRUE(r->done.HasBeenNotified()) << "the silent worker was never dropped";
   ASSERT_TRUE(r->status.ok()) << r->status;
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  EXPECT_GT(waited, absl::Milliseconds(200));
+  EXPECT_LE(waited, absl::Milliseconds(250));
   EXPECT_EQ(Floats(r->response.tensors(0)), ExpectedSgd(kW0, {g0, g1}));  // The mean of two.
   EXPECT_EQ(shard->Stats().dropped_workers(), 1);
 
@@ -792,8 +818,18 @@ TEST(ParameterShardTest, SilentWorkerIsDroppedAndTheStepCompletesWithoutIt) {
   EXPECT_EQ(back->min_version(), 0);  // "b" has not been updated yet.
   ASSERT_TRUE(shard->Push(PushOf(0, 1, {Value("w", g0)})).ok());
   ASSERT_TRUE(shard->Push(PushOf(1, 1, {Value("w", g0)})).ok());
-  auto next = StartPull(shard, 0, 2, absl::Milliseconds(100), {"w"});
-  ASSERT_TRUE(next->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  // A pull's deadline is read on the shard's clock too.
+  auto next = StartPull(shard, 0, 2, absl::Seconds(10), {"w"});
+  const absl::Duration timed_out =
+      AdvanceUntil(&clock, &next->done, absl::Milliseconds(100), absl::Seconds(30), [&] {
+        for (int w : {0, 1, 2}) {
+          HeartbeatRequest hb;
+          hb.set_worker_id(w);
+          ASSERT_TRUE(shard->Heartbeat(hb).ok());
+        }
+      });
+  EXPECT_EQ(timed_out, absl::Seconds(10));  // wait_timeout_ms caps the deadline given.
+  ASSERT_TRUE(next->done.HasBeenNotified());
   EXPECT_EQ(next->status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(next->status.message().find("worker(s) 2"), std::string::npos) << next->status;
   ASSERT_TRUE(shard->Push(PushOf(2, 1, {Value("w", g0)})).ok());
@@ -1140,75 +1176,79 @@ TEST(JobLifecycleTest, FinishIsValidated) {
 }
 
 TEST(JobLifecycleTest, AFinishedWorkerIsNotDroppedForItsSilence) {
-  auto started = StartedShard(2, /*lease_ms=*/100);
+  SimulatedClock clock;
+  auto started = StartedShard(2, /*lease_ms=*/100, &clock);
   ParameterShard* shard = started.get();
   ASSERT_TRUE(shard->Finish(FinishOf(0, 0)).ok());
   // Worker 1 keeps heartbeating for several leases; worker 0 is silent but finished.
-  for (int i = 0; i < 8; ++i) {
+  absl::Notification never;
+  AdvanceUntil(&clock, &never, absl::Milliseconds(50), absl::Milliseconds(400), [&] {
     HeartbeatRequest hb;
     hb.set_worker_id(1);
     ASSERT_TRUE(shard->Heartbeat(hb).ok());
-    absl::SleepFor(absl::Milliseconds(50));
     EXPECT_FALSE(*shard->JobFinished(absl::Seconds(60)));
-  }
+  });
   EXPECT_EQ(shard->Stats().dropped_workers(), 0);
 }
 
 TEST(JobLifecycleTest, DroppedWorkersGetOneLeaseToComeBackAfterTheOthersFinish) {
-  auto started = StartedShard(3, /*lease_ms=*/200);
+  SimulatedClock clock;
+  auto started = StartedShard(3, /*lease_ms=*/200, &clock);
   ParameterShard* shard = started.get();
   // Worker 2 dies; 0 and 1 finish while it is silent.
   ASSERT_TRUE(shard->Finish(FinishOf(0, 5)).ok());
   ASSERT_TRUE(shard->Finish(FinishOf(1, 5)).ok());
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock.Now();
   bool finished = false;
-  while (!finished && absl::Now() - start < absl::Seconds(5)) {
+  while (!finished && clock.Now() - start < absl::Seconds(5)) {
     absl::StatusOr<bool> f = shard->JobFinished(absl::Seconds(60));
     ASSERT_TRUE(f.ok()) << f.status();
     finished = *f;
-    absl::SleepFor(absl::Milliseconds(10));
+    if (!finished) clock.Advance(absl::Milliseconds(10));
   }
   ASSERT_TRUE(finished);
   // Its lease ran out (200 ms), then one more lease for it to come back.
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
+  EXPECT_EQ(clock.Now() - start, absl::Milliseconds(400));
 
   // One that does come back in time keeps the job going until it finishes too.
-  auto again = StartedShard(3, /*lease_ms=*/200);
+  auto again = StartedShard(3, /*lease_ms=*/200, &clock);
   ASSERT_TRUE(again->Finish(FinishOf(0, 5)).ok());
   ASSERT_TRUE(again->Finish(FinishOf(1, 5)).ok());
-  absl::SleepFor(absl::Milliseconds(300));                // Worker 2 silent past its lease...
+  clock.Advance(absl::Milliseconds(300));                 // Worker 2 silent past its lease...
   ASSERT_TRUE(again->Register(Registration(2, 3)).ok());  // ...and back.
   for (int i = 0; i < 10; ++i) {
     HeartbeatRequest hb;
     hb.set_worker_id(2);
     ASSERT_TRUE(again->Heartbeat(hb).ok());
     EXPECT_FALSE(*again->JobFinished(absl::Seconds(60)));
-    absl::SleepFor(absl::Milliseconds(50));
+    clock.Advance(absl::Milliseconds(50));
   }
   ASSERT_TRUE(again->Finish(FinishOf(2, 5)).ok());
   EXPECT_TRUE(*again->JobFinished(absl::Seconds(60)));
 }
 
 TEST(JobLifecycleTest, NoLiveWorkerForTheIdleTimeoutIsAnErrorNamingThem) {
+  SimulatedClock clock;
   ShardOptions o = Options(3);
   o.cluster.set_lease_ms(100);
+  o.clock = &clock;
   auto created = ParameterShard::Create(o);
   ASSERT_TRUE(created.ok());
   ParameterShard* shard = created->get();
   ASSERT_TRUE(shard->Register(Registration(1, 3)).ok());  // 0 and 2 never come; 1 goes silent.
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock.Now();
   absl::StatusOr<bool> f = false;
-  while (f.ok() && !*f && absl::Now() - start < absl::Seconds(5)) {
+  while (f.ok() && !*f && clock.Now() - start < absl::Seconds(5)) {
     f = shard->JobFinished(absl::Milliseconds(300));
-    absl::SleepFor(absl::Milliseconds(10));
+    if (f.ok()) clock.Advance(absl::Milliseconds(10));
   }
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(f.status().message().find("never registered: 0,2"), std::string::npos) << f.status();
   EXPECT_NE(f.status().message().find("registered, then silent: 1"), std::string::npos)
       << f.status();
-  // Silent for its lease (100 ms), then idle for 300 ms.
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
+  // Live for its lease (100 ms), then idle for 300 ms.
+  EXPECT_EQ(clock.Now() - start, absl::Milliseconds(400));
 }
 
 }  // namespace

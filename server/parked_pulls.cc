@@ -1,0 +1,126 @@
+#include "server/parked_pulls.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace rubato {
+
+PullState::PullState(int worker, int64_t step, std::vector<int> tensors, absl::Time deadline,
+                     Done done)
+    : worker_(worker),
+      step_(step),
+      tensors_(std::move(tensors)),
+      deadline_(deadline),
+      done_(std::move(done)),
+      got_(tensors_.size()),
+      missing_(static_cast<int>(tensors_.size())) {}
+
+bool PullState::Fill(int slot, TensorSnapshot snapshot) {
+  absl::MutexLock lock(&mu_);
+  if (over_) return false;
+  got_[slot] = std::move(snapshot);
+  if (--missing_ > 0) return false;
+  over_ = true;
+  return true;
+}
+
+bool PullState::Over() const {
+  absl::MutexLock lock(&mu_);
+  return over_;
+}
+
+bool PullState::End() {
+  absl::MutexLock lock(&mu_);
+  if (over_) return false;
+  over_ = true;
+  return true;
+}
+
+bool PullState::Overlaps(const PullState& other) const {
+  for (int a : tensors_) {
+    if (std::find(other.tensors_.begin(), other.tensors_.end(), a) != other.tensors_.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<TensorSnapshot> PullState::TakeSnapshots() {
+  absl::MutexLock lock(&mu_);
+  return std::move(got_);
+}
+
+void ParkedPulls::Supersede(const PullState& pull, std::vector<std::function<void()>>* out) {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    PullStatePtr& p = *it;
+    if (p->Over()) {
+      it = parked_.erase(it);
+      continue;
+    }
+    if (p->worker() == pull.worker() && p->Overlaps(pull) && p->End()) {
+      out->push_back([p = std::move(p), step = pull.step()] {
+        p->Answer(
+            absl::AbortedError(absl::StrCat("pull for step ", p->step(), " by worker ", p->worker(),
+                                            " superseded by its pull for step ", step)),
+            {});
+      });
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ParkedPulls::ArmWhere(const std::function<bool(const PullState&)>& may_start,
+                           const std::function<bool(const PullStatePtr&)>& arm,
+                           std::vector<PullStatePtr>* ready) {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    PullState& p = **it;
+    if (p.Over()) {
+      it = parked_.erase(it);
+      continue;
+    }
+    if (!p.armed && may_start(p) && arm(*it)) {
+      ready->push_back(*it);
+      it = parked_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+absl::Time ParkedPulls::Expire(absl::Time now,
+                               const std::function<absl::Status(const PullState&)>& why,
+                               std::vector<std::pair<PullStatePtr, absl::Status>>* expired) {
+  absl::Time next = absl::InfiniteFuture();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    PullState& p = **it;
+    if (p.Over()) {
+      it = parked_.erase(it);
+    } else if (p.deadline() <= now) {
+      absl::Status status = why(p);
+      if (p.End()) expired->emplace_back(*it, std::move(status));
+      it = parked_.erase(it);
+    } else {
+      next = std::min(next, p.deadline());
+      ++it;
+    }
+  }
+  return next;
+}
+
+void ParkedPulls::EndAll(std::vector<PullStatePtr>* ended) {
+  for (PullStatePtr& p : parked_) {
+    if (p->End()) ended->push_back(std::move(p));
+  }
+  parked_.clear();
+}
+
+int64_t ParkedPulls::Pending() const {
+  int64_t pending = 0;
+  for (const PullStatePtr& p : parked_) pending += p->Over() ? 0 : 1;
+  return pending;
+}
+
+}  // namespace rubato

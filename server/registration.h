@@ -1,0 +1,53 @@
+// Registration: the checks of a RegisterRequest that need no shard state, the check that a later
+// registrant's model is the adopted one, and the election of the one registrant who sends a
+// shard's initial values.
+#ifndef RUBATO_SERVER_REGISTRATION_H_
+#define RUBATO_SERVER_REGISTRATION_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+#include "proto/parameter_server.pb.h"
+#include "server/tensor_aggregator.h"
+
+namespace rubato {
+
+// The request on its own, against the job: INVALID_ARGUMENT for a bad worker id, step counts,
+// model (empty, too many tensors, bad names or shapes, a name twice), batch, or initial values
+// (count, names, sizes, non-finite values); FAILED_PRECONDITION when its worker count or mode is
+// not the job's. Fills *model_index (name -> position in request.model()).
+absl::Status ValidateRegisterRequest(const RegisterRequest& request, const ClusterSpec& cluster,
+                                     int shard_id,
+                                     absl::flat_hash_map<std::string, int>* model_index);
+
+// FAILED_PRECONDITION naming the first difference when the request's model (indexed by
+// `model_index`) is not exactly the shard's tensors (`index`: the shard's name -> slot).
+absl::Status CheckModelMatches(const std::vector<std::unique_ptr<TensorAggregator>>& tensors,
+                               const absl::flat_hash_map<std::string, int>& index,
+                               const RegisterRequest& request,
+                               const absl::flat_hash_map<std::string, int>& model_index,
+                               int shard_id);
+
+// Who sends a shard's initial values: the first registrant without them is asked; the others are
+// told the shard is initialising and come back. If the one asked has not sent them within
+// `grant` (it may have died), the next registrant is asked instead. Under the shard's lock.
+class InitialValuesElection {
+ public:
+  explicit InitialValuesElection(absl::Duration grant) : grant_(grant) {}
+  // True: `worker` is asked for the values (again, if it was already).
+  bool Ask(int worker, absl::Time now);
+
+ private:
+  const absl::Duration grant_;
+  int asked_ = -1;  // -1: nobody yet.
+  absl::Time asked_at_;
+};
+
+}  // namespace rubato
+
+#endif  // RUBATO_SERVER_REGISTRATION_H_
