@@ -1,6 +1,8 @@
 """The report of an experiment suite's output directory (issue 14): plots (PNG and SVG) under
 plots/, report.md and a static report.html that show them with the summary table, the exact
-command, the versions and the machine.
+command, the versions and the machine. report.md shows the PNGs only, so that a committed result
+(experiments/results/: results.csv, summary.csv, suite.json, report.md and the PNGs) is whole
+without the SVGs and report.html, which this script redraws.
 
     python3 experiments/report.py DIR     # what ./rubato experiment runs after the last run
 
@@ -815,8 +817,7 @@ def write(out):
         md += ["- " + n for n in batch_notes(data)] + [""]
     md += ["## Plots", ""]
     for name, caption in drawn:
-        md += ["### %s" % name, "", "![%s](plots/%s.png)" % (name, name), "",
-               "%s [SVG](plots/%s.svg)" % (caption, name), ""]
+        md += ["### %s" % name, "", "![%s](plots/%s.png)" % (name, name), "", caption, ""]
     md += ["## Versions and machine", ""] + ["- %s: %s" % kv for kv in env]
     md += ["", "## The runs' flags", "", "Every run: `%s`" % _flags(s["base"]), ""]
     md += ["- %s: `%s`" % (c, _flags(f)) for c, f in data.cells]
