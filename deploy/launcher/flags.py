@@ -122,7 +122,10 @@ def _add_job_options(p):
     p.add_argument("--startup_timeout", type=float, default=30,
                    help="Seconds for a server to start serving (local mode; across hosts the "
                         "workers wait for the servers up to their --connect_timeout_ms).")
-    p.add_argument("--refresh", type=float, default=0.5, help="Live view refresh, seconds.")
+    p.add_argument("--refresh", type=float, default=0.5,
+                   help="Live view refresh, seconds: the table is drawn, and the workers' newest "
+                        "step records read, at most this often (elsewhere than on a terminal the "
+                        "table is printed every 5 s).")
 
 
 def _add_failure_options(p):

@@ -1,10 +1,60 @@
 """The live view: what the launcher knows of each worker from its JSON-lines progress (WorkerView),
-the worker table (render), stdout (Screen: the table redrawn in place on a terminal) and job.log."""
+the worker table (render), stdout (Screen: the table redrawn in place on a terminal) and job.log.
+
+A worker's progress is read in chunks, whatever its pipe holds, not a line at a time: each chunk is
+appended to worker-N.jsonl with one write and one flush, and only the records that the table or the
+summary read are parsed. Of the step records, which come every --log_every steps, only the newest
+matters and it is parsed when the table is drawn (at most once a --refresh), not as it arrives; the
+other kinds that the launcher does not read (noise, overlap, rejoin, ...) are only copied."""
 
 import json
+import os
+import re
 import sys
 import threading
 import time
+
+# The record kinds that the live view and the summary read, parsed as they arrive.
+KEPT_KINDS = ("start", "eval", "done", "batch")
+# A record's kind, as rubato_worker writes it ({"event":"step",...}); a line that does not start so
+# is parsed to find out.
+_KIND = re.compile(r'^\{\s*"event"\s*:\s*"([A-Za-z_]+)"')
+# Bytes asked of a worker's stdout at a time.
+READ_SIZE = 1 << 16
+
+
+def record_kind(line):
+    """The event kind of a progress line from its first bytes, or None when they do not say."""
+    match = _KIND.match(line)
+    return match.group(1) if match else None
+
+
+def parse_record(line):
+    """The JSON object on a progress line, or None when the line holds something else."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_lines(stream, size=READ_SIZE):
+    """Yields, for each chunk read from `stream` (a pipe or file, read by its descriptor), the list
+    of the complete lines in it (bytes, without their newlines); the last line, if it has no
+    newline, comes at end of file."""
+    fd = stream.fileno()
+    tail = b""
+    while True:
+        chunk = os.read(fd, size)
+        if not chunk:
+            break
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop()
+        if lines:
+            yield lines
+    if tail:
+        yield [tail]
+
 
 class WorkerView:
     """What the live view knows of one worker, fed by its JSON-lines progress."""
@@ -14,7 +64,8 @@ class WorkerView:
         self.jsonl = open(jsonl_path, "w")
         self.lock = threading.Lock()
         self.start = {}
-        self.step = {}
+        self._step = {}
+        self._new_steps = []  # Step lines not parsed yet, oldest first (see step).
         self.eval = {}
         self.done = {}
         self.evals = []  # (seconds since launch, test accuracy) of every evaluation.
@@ -24,33 +75,79 @@ class WorkerView:
         self.started_at = None  # Seconds since launch when the worker's start record came.
 
     def feed(self, stream, began):
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").strip()
-            if not line:
-                continue
-            self.jsonl.write(line + "\n")
-            self.jsonl.flush()
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            with self.lock:
-                event = record.get("event")
-                if event in ("start", "step", "eval", "done"):
-                    setattr(self, event, record)
-                if event == "start" and self.started_at is None:
-                    self.started_at = time.monotonic() - began
-                # A done record repeats its final eval's accuracy; count that evaluation once.
-                if event == "eval" and "test_accuracy" in record:
-                    self.evals.append((time.monotonic() - began, record["test_accuracy"]))
-                    self.eval_steps.append(record.get("step"))
-                    self.eval_epochs.append(record.get("epochs"))
-                elif event == "done" and "test_accuracy" in record and not self.evals:
-                    self.evals.append((time.monotonic() - began, record["test_accuracy"]))
-                    self.eval_steps.append(record.get("steps"))
-                    self.eval_epochs.append(None)
-                elif event == "batch":
-                    self.batch_changes.append(record)
+        """Reads the worker's stdout to its end; `began`: time.monotonic() at the launch."""
+        for lines in read_lines(stream):
+            self.take(lines, began)
+
+    def take(self, raw_lines, began):
+        """One chunk's complete lines (bytes): copied to worker-N.jsonl, and the records read."""
+        lines = [l for l in (raw.decode("utf-8", "replace").strip() for raw in raw_lines) if l]
+        if not lines:
+            return
+        self.jsonl.write("".join(line + "\n" for line in lines))
+        self.jsonl.flush()
+        now = time.monotonic() - began
+        steps, records = [], []
+        for line in lines:
+            kind = record_kind(line)
+            if kind == "step":
+                steps.append(line)
+            elif kind is None or kind in KEPT_KINDS:
+                record = parse_record(line)
+                if record is None:
+                    continue
+                if record.get("event") == "step":  # Written some other way.
+                    steps.append(line)
+                else:
+                    records.append(record)
+        with self.lock:
+            self._new_steps += steps
+            for record in records:
+                self._add(record, now)
+
+    def _add(self, record, now):
+        """One parsed record, other than a step record; `now`: seconds since the launch."""
+        event = record.get("event")
+        if event in ("start", "eval", "done"):
+            setattr(self, event, record)
+        if event == "start" and self.started_at is None:
+            self.started_at = now
+        # A done record repeats its final eval's accuracy; count that evaluation once.
+        if event == "eval" and "test_accuracy" in record:
+            self.evals.append((now, record["test_accuracy"]))
+            self.eval_steps.append(record.get("step"))
+            self.eval_epochs.append(record.get("epochs"))
+        elif event == "done" and "test_accuracy" in record and not self.evals:
+            self.evals.append((now, record["test_accuracy"]))
+            self.eval_steps.append(record.get("steps"))
+            self.eval_epochs.append(None)
+        elif event == "batch":
+            self.batch_changes.append(record)
+
+    def _newest_step(self):
+        """The newest step record; parses the newest step line that came since the last call
+        (the caller holds self.lock)."""
+        while self._new_steps:
+            record = parse_record(self._new_steps.pop())
+            if record is not None and record.get("event") == "step":
+                self._step = record
+                break
+        self._new_steps.clear()
+        return self._step
+
+    @property
+    def step(self):
+        with self.lock:
+            return self._newest_step()
+
+    def snapshot(self):
+        """Copies of the newest step, eval and start records, for the table."""
+        with self.lock:
+            return dict(self._newest_step()), dict(self.eval), dict(self.start)
+
+    def batch_records(self):
+        with self.lock:
+            return list(self.batch_changes)
 
 
 def render(views, states, total_steps, hosts=None):
@@ -61,12 +158,10 @@ def render(views, states, total_steps, hosts=None):
     # Adaptive batch: the job's steps follow the plan; worker 0's newest batch record says how many.
     changes = []
     for v in views:
-        with v.lock:
-            changes += v.batch_changes
+        changes += v.batch_records()
     planned = max(changes, key=lambda c: c.get("step", 0)).get("steps") if changes else None
     for i, (v, state) in enumerate(zip(views, states)):
-        with v.lock:
-            step, ev, start = dict(v.step), dict(v.eval), dict(v.start)
+        step, ev, start = v.snapshot()
         total = planned or start.get("steps", total_steps or 0)
         acc = ev.get("test_accuracy")
         rows.append(fmt % (
