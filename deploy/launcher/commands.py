@@ -1,0 +1,177 @@
+"""The command lines of rubato_server and rubato_worker: which of the launcher's flags go to which
+binary (the tables below, from which the launcher's own options are made too), the flags that the
+launcher adds itself (addresses, ids, the job's secret), and every flag name it can forward
+(forwarded_flag_names, which a test checks against each binary's --helpfull)."""
+
+import argparse
+import os
+import re
+import secrets
+
+from .programs import SERVER_PROGRAM, WORKER_PROGRAM
+
+# Flags that describe the cluster: given to servers and workers alike.
+CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "weight_decay",
+                 "momentum", "nesterov", "beta1", "beta2", "epsilon", "trust_coefficient",
+                 "exclude_from_weight_decay", "exclude_from_layer_adaptation", "clip_global_norm",
+                 "lr_reference_batch", "lr_scaling", "warmup_steps", "warmup_epochs", "lr_decay",
+                 "lr_decay_steps", "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms",
+                 "wait_timeout_ms", "max_message_mb", "adaptive_batch", "adaptive_batch_every")
+# Flags given to servers only.
+SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb",
+                "push_budget_mb", "checkpoint_dir", "checkpoint_every_steps", "checkpoint_keep",
+                "restore_step")
+# Flags given to workers only.
+WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "push_bucket_kb",
+                "ps_transport", "ring_spin_us", "batch_size", "epochs", "steps", "eval_every",
+                "log_every", "train_limit", "test_limit", "seed", "data_dir", "backend",
+                "connect_timeout_ms", "retry_timeout_ms", "server_restart_timeout_s",
+                # Straggler injection, for every worker; --slow_workers slows chosen ones.
+                "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
+                "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",
+                "pause_ms", "crash_at_step", "export_model")
+
+# A local server's address until it has one: it picks a free port and writes it to its port file.
+LOCAL_LISTEN = "--listen=127.0.0.1:0"
+
+
+def forwarded(args, names):
+    """--NAME=VALUE for each of `names` that the launcher's command line gave."""
+    out = []
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            out.append("--%s=%s" % (name, value))
+    return out
+
+
+def worker_flags(args, worker):
+    """The worker-only flags for one worker: --slow_workers overrides --slowdown."""
+    flags = forwarded(args, WORKER_FLAGS)
+    if worker in args.slow_workers:
+        flags = [f for f in flags if not f.startswith("--slowdown=")]
+        flags.append("--slowdown=%s" % args.slow_workers[worker])
+    if worker in args.crash_workers:
+        flags = [f for f in flags if not f.startswith("--crash_at_step=")]
+        flags.append("--crash_at_step=%d" % args.crash_workers[worker])
+    return flags
+
+
+def write_job_secret(run_dir):
+    """Writes a fresh secret (32 random bytes, hex) to <run_dir>/job.secret, readable by this user
+    only, and returns its absolute path. Every process of the job reads it to authenticate the
+    others, so that no other local process can join or drive the job."""
+    path = os.path.abspath(os.path.join(run_dir, "job.secret"))
+    try:
+        os.remove(path)  # An earlier job's, in a reused run directory: a secret is never reused.
+    except FileNotFoundError:
+        pass
+    # O_EXCL: the file is this call's own, never one (or a link) that someone else put there.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
+def auth_flags(args, run_dir):
+    """The flags that give every server and worker the job's secret, or --insecure."""
+    if args.insecure:
+        return ["--insecure"]
+    path = os.path.abspath(args.auth_secret_file) if args.auth_secret_file else \
+        write_job_secret(run_dir)
+    return ["--auth_secret_file=" + path]
+
+
+def cluster_flags(args, auth):
+    """What every server and worker of the job gets: the cluster flags, the number of workers and
+    `auth` (auth_flags; [] across hosts, where the remote wrapper adds its own)."""
+    return forwarded(args, CLUSTER_FLAGS) + ["--num_workers=%d" % args.workers] + auth
+
+
+def port_file(run_dir, shard):
+    return os.path.join(run_dir, "server-%d.port" % shard)
+
+
+def stats_file(run_dir, shard):
+    return os.path.join(run_dir, "server-%d.stats.json" % shard)
+
+
+def server_command(args, server_bin, shard, cluster, plan=None, run_dir=None):
+    """argv of server shard `shard`: across hosts (`plan`) on its fixed ports; locally on a free
+    port that it writes to its port file in `run_dir`, with its statistics file there."""
+    if plan:
+        where = ["--listen=0.0.0.0:%d" % plan.server_ports[shard],
+                 "--data_port=%d" % plan.server_data_ports[shard]]
+    else:
+        where = [LOCAL_LISTEN, "--port_file=" + port_file(run_dir, shard),
+                 "--stats_file=" + stats_file(run_dir, shard)]
+    return ([server_bin, "--shard_id=%d" % shard, "--num_shards=%d" % args.servers] + where
+            + cluster + forwarded(args, SERVER_FLAGS))
+
+
+def restart_command(argv, address):
+    """A local server's argv (server_command) for its restart on the address it had."""
+    argv = [("--listen=" + address) if a == LOCAL_LISTEN else a for a in argv]
+    return [a for a in argv if not a.startswith("--port_file=")]
+
+
+def servers_flag(addresses):
+    return "--servers=" + ",".join(addresses)
+
+
+def peers_flag(addresses):
+    return "--peers=" + ",".join(addresses)
+
+
+def worker_command(args, worker_bin, worker, where, cluster, plan=None):
+    """argv of worker `worker`; `where`: servers_flag or peers_flag. An allreduce rank across hosts
+    listens on its fixed ports."""
+    listen = []
+    if plan and args.mode == "allreduce":
+        listen = ["--listen=0.0.0.0:%d" % plan.rank_ports[worker],
+                  "--ring_data_port=%d" % plan.rank_data_ports[worker]]
+    return ([worker_bin, "--worker_id=%d" % worker, where] + listen + cluster
+            + worker_flags(args, worker))
+
+
+def crash_step(argv):
+    """The worker's --crash_at_step value in `argv` (a string), or None."""
+    crash = [a.partition("=")[2] for a in argv if a.startswith("--crash_at_step=")]
+    return crash[0] if crash else None
+
+
+def flag_names(argv):
+    """The names of the --flags in `argv` ("--listen=0.0.0.0:1" -> "listen")."""
+    return {m.group(1) for m in (re.match(r"^--([A-Za-z0-9_]+)(=|$)", a) for a in argv) if m}
+
+
+def _every_option(mode, insecure):
+    """Launcher options with every forwardable flag given, as parse_args leaves them."""
+    args = argparse.Namespace(**dict.fromkeys(CLUSTER_FLAGS + SERVER_FLAGS + WORKER_FLAGS, "1"))
+    args.mode = mode
+    args.servers, args.workers = 2, 2
+    args.slow_workers, args.crash_workers = {0: "2"}, {0: 5}
+    args.insecure, args.auth_secret_file = insecure, None if insecure else "job.secret"
+    args.server_hosts = args.worker_hosts = None
+    args.map_by, args.oversubscribe, args.base_port = "slot", False, 20000
+    return args
+
+
+def forwarded_flag_names():
+    """{program: sorted names of every flag that the launcher can put on its command line}, found
+    by building each kind of command line (local and across hosts, parameter servers and
+    allreduce, secured and not, a restarted server) with every forwardable option given."""
+    from .hosts import Plan  # Only here: commands need a plan, not the host file.
+    names = {SERVER_PROGRAM: set(), WORKER_PROGRAM: set()}
+    for mode in ("bsp", "allreduce"):
+        for insecure in (False, True):
+            args = _every_option(mode, insecure)
+            auth = auth_flags(args, ".")
+            for plan in (None, Plan(args, [("h", 4)])):
+                cluster = cluster_flags(args, auth)
+                server = server_command(args, "s", 0, cluster, plan, ".")
+                names[SERVER_PROGRAM] |= flag_names(server + restart_command(server, "h:1"))
+                for where in (servers_flag(["h:1"]), peers_flag(["h:1"])):
+                    names[WORKER_PROGRAM] |= flag_names(
+                        worker_command(args, "w", 0, where, cluster, plan))
+    return {program: sorted(n) for program, n in names.items()}

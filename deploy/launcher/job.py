@@ -1,0 +1,157 @@
+"""One job: its run directory, secret and processes. Job.start() starts the servers and then the
+workers, locally (servers on free ports, reported through port files) or across hosts (through the
+remote shell, every address fixed beforehand); Job.run() starts it, supervises it and stops what is
+left."""
+
+import os
+import shlex
+import sys
+import threading
+import time
+
+from . import commands
+from .hosts import free_ports
+from .live import JobLog, Screen, WorkerView
+from .process import LaunchError, Proc, RemoteProc
+from .programs import SERVER_PROGRAM, WORKER_PROGRAM
+from .remote import remote_script, rsh_argv
+from .supervise import Supervisor, stop, wait_for_port_file
+
+
+def bin_dir(args):
+    """Where the binaries are: --bin_dir locally; across hosts --remote_bin_dir, or --bin_dir made
+    absolute."""
+    if args.plan:
+        return args.remote_bin_dir or os.path.abspath(args.bin_dir)
+    return args.bin_dir
+
+
+class Job:
+
+    def __init__(self, args, run_dir, joins=False):
+        self.args = args
+        self.plan = args.plan  # None: local processes.
+        self.run_dir = run_dir
+        self.joins = joins  # Whether the rsh joins its arguments (remote.probe_host).
+        self.rsh = shlex.split(args.rsh) if self.plan else None
+        bins = bin_dir(args)
+        self.server_bin = os.path.join(bins, "server", SERVER_PROGRAM)
+        self.worker_bin = os.path.join(bins, "worker", WORKER_PROGRAM)
+        auth = commands.auth_flags(args, run_dir)
+        self.secret = None  # Several hosts: the secret's bytes, sent on each remote stdin.
+        if self.plan and not args.insecure:
+            with open(auth[0].partition("=")[2], "rb") as f:
+                self.secret = f.read()
+            auth = []  # The remote wrapper adds --auth_secret_file, naming its own copy.
+        self.cluster = commands.cluster_flags(args, auth)
+        self.procs, self.servers, self.workers, self.views, self.readers = [], [], [], [], []
+        self.server_argv = []  # Local servers: the argv of each, for --restart_servers.
+        self.addresses = []  # Local servers: the address of each.
+        self.interrupted = []  # Set by the SIGINT and SIGTERM handlers.
+        self.screen = Screen(sys.stdout.isatty())
+        self.job_log = JobLog(os.path.join(run_dir, "job.log"), self.screen) if self.plan else None
+        self.began = time.monotonic()
+
+    def worker_hosts(self):
+        """Each worker's host across hosts; None for a local job."""
+        return self.plan.worker_hosts if self.plan else None
+
+    def run(self):
+        """Starts the job and supervises it; returns why it ended early, or None. Whatever still
+        runs at the end is stopped, and the output readers are done."""
+        failure = None
+        try:
+            self.start()
+            failure = Supervisor(self).run()
+        except LaunchError as e:
+            failure = str(e)
+        finally:
+            stop(self.procs)
+            for t in self.readers:
+                t.join(timeout=5)
+            for p in self.procs:
+                p.join()
+        return failure
+
+    def start(self):
+        if self.plan:
+            where = self._start_remote_servers()
+        else:
+            where = self._start_local_servers()
+        for w in range(self.args.workers):
+            self._start_worker(w, where)
+
+    def _remote(self, name, program, host, argv, **kwargs):
+        argv = rsh_argv(self.rsh, host, remote_script(argv, self.secret is not None), self.joins)
+        return RemoteProc(name, program, host, argv, self.run_dir, self.job_log,
+                          secret=self.secret, **kwargs)
+
+    def _start_remote_servers(self):
+        """Every address is fixed: servers (or ranks) and workers all start at once; workers
+        wait for the servers (--connect_timeout_ms), ranks for each other. Returns the workers'
+        --servers or --peers flag."""
+        args, plan = self.args, self.plan
+        for s in range(args.servers):
+            proc = self._remote("server-%d" % s, SERVER_PROGRAM, plan.server_hosts[s],
+                                commands.server_command(args, self.server_bin, s, self.cluster,
+                                                        plan=plan))
+            self.procs.append(proc)
+            self.servers.append(proc)
+        if args.mode == "allreduce":
+            print("rubato: allreduce ring of %d worker(s) (%s) through --rsh '%s'; run "
+                  "directory %s" % (args.workers, plan.peers(), args.rsh, self.run_dir),
+                  flush=True)
+            return "--peers=" + plan.peers()
+        print("rubato: %d server(s) at %s; starting %d worker(s) on %s through --rsh "
+              "'%s'; run directory %s" % (
+                  args.servers, plan.servers(), args.workers,
+                  ",".join(plan.worker_hosts), args.rsh, self.run_dir), flush=True)
+        return "--servers=" + plan.servers()
+
+    def _start_local_servers(self):
+        """Servers first, each on a free port reported through its port file. The allreduce mode
+        has no servers: the workers listen on free ports chosen here and form a ring. Returns the
+        workers' --servers or --peers flag."""
+        args, run_dir = self.args, self.run_dir
+        allreduce = args.mode == "allreduce"
+        for s in range(0 if allreduce else args.servers):
+            port_file = commands.port_file(run_dir, s)
+            if os.path.exists(port_file):
+                os.remove(port_file)
+            argv = commands.server_command(args, self.server_bin, s, self.cluster,
+                                           run_dir=run_dir)
+            self.server_argv.append(argv)
+            proc = Proc("server-%d" % s, SERVER_PROGRAM, argv, run_dir)
+            self.procs.append(proc)
+            self.servers.append(proc)
+        for s, proc in enumerate(self.servers):
+            self.addresses.append(wait_for_port_file(
+                proc, commands.port_file(run_dir, s), time.monotonic() + args.startup_timeout))
+        if allreduce:
+            where = commands.peers_flag("127.0.0.1:%d" % p for p in free_ports(args.workers))
+            print("rubato: allreduce ring of %d worker(s) (%s); run directory %s"
+                  % (args.workers, where[len("--peers="):], run_dir), flush=True)
+            return where
+        print("rubato: %d server(s) at %s; starting %d worker(s); run directory %s"
+              % (args.servers, ",".join(self.addresses), args.workers, run_dir), flush=True)
+        return commands.servers_flag(self.addresses)
+
+    def _start_worker(self, w, where):
+        argv = commands.worker_command(self.args, self.worker_bin, w, where, self.cluster,
+                                       self.plan)
+        crash = commands.crash_step(argv)
+        view = WorkerView(w, os.path.join(self.run_dir, "worker-%d.jsonl" % w))
+        self.views.append(view)
+        if self.plan:
+            proc = self._remote("worker-%d" % w, WORKER_PROGRAM, self.plan.worker_hosts[w], argv,
+                                crash_at_step=crash,
+                                stdout_sink=lambda stream: view.feed(stream, self.began))
+        else:
+            proc = Proc("worker-%d" % w, WORKER_PROGRAM, argv, self.run_dir,
+                        capture_stdout=True, crash_at_step=crash)
+            t = threading.Thread(target=view.feed, args=(proc.popen.stdout, self.began),
+                                 daemon=True)
+            t.start()
+            self.readers.append(t)
+        self.procs.append(proc)
+        self.workers.append(proc)
