@@ -7,8 +7,8 @@
 // shards' zero-copy entry points: a push hands each gradient to the shard as a view of the
 // caller's vector, and a pull copies the shared weights into the caller's. Pulls wait up to
 // options.rpc_timeout. StartPush runs each ticket on a thread of its own, as the gRPC client does.
-#ifndef RUBATO_WORKER_IN_PROCESS_PS_CLIENT_H_
-#define RUBATO_WORKER_IN_PROCESS_PS_CLIENT_H_
+#ifndef RUBATO_INPROCESS_IN_PROCESS_PS_CLIENT_H_
+#define RUBATO_INPROCESS_IN_PROCESS_PS_CLIENT_H_
 
 #include <memory>
 #include <vector>
@@ -28,4 +28,4 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateInProcessPsClient(
 
 }  // namespace rubato
 
-#endif  // RUBATO_WORKER_IN_PROCESS_PS_CLIENT_H_
+#endif  // RUBATO_INPROCESS_IN_PROCESS_PS_CLIENT_H_

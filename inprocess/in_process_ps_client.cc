@@ -1,4 +1,4 @@
-#include "worker/in_process_ps_client.h"
+#include "inprocess/in_process_ps_client.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-// The training loop over in-process shards (worker/in_process_ps_client.h): whole jobs of several
+// The training loop over in-process shards (inprocess/in_process_ps_client.h): whole jobs of several
 // workers in one process, without sockets, checked for what the consistency modes promise.
 #include "worker/training_loop.h"
 
@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "worker/dataset.h"
-#include "worker/in_process_ps_client.h"
+#include "inprocess/in_process_ps_client.h"
 #include "worker/mlp.h"
 #include "worker/model_backend.h"
 #include "worker/model_spec.h"
