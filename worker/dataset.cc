@@ -106,8 +106,6 @@ void ShardedBatcher::Shuffle() {
   position_ = 0;
 }
 
-void ShardedBatcher::SeekToStep(int64_t step) { SeekToExample(step * batch_size_); }
-
 void ShardedBatcher::SeekToExample(int64_t consumed) {
   const int64_t n = static_cast<int64_t>(order_.size());
   epoch_ = consumed / n;

@@ -62,11 +62,9 @@ class ShardedBatcher {
   // (batch_size). Reshuffles whenever an epoch's permutation is used up, possibly mid-batch.
   void Next(float* x, int32_t* y);
 
-  // Positions the batcher where it stands after `step` calls of Next from the start (a job resumed
-  // from a checkpoint at that step draws the same examples as one that never stopped).
-  void SeekToStep(int64_t step);
-  // Positions the batcher after `consumed` examples from the start (an adaptive batch, whose
-  // steps drew different numbers of examples).
+  // Positions the batcher after `consumed` examples from the start, where it stands after
+  // consumed / batch_size calls of Next (a job resumed from a checkpoint draws the same examples
+  // as one that never stopped, also under an adaptive batch, whose steps drew different numbers).
   void SeekToExample(int64_t consumed);
   // The following calls of Next draw `batch_size` (>= 1) examples each.
   void SetBatchSize(int batch_size) { batch_size_ = batch_size; }

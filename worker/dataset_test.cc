@@ -112,14 +112,14 @@ TEST(ShardedBatcherTest, EpochCountsCompletedPasses) {
   }
 }
 
-TEST(ShardedBatcherTest, SeekToStepDrawsWhatAnUninterruptedBatcherDraws) {
+TEST(ShardedBatcherTest, SeekingToAStepsFirstExampleDrawsWhatAnUninterruptedBatcherDraws) {
   const Dataset data = CountingDataset(23, 1);
   for (int64_t step : {0, 1, 5, 6, 11, 40}) {  // Within, at and across epoch ends (7 ranks' shard).
     absl::StatusOr<ShardedBatcher> straight = ShardedBatcher::Create(&data, 2, 3, 3, 9);
     absl::StatusOr<ShardedBatcher> resumed = ShardedBatcher::Create(&data, 2, 3, 3, 9);
     ASSERT_TRUE(straight.ok() && resumed.ok());
     Draw(*straight, data, step);
-    resumed->SeekToStep(step);
+    resumed->SeekToExample(step * 3);  // Batches of 3.
     EXPECT_EQ(resumed->epoch(), straight->epoch()) << "step " << step;
     EXPECT_EQ(Draw(*resumed, data, 10), Draw(*straight, data, 10)) << "step " << step;
   }

@@ -5,7 +5,6 @@
 #include <random>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/random.h"
 
@@ -21,23 +20,6 @@ std::vector<int64_t> LayerSizes(const MlpSpec& spec) {
 }
 
 }  // namespace
-
-absl::Status ValidateMlpSpec(const MlpSpec& spec) {
-  if (spec.input_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("input_dim must be >= 1, got ", spec.input_dim));
-  }
-  for (size_t i = 0; i < spec.hidden.size(); ++i) {
-    if (spec.hidden[i] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hidden[", i, "] must be >= 1, got ", spec.hidden[i]));
-    }
-  }
-  if (spec.num_classes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_classes must be >= 1, got ", spec.num_classes));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<MlpSpec> ParseMlpLayers(absl::string_view s) {
   const std::vector<absl::string_view> tokens = absl::StrSplit(s, '-');
@@ -61,8 +43,6 @@ absl::StatusOr<MlpSpec> ParseMlpLayers(absl::string_view s) {
   return spec;
 }
 
-std::string MlpLayersString(const MlpSpec& spec) { return absl::StrJoin(LayerSizes(spec), "-"); }
-
 int64_t ParamSpec::elements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -77,12 +57,6 @@ std::vector<ParamSpec> MlpParamSpecs(const MlpSpec& spec) {
     specs.push_back({absl::StrCat("fc", i, ".bias"), {sizes[i + 1]}});
   }
   return specs;
-}
-
-int64_t MlpParamCount(const MlpSpec& spec) {
-  int64_t n = 0;
-  for (const ParamSpec& p : MlpParamSpecs(spec)) n += p.elements();
-  return n;
 }
 
 std::vector<std::vector<float>> InitMlpParams(const MlpSpec& spec, uint64_t seed) {

@@ -24,17 +24,10 @@ struct MlpSpec {
   int64_t num_classes = 0;
 };
 
-// OK if every dimension is >= 1; otherwise InvalidArgument naming the field ("input_dim",
-// "hidden[1]", "num_classes").
-absl::Status ValidateMlpSpec(const MlpSpec& spec);
-
 // Parses "784-256-10": the first number is input_dim, the last num_classes, those between the
 // hidden sizes. InvalidArgument, naming the bad token, for fewer than two numbers, a token that is
 // not a positive integer, or an empty token ("784--10").
 absl::StatusOr<MlpSpec> ParseMlpLayers(absl::string_view s);
-
-// Formats a spec as ParseMlpLayers reads it: "784-256-10".
-std::string MlpLayersString(const MlpSpec& spec);
 
 // One parameter tensor, stored densely in row-major order.
 struct ParamSpec {
@@ -47,9 +40,6 @@ struct ParamSpec {
 // {in_i, out_i}, so that activations (B, in_i) x weight (in_i, out_i) -> (B, out_i); then
 // fc{i}.bias of shape {out_i}. `spec` must be valid.
 std::vector<ParamSpec> MlpParamSpecs(const MlpSpec& spec);
-
-// Total number of scalar parameters.
-int64_t MlpParamCount(const MlpSpec& spec);
 
 // Initial values, one vector per MlpParamSpecs entry, a pure function of (spec, seed) on every
 // platform: weights of ReLU layers uniform in +-sqrt(6 / fan_in) (He/Kaiming), weights of the

@@ -17,8 +17,6 @@ TEST(ParseMlpLayersTest, ParsesInputHiddenAndClasses) {
   EXPECT_EQ(spec->input_dim, 784);
   EXPECT_EQ(spec->hidden, (std::vector<int64_t>{256, 128}));
   EXPECT_EQ(spec->num_classes, 10);
-  EXPECT_EQ(MlpLayersString(*spec), "784-256-128-10");
-  EXPECT_TRUE(ValidateMlpSpec(*spec).ok());
 }
 
 TEST(ParseMlpLayersTest, NoHiddenLayersIsLogisticRegression) {
@@ -46,20 +44,6 @@ TEST(ParseMlpLayersTest, RejectsBadStringsNamingTheToken) {
   }
 }
 
-TEST(ValidateMlpSpecTest, NamesTheBadField) {
-  struct Case {
-    MlpSpec spec;
-    const char* field;
-  };
-  for (const Case& c : {Case{{0, {4}, 3}, "input_dim"}, Case{{5, {4, 0}, 3}, "hidden[1]"},
-                        Case{{5, {-1}, 3}, "hidden[0]"}, Case{{5, {4}, 0}, "num_classes"}}) {
-    const absl::Status status = ValidateMlpSpec(c.spec);
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_NE(status.message().find(c.field), std::string::npos) << status;
-  }
-  EXPECT_TRUE(ValidateMlpSpec({1, {}, 1}).ok());
-}
-
 TEST(MlpParamSpecsTest, NamesShapesAndOrder) {
   const MlpSpec spec{784, {256, 128}, 10};
   const std::vector<ParamSpec> specs = MlpParamSpecs(spec);
@@ -74,8 +58,9 @@ TEST(MlpParamSpecsTest, NamesShapesAndOrder) {
   }
   EXPECT_EQ(specs[0].elements(), 784 * 256);
   EXPECT_EQ(specs[5].elements(), 10);
-  EXPECT_EQ(MlpParamCount(spec), 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
-  EXPECT_EQ(MlpParamCount({784, {}, 10}), 7850);
+  int64_t total = 0;
+  for (const ParamSpec& p : specs) total += p.elements();
+  EXPECT_EQ(total, 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
 }
 
 TEST(InitMlpParamsTest, DeterministicPerSeed) {
