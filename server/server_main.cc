@@ -123,7 +123,8 @@ std::string StatsJson(const rubato::GetStatsResponse& stats) {
 
 int main(int argc, char** argv) {
   rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
-  absl::SetProgramUsageMessage("One Rubato parameter-server shard. See README.md for the flags.");
+  absl::SetProgramUsageMessage(
+      "One Rubato parameter-server shard. Its flags: docs/flags.md (or --helpfull).");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   rubato::SkipMutexDeadlockDetection();

@@ -362,7 +362,7 @@ int Sharpness(const std::string& path) {
 
 int main(int argc, char** argv) {
   rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
-  absl::SetProgramUsageMessage("One Rubato worker. See README.md for the flags.");
+  absl::SetProgramUsageMessage("One Rubato worker. Its flags: docs/flags.md (or --helpfull).");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   rubato::SkipMutexDeadlockDetection();
