@@ -17,22 +17,28 @@
 // needs every layer's gradient first) and when a straggler model delays steps (its delay stands
 // for slower compute, so it must come before any push).
 // An optional StragglerModel injects delays (slept after compute, before the push, so the rest of
-// the cluster sees slow compute) and a crash.
+// the cluster sees slow compute) and a crash (TrainingOptions.on_injected_crash).
 #ifndef RUBATO_WORKER_TRAINING_LOOP_H_
 #define RUBATO_WORKER_TRAINING_LOOP_H_
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/batch_plan.h"
 #include "worker/dataset.h"
+#include "worker/job_noise_scale.h"
 #include "worker/model_backend.h"
 #include "worker/model_spec.h"
 #include "worker/ps_client.h"
+#include "worker/push_buckets.h"
 #include "worker/straggler_model.h"
 
 namespace rubato {
@@ -60,10 +66,12 @@ struct TrainingOptions {
   // If set, the loop stores the step it is working on here (read by the heartbeat thread).
   std::atomic<int64_t>* current_step = nullptr;
   // If set (not owned), the loop sleeps StragglerModel::DelayFor after each step's compute, and at
-  // the start of a step where CrashAt is true it prints "rubato_worker: injected crash at step K"
-  // to stderr, flushes stdout and ends the process with std::_Exit(3): a worker that dies without
-  // a word to the servers.
+  // the start of a step where CrashAt is true it flushes `progress` and calls on_injected_crash.
   StragglerModel* straggler = nullptr;
+  // The injected crash: rubato_worker's main ends the process here (a worker that dies without a
+  // word to the servers). If it returns, or is unset, the loop fails with INTERNAL "injected crash
+  // at step K".
+  std::function<void(int64_t step)> on_injected_crash;
   // Push each layer's gradients as soon as the backward pass produces them (see above).
   bool overlap = true;
   // With overlap: consecutive layers are gathered into one push until it holds at least this many
@@ -98,9 +106,122 @@ struct TrainingResult {
 // Whether RunTraining will overlap pushes with the backward pass, and if not, why not (for logs).
 bool OverlapEnabled(const TrainingOptions& options, const PsClient& client, std::string* why_not);
 
+// One push of a step: a layer's tensors [first_tensor, ...) with overlap, every tensor without
+// (ticket 0), and when it started, was acknowledged and its pull ended.
+struct LayerPush {
+  int64_t ticket = 0;
+  size_t first_tensor = 0;
+  size_t tensors = 0;
+  PsClient::PushTiming timing;
+};
+
 // Runs options.steps steps. `params` holds the weights (one vector per ModelParamSpecs entry) and
 // is overwritten by every pull. `test` may be empty (no evaluation). Stops at the first error,
-// which names the step.
+// which names the step. Progress goes to `progress` as JSON lines.
+class TrainingLoop {
+ public:
+  TrainingLoop(const TrainingOptions& options, const ModelSpec& spec, PsClient* client,
+               ModelBackend* backend, ShardedBatcher* batcher, const Dataset& test,
+               std::vector<std::vector<float>>* params, std::ostream* progress);
+
+  // Runs the loop once.
+  absl::StatusOr<TrainingResult> Run();
+
+ private:
+  // When a step reached each of its stages.
+  struct StepTimes {
+    absl::Time start;             // Before the pull.
+    absl::Time drawn;             // Before the batch is drawn (the pull is over).
+    absl::Time computed;          // Backward pass over (overlapped pushes started).
+    absl::Time computed_delayed;  // ... plus an injected straggler delay.
+    absl::Time pushed;            // Every push acknowledged.
+    bool pulled = false;          // It pulled (rather than using the last step's prefetch).
+  };
+  // The weights a step pulled: their version, or where a rejoin lands (resume >= 0).
+  struct PullOutcome {
+    int64_t version = 0;
+    bool pulled = false;
+    int64_t resume = -1;
+  };
+  // Sums over the current log interval, in seconds (comm = pull + push), and the overlap
+  // accounting: time pushes were in flight (the union of their intervals), the part of it inside
+  // the step's compute, and per layer (by its first tensor) the time from gradient ready to push
+  // acknowledged.
+  struct Interval {
+    absl::Time start;
+    double loss = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, grad_norm = 0;
+    double staleness = 0, push_busy_s = 0, push_hidden_s = 0;
+    int64_t steps = 0, dropped = 0, skipped = 0;
+    std::vector<double> ready_to_ack_s;
+  };
+
+  static std::vector<int64_t> TensorBytes(const std::vector<ParamSpec>& specs);
+  double Elapsed() const;
+
+  // pull -> forward/backward -> push; returns the step to run next.
+  absl::StatusOr<int64_t> Step(int64_t step);
+  absl::Status InjectCrash(int64_t step);
+  absl::StatusOr<PullOutcome> PullWeights(int64_t step);
+  void UseBatchOf(int64_t step);
+  // With overlap, starts each layer's push from the backend's callback as soon as its gradients
+  // are final.
+  absl::StatusOr<float> ForwardBackward(int64_t step, StepTimes* t);
+  void StartPushes(int64_t step, const std::vector<PushBuckets::Range>& ranges);
+  absl::Status WaitForPushes(int64_t step, bool computed, PsClient::PushResult* pushed);
+  void Straggle(int64_t step, StepTimes* t);
+  absl::Status PushAll(int64_t step, absl::Time computed, PsClient::PushResult* pushed);
+  // The step's figures into the interval; records, batch changes and evaluations that fall due.
+  absl::Status Account(int64_t step, float loss, const StepTimes& t,
+                       const PsClient::PushResult& pushed);
+  void Report(int64_t done, const StepTimes& t);
+  absl::StatusOr<EvalResult> Evaluate(int64_t step);
+  // Adaptive batch: takes the changes the shards announced. `computed` is the last step this
+  // worker has computed (-1 at registration, when they are the job's history): a change for a
+  // step already computed cannot be applied and is an error, as are shards that disagree.
+  absl::Status Adopt(const std::vector<BatchChange>& changes, int64_t computed);
+  // Draws the examples an uninterrupted worker would draw from `step` on.
+  void Seek(int64_t step);
+  // Registers again after a server dropped this worker (or was restored); returns the step to
+  // continue from. `drawn`: this step's batch was drawn already (its push failed), so going back
+  // to it draws that batch again.
+  absl::StatusOr<int64_t> Rejoin(int64_t step, const absl::Status& why, bool drawn);
+
+  // Constant after construction.
+  const TrainingOptions options_;
+  const ModelSpec& spec_;
+  const std::vector<ParamSpec> specs_;
+  PsClient* const client_;
+  ModelBackend* const backend_;
+  ShardedBatcher* const batcher_;
+  const Dataset& test_;
+  std::vector<std::vector<float>>* const params_;
+  std::ostream* const progress_;
+  const bool overlap_;
+  const int batch0_;
+  const int workers_;
+  const int64_t job_examples_;  // The fixed-batch job's examples (an adaptive batch draws as many).
+
+  int batch_;
+  int64_t steps_;  // The job's steps; an adaptive batch changes them.
+  BatchPlan plan_;
+  std::vector<float> x_;    // (batch, input size)
+  std::vector<int32_t> y_;  // (batch)
+  std::vector<std::vector<float>> grads_;
+  std::vector<absl::Span<float>> grad_spans_;
+  PushBuckets buckets_;
+  std::vector<LayerPush> pushes_;  // This step's.
+  absl::Status start_error_;       // The first push that failed to start this step.
+  // With overlap, each layer's push is followed by its pull for the next step; when every tensor
+  // was pulled that way, the next step skips its pull.
+  int64_t prefetched_step_ = -1;
+  int64_t prefetched_version_ = 0;
+  JobNoiseScale noise_;
+  absl::Time start_;
+  Interval interval_;
+  TrainingResult result_;
+};
+
+// TrainingLoop(...).Run().
 absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const ModelSpec& spec,
                                            PsClient* client, ModelBackend* backend,
                                            ShardedBatcher* batcher, const Dataset& test,

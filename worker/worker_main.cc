@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -618,6 +619,14 @@ int main(int argc, char** argv) {
   options.rewind_on_rejoin = cluster->consistency().mode() == rubato::BSP ||
                              cluster->consistency().mode() == rubato::BACKUP;
   if (straggler->enabled()) options.straggler = &*straggler;
+  // A worker that dies without a word to the servers: no error status, no "done" record.
+  options.on_injected_crash = [](int64_t step) {
+    std::cout.flush();
+    std::fflush(nullptr);
+    std::fprintf(stderr, "rubato_worker: injected crash at step %lld\n",
+                 static_cast<long long>(step));
+    std::_Exit(3);
+  };
   options.overlap = absl::GetFlag(FLAGS_overlap);
   options.push_bucket_bytes = absl::GetFlag(FLAGS_push_bucket_kb) << 10;
   options.adaptive_batch = cluster->adaptive_batch().max_global_batch() > 0;
