@@ -30,3 +30,17 @@ def read_jsonl(path):
     except FileNotFoundError:
         pass
     return records
+
+
+def check_final_records(test, mode, finals, accuracy):
+    """Checks the workers' done records (worker id order) of a finished job: worker 0's test
+    accuracy is above `accuracy`; under bsp the other workers evaluated nothing (every worker holds
+    the same weights, which their fingerprints show), in other modes each evaluated too."""
+    test.assertGreater(finals[0]["test_accuracy"], accuracy, "worker-0")
+    for w, done in enumerate(finals[1:], 1):
+        if mode == "bsp":
+            test.assertNotIn("test_accuracy", done, "worker-%d evaluated under bsp" % w)
+            test.assertEqual(done["params_fnv1a"], finals[0]["params_fnv1a"],
+                             "worker-%d's final weights differ from worker 0's" % w)
+        else:
+            test.assertGreater(done["test_accuracy"], accuracy, "worker-%d" % w)

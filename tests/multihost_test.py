@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bazel import pyunit  # noqa: E402
 from tests import delay_proxy, netns  # noqa: E402
-from tests.binaries import BIN_DIR, LAUNCH, read_jsonl  # noqa: E402
+from tests.binaries import BIN_DIR, LAUNCH, check_final_records, read_jsonl  # noqa: E402
 
 PROXY = os.path.join(ROOT, "tests", "delay_proxy.py")
 ACCURACY = 0.70
@@ -95,11 +95,13 @@ class MultihostTest(unittest.TestCase):
         self.assertTrue(summary["ok"], summary.get("error"))
         workers = summary["workers"]
         self.assertEqual([o["state"] for o in summary["worker_outcomes"]], ["done"] * workers)
+        finals = []
         for w in range(workers):
             done = [r for r in read_jsonl(os.path.join(run_dir, "worker-%d.jsonl" % w))
                     if r.get("event") == "done"]
             self.assertEqual(len(done), 1, "worker-%d has no done record" % w)
-            self.assertGreater(done[0]["test_accuracy"], ACCURACY, "worker-%d" % w)
+            finals.append(done[0])
+        check_final_records(self, summary["mode"], finals, ACCURACY)
         self.assertGreater(summary["test_accuracy"], ACCURACY)
         for o in summary["server_outcomes"]:  # Ended by themselves, once the workers were done.
             self.assertEqual((o["state"], o["exit_status"]), ("done", 0), o)

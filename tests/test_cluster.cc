@@ -178,6 +178,9 @@ absl::StatusOr<Subprocess*> TestCluster::StartWorker(int worker_id,
       absl::StrCat("--worker_id=", worker_id),
       absl::StrCat("--num_workers=", num_workers_),
       absl::StrCat("--servers=", servers_flag()),
+      // The tests check every worker's final accuracy (under bsp, that they all hold the same
+      // weights); by default only worker 0 of a bsp job evaluates.
+      "--eval_all_workers",
   };
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<std::unique_ptr<Subprocess>> worker =

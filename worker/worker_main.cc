@@ -80,6 +80,10 @@ ABSL_FLAG(int64_t, eval_every, 0, "Evaluate every this many steps (default: twic
 ABSL_FLAG(int64_t, log_every, 20, "Emit a progress record every this many steps.");
 ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training examples (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples (0: all).");
+ABSL_FLAG(bool, eval_all_workers, false,
+          "Under bsp every worker holds the same weights at every step, so only worker 0 evaluates "
+          "the test set (its eval records, and test_loss and test_accuracy in its done record); "
+          "true: every worker does. In the other modes every worker evaluates.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the weight initialisation and the data order.");
 ABSL_FLAG(std::string, backend, "auto",
           "Compute backend: cpu (Eigen), cuda (cuBLAS; refused with the reason where no CUDA "
@@ -470,8 +474,13 @@ int main(int argc, char** argv) {
   auto train =
       rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain, absl::GetFlag(FLAGS_train_limit));
   if (!train.ok()) return Fail(kExitUsage, std::string(train.status().message()));
-  auto test =
-      rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
+  const bool evaluates = worker_id == 0 || absl::GetFlag(FLAGS_eval_all_workers) ||
+                         cluster->consistency().mode() != rubato::BSP;
+  absl::StatusOr<rubato::Dataset> test = rubato::Dataset();  // Empty: no evaluation.
+  if (evaluates) {
+    test =
+        rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
+  }
   if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
   if (spec->input.size() != train->dim || rubato::ModelNumClasses(*spec) != train->num_classes) {
     return Fail(kExitUsage, absl::StrCat(model_flag, " needs ", spec->input.size(), " inputs and ",
@@ -661,12 +670,14 @@ int main(int argc, char** argv) {
                    "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
                    "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
                    "\"params_fnv1a\":\"%016x\","
-                   "\"train_loss\":%.5f,\"test_loss\":%.5f,\"test_accuracy\":%.5f,"
-                   "\"final_batch\":%d%s}",
+                   "\"train_loss\":%.5f%s,\"final_batch\":%d%s}",
                    worker_id, result->steps, result->computed_steps, result->skipped_steps,
                    result->redone_steps, result->rejoins, result->wall_seconds,
-                   ParamsFingerprint(params), result->final_loss, result->test.loss,
-                   result->test.accuracy, result->final_batch,
+                   ParamsFingerprint(params), result->final_loss,
+                   evaluates ? absl::StrFormat(",\"test_loss\":%.5f,\"test_accuracy\":%.5f",
+                                               result->test.loss, result->test.accuracy)
+                             : "",
+                   result->final_batch,
                    std::isfinite(result->noise_scale)
                        ? absl::StrFormat(",\"noise_scale\":%.6g", result->noise_scale)
                        : "")
@@ -691,6 +702,8 @@ int main(int argc, char** argv) {
   }
   RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps
                    << " steps computed here (" << result->skipped_steps << " skipped) in "
-                   << result->wall_seconds << " s, test accuracy " << result->test.accuracy;
+                   << result->wall_seconds << " s"
+                   << (evaluates ? absl::StrCat(", test accuracy ", result->test.accuracy)
+                                 : std::string(" (worker 0 evaluates)"));
   return 0;
 }

@@ -82,12 +82,16 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
 def worker_results(views, wall, target_accuracy):
     """The summary's fields from the workers' progress records."""
     out = {}
-    done = [(v.evals[-1][0], v.done) for v in views if v.done and v.evals]
+    # Under bsp only worker 0 evaluates (all hold the same weights); a done record without
+    # test_accuracy is of a worker that did not.
+    done = [(v.evals[-1][0], v.done) for v in views
+            if v.done and v.evals and "test_accuracy" in v.done]
     if done:
         # The worker that finished last evaluated the final weights (under bsp all agree).
         out["test_accuracy"] = max(done, key=lambda d: d[0])[1]["test_accuracy"]
-        out["steps"] = max(d["steps"] for _, d in done)
-        out["per_worker"] = [d for _, d in done]
+        finished = [v.done for v in views if v.done]
+        out["steps"] = max(d["steps"] for d in finished)
+        out["per_worker"] = finished
     reached = [(t, step, epochs) for v in views
                for (t, acc), step, epochs in zip(v.evals, v.eval_steps, v.eval_epochs)
                if acc >= target_accuracy]

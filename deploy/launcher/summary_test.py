@@ -144,6 +144,22 @@ class SummarizeTest(unittest.TestCase):
         self.assertEqual(got["staleness_histogram"]["0"], 3)
         self.assertEqual(got["mean_staleness_lower_bound"], 0.25)
 
+    def test_under_bsp_only_worker_0_evaluates(self):
+        # Worker 1 finished last but, holding the same weights, evaluated nothing: the accuracy is
+        # worker 0's, and both workers' done records are listed.
+        views = [
+            FakeView(0, evals=[(2.0, 0.84, 20)], done={"steps": 20, "test_accuracy": 0.84},
+                     step={"step": 20}, start={"batch_size": 8}, started_at=0.25),
+            FakeView(1, done={"steps": 20, "params_fnv1a": "ab"}, step={"step": 20},
+                     start={"batch_size": 8}, started_at=0.3),
+        ]
+        workers = [FakeProc("worker-%d" % i, programs.WORKER_PROGRAM, "done") for i in range(2)]
+        servers = [FakeProc("server-0", programs.SERVER_PROGRAM, "done", stats={})]
+        got = summary.summarize(views, 4.0, job_args(), None, "run", workers, servers)
+        self.assertEqual(got["test_accuracy"], 0.84)
+        self.assertEqual(got["steps"], 20)
+        self.assertEqual(len(got["per_worker"]), 2)
+
     def test_nothing_finished(self):
         got = summary.summarize([FakeView(0)], 1.0, job_args(workers=1), "boom", "run",
                                 [FakeProc("worker-0", programs.WORKER_PROGRAM, "FAILED", "x")],
