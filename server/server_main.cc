@@ -44,6 +44,7 @@
 #include "common/optimizer.h"
 #include "common/security.h"
 #include "common/security_flags.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -119,325 +120,394 @@ std::string StatsJson(const rubato::GetStatsResponse& stats) {
   return absl::StrCat("{\"event\":\"stats\",", json.substr(1));
 }
 
-}  // namespace
+// What the flags say, checked (every error names its flag).
+struct ServerConfig {
+  rubato::ClusterSpec spec;
+  int shard_id = 0;
+  int num_shards = 1;
+  std::string listen;
+  std::string health_listen;
+  absl::Duration idle_timeout;
+  int data_port = 0;
+  int64_t memory_budget = 0;
+  std::string checkpoint_dir;  // Empty: no checkpoints.
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 0;
+  int64_t restore_step = -1;
+  rubato::ShardOptions options;  // Without the checkpoint hooks (Checkpoints::Install).
+};
 
-int main(int argc, char** argv) {
-  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
-  absl::SetProgramUsageMessage(
-      "One Rubato parameter-server shard. Its flags: docs/flags.md (or --helpfull).");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
-  rubato::SkipMutexDeadlockDetection();
-  if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "'"));
-
-  auto spec = rubato::ClusterSpecFromFlags(/*need_servers=*/false);
-  if (!spec.ok()) return Fail(std::string(spec.status().message()));
-  const int shard_id = absl::GetFlag(FLAGS_shard_id);
-  int num_shards = absl::GetFlag(FLAGS_num_shards);
-  if (num_shards == 0) num_shards = spec->servers_size() > 0 ? spec->servers_size() : 1;
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) {
-    listen =
-        shard_id >= 0 && shard_id < spec->servers_size() ? spec->servers(shard_id) : "127.0.0.1:0";
-  }
-  if (auto s = rubato::ValidateHostPort(listen, "--listen"); !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  rubato::SetLogTag(absl::StrCat("server-", shard_id));
-  auto security = rubato::ServerSecurity::Create(rubato::SecurityConfigFromFlags());
-  if (!security.ok()) return Fail(std::string(security.status().message()));
-  if (auto s = security->CheckListenAddress(listen); !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  const absl::Duration idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_idle_timeout_ms));
-  if (idle_timeout <= absl::ZeroDuration()) return Fail("--idle_timeout_ms must be > 0");
-  const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
-  if (!health_listen.empty()) {
-    if (auto s = rubato::ValidateHostPort(health_listen, "--health_listen"); !s.ok()) {
-      return Fail(std::string(s.message()));
-    }
-  }
-  const int data_port = absl::GetFlag(FLAGS_data_port);
-  if (data_port < -1 || data_port > 65535) {
-    return Fail(absl::StrCat("--data_port=", data_port, " is not -1 (off), 0 (any) or a port"));
-  }
-  int64_t memory_budget = absl::GetFlag(FLAGS_memory_budget_mb) << 20;
-  if (memory_budget < 0) return Fail("--memory_budget_mb must be >= 0");
-  if (memory_budget == 0) memory_budget = 4 * rubato::MaxMessageBytes(*spec) + (int64_t{256} << 20);
-
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
-  const int checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
-  const int64_t restore_step = absl::GetFlag(FLAGS_restore_step);
-  if (!checkpoint_dir.empty() && spec->adaptive_batch().max_global_batch() > 0) {
+absl::Status CheckCheckpointFlags(const ServerConfig& c) {
+  if (!c.checkpoint_dir.empty() && c.spec.adaptive_batch().max_global_batch() > 0) {
     // A checkpoint does not record the batch plan, so a restored job would draw other examples.
-    return Fail(
+    return absl::InvalidArgumentError(
         "--checkpoint_dir cannot be used with --adaptive_batch (checkpoints do not keep "
         "the batch plan)");
   }
-  if (!checkpoint_dir.empty()) {
-    if (checkpoint_every < 1) return Fail("--checkpoint_every_steps must be >= 1");
-    if (checkpoint_keep < 1) return Fail("--checkpoint_keep must be >= 1");
-    std::error_code error;
-    std::filesystem::create_directories(checkpoint_dir, error);
-    if (error || access(checkpoint_dir.c_str(), W_OK) != 0) {
-      return Fail(absl::StrCat("--checkpoint_dir ", checkpoint_dir,
-                               " cannot be created or is not writable",
-                               error ? ": " + error.message() : ""));
+  if (c.checkpoint_dir.empty()) {
+    if (c.restore_step >= 0) {
+      return absl::InvalidArgumentError("--restore_step needs --checkpoint_dir");
     }
-  } else if (restore_step >= 0) {
-    return Fail("--restore_step needs --checkpoint_dir");
+    return absl::OkStatus();
   }
+  if (c.checkpoint_every < 1) {
+    return absl::InvalidArgumentError("--checkpoint_every_steps must be >= 1");
+  }
+  if (c.checkpoint_keep < 1) return absl::InvalidArgumentError("--checkpoint_keep must be >= 1");
+  std::error_code error;
+  std::filesystem::create_directories(c.checkpoint_dir, error);
+  if (error || access(c.checkpoint_dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir ", c.checkpoint_dir,
+                                                   " cannot be created or is not writable",
+                                                   error ? ": " + error.message() : ""));
+  }
+  return absl::OkStatus();
+}
 
-  rubato::ShardOptions options;
-  options.shard_id = shard_id;
-  options.num_shards = num_shards;
-  options.cluster = *spec;
+absl::Status ShardOptionsFromFlags(ServerConfig* c) {
+  rubato::ShardOptions& options = c->options;
+  options.shard_id = c->shard_id;
+  options.num_shards = c->num_shards;
+  options.cluster = c->spec;
   options.update_threads = absl::GetFlag(FLAGS_update_threads);
   options.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   const int64_t push_budget_mb = absl::GetFlag(FLAGS_push_budget_mb);
   if (push_budget_mb < 1 || push_budget_mb > (int64_t{1} << 20)) {
-    return Fail(absl::StrCat("--push_budget_mb must be in [1, 2^20], got ", push_budget_mb));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--push_budget_mb must be in [1, 2^20], got ", push_budget_mb));
   }
   options.push_budget_bytes = push_budget_mb << 20;
   options.noise_ema_decay = absl::GetFlag(FLAGS_noise_ema_decay);
   if (!(options.noise_ema_decay >= 0 && options.noise_ema_decay < 1)) {
-    return Fail(absl::StrCat("--noise_ema_decay must be in [0, 1), got ", options.noise_ema_decay));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--noise_ema_decay must be in [0, 1), got ", options.noise_ema_decay));
   }
-  // The writer is created after the shard (it needs the shard's CheckpointProto), so captures go
-  // through this pointer, set before any worker can register and cleared before the writer goes.
-  absl::Mutex writer_mu;
-  rubato::CheckpointWriter* writer_ptr = nullptr;
-  if (!checkpoint_dir.empty()) {
-    options.checkpoint_every_steps = checkpoint_every;
-    options.on_checkpoint = [&](std::shared_ptr<const rubato::CapturedCheckpoint> c) {
-      absl::MutexLock lock(&writer_mu);
-      if (writer_ptr != nullptr) writer_ptr->Submit(std::move(c));
+  if (!c->checkpoint_dir.empty()) options.checkpoint_every_steps = c->checkpoint_every;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServerConfig> ConfigFromFlags(const rubato::ServerSecurity& security) {
+  ServerConfig c;
+  ASSIGN_OR_RETURN(c.spec, rubato::ClusterSpecFromFlags(/*need_servers=*/false));
+  c.shard_id = absl::GetFlag(FLAGS_shard_id);
+  c.num_shards = absl::GetFlag(FLAGS_num_shards);
+  if (c.num_shards == 0) c.num_shards = c.spec.servers_size() > 0 ? c.spec.servers_size() : 1;
+  c.listen = absl::GetFlag(FLAGS_listen);
+  if (c.listen.empty()) {
+    c.listen = c.shard_id >= 0 && c.shard_id < c.spec.servers_size() ? c.spec.servers(c.shard_id)
+                                                                     : "127.0.0.1:0";
+  }
+  RETURN_IF_ERROR(rubato::ValidateHostPort(c.listen, "--listen"));
+  RETURN_IF_ERROR(security.CheckListenAddress(c.listen));
+  c.idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_idle_timeout_ms));
+  if (c.idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--idle_timeout_ms must be > 0");
+  }
+  c.health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (!c.health_listen.empty()) {
+    RETURN_IF_ERROR(rubato::ValidateHostPort(c.health_listen, "--health_listen"));
+  }
+  c.data_port = absl::GetFlag(FLAGS_data_port);
+  if (c.data_port < -1 || c.data_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data_port=", c.data_port, " is not -1 (off), 0 (any) or a port"));
+  }
+  c.memory_budget = absl::GetFlag(FLAGS_memory_budget_mb) << 20;
+  if (c.memory_budget < 0) return absl::InvalidArgumentError("--memory_budget_mb must be >= 0");
+  if (c.memory_budget == 0) {
+    c.memory_budget = 4 * rubato::MaxMessageBytes(c.spec) + (int64_t{256} << 20);
+  }
+  c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  c.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  c.restore_step = absl::GetFlag(FLAGS_restore_step);
+  RETURN_IF_ERROR(CheckCheckpointFlags(c));
+  RETURN_IF_ERROR(ShardOptionsFromFlags(&c));
+  return c;
+}
+
+// The shard's checkpoints (--checkpoint_dir): the writer that captures go to, the restore at
+// start, and the roll-backs this shard agrees to (bsp, backup: ParameterShard::Rollback). A
+// roll-back is recorded in the checkpoint directory; the main loop then ends and the server exits
+// with kExitRollback, so that its supervisor starts it again, restoring that step as that
+// recovery. Without --checkpoint_dir it does nothing.
+class Checkpoints {
+ public:
+  explicit Checkpoints(const ServerConfig& config) : config_(config) {}
+
+  // The shard's capture and roll-back hooks. The writer is created after the shard (it needs the
+  // shard's CheckpointProto), so captures go through writer_, set before any worker can register
+  // and cleared before the writer goes.
+  void Install(rubato::ShardOptions* options) {
+    if (config_.checkpoint_dir.empty()) return;
+    options->on_checkpoint = [this](std::shared_ptr<const rubato::CapturedCheckpoint> c) {
+      absl::MutexLock lock(&writer_mu_);
+      if (writer_ != nullptr) writer_->Submit(std::move(c));
     };
+    options->on_rollback = [this](int64_t step, uint64_t id) { return AgreeToRollback(step, id); };
   }
-  // A roll-back this shard agreed to (bsp, backup: ParameterShard::Rollback). It is recorded in
-  // the checkpoint directory, the main loop then ends and the server exits with kExitRollback, so
-  // that its supervisor starts it again, restoring that step as that recovery.
-  absl::Mutex rollback_mu;
-  std::optional<rubato::RollbackMarker> rollback;
-  if (!checkpoint_dir.empty()) {
-    options.on_rollback = [&](int64_t step, uint64_t id) -> absl::Status {
-      absl::MutexLock lock(&rollback_mu);
-      if (rollback.has_value()) {
-        if (rollback->recovery_id == id) return absl::OkStatus();
-        return absl::FailedPreconditionError(
-            absl::StrCat("shard ", shard_id, " is restarting already, to roll back to step ",
-                         rollback->step, " for another recovery"));
-      }
-      absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded =
-          rubato::LoadNewestCheckpoint(checkpoint_dir, shard_id, step);
-      if (!loaded.ok() || !loaded->has_value()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "shard ", shard_id, " cannot roll back to step ", step, ": ",
-            !loaded.ok() ? loaded.status().message()
-                         : absl::StrCat("it has no checkpoint of that step in ", checkpoint_dir,
-                                        " (it keeps its newest --checkpoint_keep)")));
-      }
-      if (absl::Status w = rubato::WriteRollbackMarker(checkpoint_dir, shard_id,
-                                                       rubato::RollbackMarker{step, id});
-          !w.ok()) {
-        return w;
-      }
-      rollback = rubato::RollbackMarker{step, id};
-      RUBATO_LOG(WARNING) << "rolling back to step " << step << " (recovery "
-                          << absl::StrCat(absl::Hex(id))
-                          << "): another shard was restored from that checkpoint; exiting with "
-                          << kExitRollback << " so that this shard is started again from it";
-      return absl::OkStatus();
-    };
-  }
-  auto shard = rubato::ParameterShard::Create(options);
-  if (!shard.ok()) return Fail(std::string(shard.status().message()));
-  std::unique_ptr<rubato::CheckpointWriter> writer;
-  if (!checkpoint_dir.empty()) {
-    absl::StatusOr<int> stale = rubato::RemoveStaleTemporaries(checkpoint_dir, shard_id);
-    if (!stale.ok()) return Fail(std::string(stale.status().message()));
-    if (*stale > 0) {
-      RUBATO_LOG(INFO) << "removed " << *stale << " unfinished checkpoint write(s) of shard "
-                       << shard_id << " from " << checkpoint_dir;
+
+  // Restores the newest checkpoint (or the one a roll-back or --restore_step names) and starts
+  // the writer.
+  absl::Status RestoreAndStart(rubato::ParameterShard* shard) {
+    if (config_.checkpoint_dir.empty()) return absl::OkStatus();
+    const std::string& dir = config_.checkpoint_dir;
+    ASSIGN_OR_RETURN(const int stale, rubato::RemoveStaleTemporaries(dir, config_.shard_id));
+    if (stale > 0) {
+      RUBATO_LOG(INFO) << "removed " << stale << " unfinished checkpoint write(s) of shard "
+                       << config_.shard_id << " from " << dir;
     }
     absl::StatusOr<std::optional<rubato::RollbackMarker>> marker =
-        rubato::ReadRollbackMarker(checkpoint_dir, shard_id);
+        rubato::ReadRollbackMarker(dir, config_.shard_id);
     if (!marker.ok()) {
-      return Fail(absl::StrCat(marker.status().message(),
-                               " (remove it to restore the newest checkpoint instead)"));
+      return absl::Status(marker.status().code(),
+                          absl::StrCat(marker.status().message(),
+                                       " (remove it to restore the newest checkpoint instead)"));
     }
+    RETURN_IF_ERROR(Restore(shard, *marker));
+    rubato::ParameterShard* raw = shard;
+    auto writer = std::make_unique<rubato::CheckpointWriter>(
+        dir, config_.checkpoint_keep,
+        [raw](const rubato::CapturedCheckpoint& c) { return raw->CheckpointProto(c); });
+    absl::MutexLock lock(&writer_mu_);
+    writer_ = std::move(writer);
+    RUBATO_LOG(INFO) << "checkpoints every " << config_.checkpoint_every << " steps into " << dir
+                     << ", keeping " << config_.checkpoint_keep;
+    return absl::OkStatus();
+  }
+
+  bool RollingBack() {
+    absl::MutexLock lock(&rollback_mu_);
+    return rollback_.has_value();
+  }
+
+  // Waits up to 30 s for the last checkpoint to be written, then stops the writer.
+  void Finish() {
+    rubato::CheckpointWriter* writer;
+    {
+      absl::MutexLock lock(&writer_mu_);
+      writer = writer_.get();
+    }
+    if (writer != nullptr && !writer->Idle(absl::Seconds(30))) {
+      RUBATO_LOG(ERROR) << "the last checkpoint was still being written after 30 s";
+    }
+  }
+  void StopWriter() {
+    std::unique_ptr<rubato::CheckpointWriter> writer;
+    {
+      absl::MutexLock lock(&writer_mu_);
+      writer = std::move(writer_);
+    }
+    writer.reset();
+  }
+
+ private:
+  absl::Status Restore(rubato::ParameterShard* shard,
+                       const std::optional<rubato::RollbackMarker>& marker) {
+    const std::string& dir = config_.checkpoint_dir;
+    const int shard_id = config_.shard_id;
     std::optional<int64_t> step;
-    if (marker->has_value()) {
-      step = (*marker)->step;
-      if (restore_step >= 0 && restore_step != *step) {
-        RUBATO_LOG(WARNING) << "--restore_step=" << restore_step << " ignored: this shard is "
-                            << "rolling back to step " << *step << " ("
-                            << rubato::RollbackMarkerPath(checkpoint_dir, shard_id) << ")";
+    if (marker.has_value()) {
+      step = marker->step;
+      if (config_.restore_step >= 0 && config_.restore_step != *step) {
+        RUBATO_LOG(WARNING) << "--restore_step=" << config_.restore_step << " ignored: this shard "
+                            << "is rolling back to step " << *step << " ("
+                            << rubato::RollbackMarkerPath(dir, shard_id) << ")";
       }
-    } else if (restore_step >= 0) {
-      step = restore_step;
+    } else if (config_.restore_step >= 0) {
+      step = config_.restore_step;
+    }
+    ASSIGN_OR_RETURN(std::optional<rubato::LoadedCheckpoint> loaded,
+                     rubato::LoadNewestCheckpoint(dir, shard_id, step));
+    if (!loaded.has_value()) {
+      if (step.has_value()) {
+        return absl::NotFoundError(
+            absl::StrCat(marker.has_value() ? "roll-back to step " : "--restore_step=", *step,
+                         ": no checkpoint of shard ", shard_id, " at that step in ", dir));
+      }
+      RUBATO_LOG(INFO) << "no checkpoint of shard " << shard_id << " in " << dir
+                       << ": starting afresh";
+      return absl::OkStatus();
+    }
+    for (const std::string& why : loaded->skipped) {
+      RUBATO_LOG(WARNING) << "checkpoint passed over: " << why;
+    }
+    if (absl::Status s = shard->Restore(loaded->checkpoint); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("cannot restore ", loaded->path, ": ", s.message()));
+    }
+    // Every restore starts a recovery of its own, unless it is the roll-back of one.
+    uint64_t recovery = marker.has_value() ? marker->recovery_id : 0;
+    std::random_device random;
+    while (recovery == 0) recovery = (uint64_t{random()} << 32) | random();
+    shard->SetRecoveryId(recovery);
+    if (marker.has_value()) RETURN_IF_ERROR(rubato::FinishRollback(dir, shard_id, *step));
+    RUBATO_LOG(INFO) << "restored shard " << shard_id << " from " << loaded->path << ": step "
+                     << loaded->checkpoint.step() << " (recovery "
+                     << absl::StrCat(absl::Hex(recovery))
+                     << (marker.has_value() ? ", a roll-back" : "")
+                     << "); workers go on from there";
+    return absl::OkStatus();
+  }
+
+  absl::Status AgreeToRollback(int64_t step, uint64_t id) {
+    const int shard_id = config_.shard_id;
+    absl::MutexLock lock(&rollback_mu_);
+    if (rollback_.has_value()) {
+      if (rollback_->recovery_id == id) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", shard_id, " is restarting already, to roll back to step ",
+                       rollback_->step, " for another recovery"));
     }
     absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded =
-        rubato::LoadNewestCheckpoint(checkpoint_dir, shard_id, step);
-    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
-    if (loaded->has_value()) {
-      for (const std::string& why : (*loaded)->skipped) {
-        RUBATO_LOG(WARNING) << "checkpoint passed over: " << why;
-      }
-      if (absl::Status s = (*shard)->Restore((*loaded)->checkpoint); !s.ok()) {
-        return Fail(absl::StrCat("cannot restore ", (*loaded)->path, ": ", s.message()));
-      }
-      // Every restore starts a recovery of its own, unless it is the roll-back of one.
-      uint64_t recovery = marker->has_value() ? (*marker)->recovery_id : 0;
-      std::random_device random;
-      while (recovery == 0) recovery = (uint64_t{random()} << 32) | random();
-      (*shard)->SetRecoveryId(recovery);
-      if (marker->has_value()) {
-        if (absl::Status s = rubato::FinishRollback(checkpoint_dir, shard_id, *step); !s.ok()) {
-          return Fail(std::string(s.message()));
-        }
-      }
-      RUBATO_LOG(INFO) << "restored shard " << shard_id << " from " << (*loaded)->path << ": step "
-                       << (*loaded)->checkpoint.step() << " (recovery "
-                       << absl::StrCat(absl::Hex(recovery))
-                       << (marker->has_value() ? ", a roll-back" : "")
-                       << "); workers go on from there";
-    } else if (step.has_value()) {
-      return Fail(
-          absl::StrCat(marker->has_value() ? "roll-back to step " : "--restore_step=", *step,
-                       ": no checkpoint of shard ", shard_id, " at that step in ", checkpoint_dir));
-    } else {
-      RUBATO_LOG(INFO) << "no checkpoint of shard " << shard_id << " in " << checkpoint_dir
-                       << ": starting afresh";
+        rubato::LoadNewestCheckpoint(config_.checkpoint_dir, shard_id, step);
+    if (!loaded.ok() || !loaded->has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard_id, " cannot roll back to step ", step, ": ",
+          !loaded.ok()
+              ? loaded.status().message()
+              : absl::StrCat("it has no checkpoint of that step in ", config_.checkpoint_dir,
+                             " (it keeps its newest --checkpoint_keep)")));
     }
-    rubato::ParameterShard* raw = shard->get();
-    writer = std::make_unique<rubato::CheckpointWriter>(
-        checkpoint_dir, checkpoint_keep,
-        [raw](const rubato::CapturedCheckpoint& c) { return raw->CheckpointProto(c); });
-    absl::MutexLock lock(&writer_mu);
-    writer_ptr = writer.get();
-    RUBATO_LOG(INFO) << "checkpoints every " << checkpoint_every << " steps into " << checkpoint_dir
-                     << ", keeping " << checkpoint_keep;
+    RETURN_IF_ERROR(rubato::WriteRollbackMarker(config_.checkpoint_dir, shard_id,
+                                                rubato::RollbackMarker{step, id}));
+    rollback_ = rubato::RollbackMarker{step, id};
+    RUBATO_LOG(WARNING) << "rolling back to step " << step << " (recovery "
+                        << absl::StrCat(absl::Hex(id))
+                        << "): another shard was restored from that checkpoint; exiting with "
+                        << kExitRollback << " so that this shard is started again from it";
+    return absl::OkStatus();
   }
 
-  rubato::ParameterService service(shard->get(), *security);
-  rubato::HealthService health_service({"rubato.ParameterServer"});
-  grpc::ServerBuilder builder;
-  rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(*spec));
-  rubato::SetServerMemoryBudget(&builder, memory_budget);
-  int port = 0;
-  builder.AddListeningPort(listen, security->credentials(), &port);
-  builder.RegisterService(&service);
-  builder.RegisterService(&health_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", listen,
-                             ": the address is in use or not an address of this host"));
+  const ServerConfig& config_;
+  absl::Mutex writer_mu_;
+  std::unique_ptr<rubato::CheckpointWriter> writer_ ABSL_GUARDED_BY(writer_mu_);
+  absl::Mutex rollback_mu_;
+  std::optional<rubato::RollbackMarker> rollback_ ABSL_GUARDED_BY(rollback_mu_);
+};
+
+// The shard's network front: its gRPC service, the plain-TCP data plane beside it, and the
+// health service (on every port, and alone on --health_listen).
+class Front {
+ public:
+  Front(rubato::ParameterShard* shard, const rubato::ServerSecurity& security)
+      : service_(shard, security), health_service_({"rubato.ParameterServer"}) {}
+
+  absl::Status Start(const ServerConfig& c, rubato::ParameterShard* shard,
+                     const rubato::ServerSecurity& security) {
+    grpc::ServerBuilder builder;
+    rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(c.spec));
+    rubato::SetServerMemoryBudget(&builder, c.memory_budget);
+    int port = 0;
+    builder.AddListeningPort(c.listen, security.credentials(), &port);
+    builder.RegisterService(&service_);
+    builder.RegisterService(&health_service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen on ", c.listen, ": the address is in use or not an address of this host"));
+    }
+    bound_ = absl::StrCat(c.listen.substr(0, c.listen.rfind(':')), ":", port);
+    if (c.data_port >= 0 && !security.encrypts()) {
+      RETURN_IF_ERROR(StartDataPlane(c, shard, security));
+    } else if (c.data_port >= 0) {
+      RUBATO_LOG(INFO) << "no plain-TCP data plane with TLS: Push and Pull stay on gRPC";
+    }
+    if (!c.health_listen.empty()) {
+      ASSIGN_OR_RETURN(health_, rubato::StartHealthServer(c.health_listen, &health_service_));
+      RUBATO_LOG(INFO) << "health service (plaintext, health only) on " << c.health_listen;
+    }
+    return absl::OkStatus();
   }
-  const std::string bound = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
-  std::unique_ptr<rubato::DataPlaneServer> data_plane;
-  if (data_port >= 0 && !security->encrypts()) {
-    rubato::DataPlaneOptions data_options;
+
+  const std::string& bound() const { return bound_; }
+
+  // Stops serving: health first, then (once the shard has answered its parked pulls) the data
+  // plane, whose connections' threads end with them, and the gRPC server within 5 s.
+  void StopServingHealth() { health_service_.SetServing(false); }
+  void Stop() {
+    data_plane_.reset();
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    }
+    if (health_ != nullptr) health_->Shutdown(std::chrono::system_clock::now());
+  }
+
+ private:
+  absl::Status StartDataPlane(const ServerConfig& c, rubato::ParameterShard* shard,
+                              const rubato::ServerSecurity& security) {
+    rubato::DataPlaneOptions options;
     std::string host, ignored;
-    rubato::SplitHostPort(listen, &host, &ignored);
-    data_options.host = host;
-    data_options.port = data_port;
-    data_options.max_message_bytes = rubato::MaxMessageBytes(*spec);
-    data_options.memory_budget_bytes = memory_budget;
-    auto started = rubato::DataPlaneServer::Start(data_options, shard->get(), *security);
-    if (!started.ok()) {
-      server->Shutdown();
-      return Fail(std::string(started.status().message()));
-    }
-    data_plane = std::move(*started);
-    service.set_data_port(data_plane->port());
+    rubato::SplitHostPort(c.listen, &host, &ignored);
+    options.host = host;
+    options.port = c.data_port;
+    options.max_message_bytes = rubato::MaxMessageBytes(c.spec);
+    options.memory_budget_bytes = c.memory_budget;
+    ASSIGN_OR_RETURN(data_plane_, rubato::DataPlaneServer::Start(options, shard, security));
+    service_.set_data_port(data_plane_->port());
     RUBATO_LOG(INFO) << "Push and Pull data plane (plain TCP, workers authenticated as on gRPC) on "
-                     << (host.empty() ? std::string("*") : host) << ":" << data_plane->port();
-  } else if (data_port >= 0) {
-    RUBATO_LOG(INFO) << "no plain-TCP data plane with TLS: Push and Pull stay on gRPC";
+                     << (host.empty() ? std::string("*") : host) << ":" << data_plane_->port();
+    return absl::OkStatus();
   }
-  std::unique_ptr<grpc::Server> health;
-  if (!health_listen.empty()) {
-    auto started = rubato::StartHealthServer(health_listen, &health_service);
-    if (!started.ok()) {
-      server->Shutdown();
-      return Fail(std::string(started.status().message()));
-    }
-    health = std::move(*started);
-    RUBATO_LOG(INFO) << "health service (plaintext, health only) on " << health_listen;
-  }
-  RUBATO_LOG(INFO) << "shard " << shard_id << "/" << num_shards << " serving on " << bound << ": "
-                   << spec->num_workers() << " workers, mode "
-                   << rubato::FormatConsistency(spec->consistency()) << ", wait timeout "
-                   << spec->wait_timeout_ms() << " ms; " << security->Describe()
-                   << "; messages up to " << (rubato::MaxMessageBytes(*spec) >> 20)
-                   << " MiB, gRPC memory budget " << (memory_budget >> 20) << " MiB";
-  if (auto config = rubato::CompleteOptimizerConfig(spec->optimizer()); config.ok()) {
+
+  rubato::ParameterService service_;
+  rubato::HealthService health_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<rubato::DataPlaneServer> data_plane_;
+  std::unique_ptr<grpc::Server> health_;
+  std::string bound_;
+};
+
+void LogServing(const ServerConfig& c, const std::string& bound,
+                const rubato::ServerSecurity& security) {
+  RUBATO_LOG(INFO) << "shard " << c.shard_id << "/" << c.num_shards << " serving on " << bound
+                   << ": " << c.spec.num_workers() << " workers, mode "
+                   << rubato::FormatConsistency(c.spec.consistency()) << ", wait timeout "
+                   << c.spec.wait_timeout_ms() << " ms; " << security.Describe()
+                   << "; messages up to " << (rubato::MaxMessageBytes(c.spec) >> 20)
+                   << " MiB, gRPC memory budget " << (c.memory_budget >> 20) << " MiB";
+  if (auto config = rubato::CompleteOptimizerConfig(c.spec.optimizer()); config.ok()) {
     RUBATO_LOG(INFO) << "optimizer { " << config->ShortDebugString() << " }; lr_schedule { "
-                     << spec->lr_schedule().ShortDebugString()
+                     << c.spec.lr_schedule().ShortDebugString()
                      << " } (the effective schedule is logged once every worker has registered)";
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << bound << "\n";
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      server->Shutdown();
-      return Fail(absl::StrCat("cannot write --port_file ", port_file));
-    }
-  }
+}
 
+absl::Status WritePortFile(const std::string& bound) {
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (port_file.empty()) return absl::OkStatus();
+  const std::string tmp = port_file + ".tmp";
+  std::ofstream(tmp) << bound << "\n";
+  if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write --port_file ", port_file));
+  }
+  return absl::OkStatus();
+}
+
+// Serves until the job is over, a signal arrives or the shard agreed to roll back; returns why
+// the job ended without finishing (an idle timeout), OK otherwise.
+absl::Status ServeUntilTheEnd(rubato::ParameterShard* shard, absl::Duration idle_timeout,
+                              Checkpoints* checkpoints) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   // Freed memory is kept for reuse (KeepFreedMemory); give it back now and then, so that a burst
   // of large messages does not leave the server's resident size at its peak.
   absl::Time next_trim = absl::Now();
-  absl::Status ended;  // Why the job ended without finishing (idle timeout).
   while (g_signal == 0) {
     absl::SleepFor(absl::Milliseconds(50));
-    absl::StatusOr<bool> finished = (*shard)->JobFinished(idle_timeout);
-    if (!finished.ok()) {
-      ended = finished.status();
-      break;
-    }
-    if (*finished) break;
-    {
-      absl::MutexLock lock(&rollback_mu);
-      if (rollback.has_value()) break;
-    }
+    absl::StatusOr<bool> finished = shard->JobFinished(idle_timeout);
+    if (!finished.ok()) return finished.status();
+    if (*finished || checkpoints->RollingBack()) break;
     if (absl::Now() >= next_trim) {
       rubato::ReturnFreedMemory();
       next_trim = absl::Now() + absl::Seconds(5);
     }
   }
+  return absl::OkStatus();
+}
 
-  bool rolling_back;
-  {
-    absl::MutexLock lock(&rollback_mu);
-    rolling_back = rollback.has_value();
-  }
-  if (rolling_back) {
-    RUBATO_LOG(INFO) << "shutting down to roll back (exit status " << kExitRollback << ")";
-  } else if (g_signal != 0) {
-    RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
-  } else if (ended.ok()) {
-    RUBATO_LOG(INFO) << "job over: every worker has finished or was dropped; shutting down";
-  }
-  health_service.SetServing(false);
-  if (writer != nullptr && !writer->Idle(absl::Seconds(30))) {
-    RUBATO_LOG(ERROR) << "the last checkpoint was still being written after 30 s";
-  }
-  const rubato::GetStatsResponse stats = (*shard)->Stats();
-  (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
-  data_plane.reset();    // Its connections' threads end once their parked pulls are answered.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  if (health != nullptr) health->Shutdown(std::chrono::system_clock::now());
-  {
-    absl::MutexLock lock(&writer_mu);
-    writer_ptr = nullptr;
-  }
-  writer.reset();
+// Prints the final statistics line (and writes --stats_file).
+void ReportStats(const rubato::GetStatsResponse& stats) {
   const std::string json = StatsJson(stats);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_stats_file); !path.empty()) {
@@ -449,6 +519,58 @@ int main(int argc, char** argv) {
                    << " pushes, " << stats.rejected_pushes() << " rejected, min version "
                    << stats.min_version() << ", " << stats.finished_workers() << " of "
                    << stats.num_workers() << " workers finished";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
+  absl::SetProgramUsageMessage(
+      "One Rubato parameter-server shard. Its flags: docs/flags.md (or --helpfull).");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
+  rubato::SkipMutexDeadlockDetection();
+  if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "'"));
+  rubato::SetLogTag(absl::StrCat("server-", absl::GetFlag(FLAGS_shard_id)));
+  auto security = rubato::ServerSecurity::Create(rubato::SecurityConfigFromFlags());
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  absl::StatusOr<ServerConfig> config = ConfigFromFlags(*security);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+
+  Checkpoints checkpoints(*config);
+  checkpoints.Install(&config->options);
+  auto shard = rubato::ParameterShard::Create(config->options);
+  if (!shard.ok()) return Fail(std::string(shard.status().message()));
+  if (absl::Status s = checkpoints.RestoreAndStart(shard->get()); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  Front front(shard->get(), *security);
+  absl::Status started = front.Start(*config, shard->get(), *security);
+  if (started.ok()) {
+    LogServing(*config, front.bound(), *security);
+    started = WritePortFile(front.bound());
+  }
+  if (!started.ok()) {
+    front.Stop();
+    return Fail(std::string(started.message()));
+  }
+
+  const absl::Status ended = ServeUntilTheEnd(shard->get(), config->idle_timeout, &checkpoints);
+  const bool rolling_back = checkpoints.RollingBack();
+  if (rolling_back) {
+    RUBATO_LOG(INFO) << "shutting down to roll back (exit status " << kExitRollback << ")";
+  } else if (g_signal != 0) {
+    RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
+  } else if (ended.ok()) {
+    RUBATO_LOG(INFO) << "job over: every worker has finished or was dropped; shutting down";
+  }
+  front.StopServingHealth();
+  checkpoints.Finish();
+  const rubato::GetStatsResponse stats = (*shard)->Stats();
+  (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
+  front.Stop();
+  checkpoints.StopWriter();
+  ReportStats(stats);
   if (rolling_back) return kExitRollback;
   if (!ended.ok()) return Fail(std::string(ended.message()), 1);
   return 0;
