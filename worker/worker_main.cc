@@ -363,6 +363,427 @@ int Sharpness(const std::string& path) {
   return 0;
 }
 
+// A failure of main's, with the exit status it ends with.
+struct Exit {
+  int code;
+  std::string message;
+};
+
+// The range checks of the flags that need nothing else; an error names them.
+absl::Status CheckFlags() {
+  if (const int b = absl::GetFlag(FLAGS_batch_size); b < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch_size must be >= 1, got ", b));
+  }
+  if (absl::GetFlag(FLAGS_epochs) < 1 && absl::GetFlag(FLAGS_steps) <= 0) {
+    return absl::InvalidArgumentError("--epochs must be >= 1 (or give --steps)");
+  }
+  if (const int64_t kb = absl::GetFlag(FLAGS_push_bucket_kb); kb < 0 || kb > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--push_bucket_kb must be in [0, 2^30], got ", kb));
+  }
+  if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_eval_every) < 0 ||
+      absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_train_limit) < 0 ||
+      absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1 ||
+      absl::GetFlag(FLAGS_retry_timeout_ms) < 0 ||
+      absl::GetFlag(FLAGS_server_restart_timeout_s) < -1 ||
+      absl::GetFlag(FLAGS_server_restart_timeout_s) > 86400) {
+    return absl::InvalidArgumentError(
+        "--steps, --eval_every, --train_limit, --test_limit and --retry_timeout_ms must be "
+        ">= 0, --log_every and --connect_timeout_ms >= 1, --server_restart_timeout_s -1 "
+        "to 86400");
+  }
+  if (const std::string b = absl::GetFlag(FLAGS_backend);
+      b != "cpu" && b != "cuda" && b != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: unknown backend '", b, "' (available: auto, cpu, cuda)"));
+  }
+  if (absl::GetFlag(FLAGS_compute_threads) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute_threads must be >= 0, got ", absl::GetFlag(FLAGS_compute_threads)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<rubato::StragglerOptions> StragglerFromFlags(int worker_id, int num_workers) {
+  rubato::StragglerOptions o;
+  o.slowdown = absl::GetFlag(FLAGS_slowdown);
+  ASSIGN_OR_RETURN(const std::optional<double> slow,
+                   SlowdownFor(absl::GetFlag(FLAGS_slow_workers), worker_id, num_workers));
+  if (slow.has_value()) o.slowdown = *slow;
+  o.min_step_ms = absl::GetFlag(FLAGS_min_step_ms);
+  o.delay_probability = absl::GetFlag(FLAGS_delay_probability);
+  ASSIGN_OR_RETURN(o.delay_distribution,
+                   rubato::ParseDelayDistribution(absl::GetFlag(FLAGS_delay_distribution)));
+  o.delay_mean_ms = absl::GetFlag(FLAGS_delay_mean_ms);
+  o.delay_sigma = absl::GetFlag(FLAGS_delay_sigma);
+  o.delay_alpha = absl::GetFlag(FLAGS_delay_alpha);
+  o.seed = absl::GetFlag(FLAGS_straggler_seed);
+  o.pause_at_step = absl::GetFlag(FLAGS_pause_at_step);
+  o.pause_ms = absl::GetFlag(FLAGS_pause_ms);
+  o.crash_at_step = absl::GetFlag(FLAGS_crash_at_step);
+  return o;
+}
+
+// The model --model (or its old spelling --layers) names, and how to name it in messages.
+struct ModelChoice {
+  rubato::ModelSpec spec;
+  std::string flag;  // "--model mlp:784-256-10"
+  std::string text;  // "mlp:784-256-10"
+};
+
+absl::StatusOr<ModelChoice> ModelFromFlags() {
+  ModelChoice m;
+  m.flag = "--model " + absl::GetFlag(FLAGS_model);
+  m.text = absl::GetFlag(FLAGS_model);
+  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
+    if (m.text != "mlp:784-256-10") {
+      return absl::InvalidArgumentError("give --model or its old spelling --layers, not both");
+    }
+    m.flag = "--layers " + layers;
+    m.text = "mlp:" + layers;
+  }
+  absl::StatusOr<rubato::ModelSpec> spec = rubato::ParseModelSpec(m.text);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(m.flag.substr(0, m.flag.find(' ')), ": ", spec.status().message()));
+  }
+  m.spec = *std::move(spec);
+  return m;
+}
+
+// The job's length: every worker runs the same number of steps, so that no BSP barrier waits for
+// a finished worker.
+struct JobLength {
+  int64_t global_batch = 0;
+  int64_t steps_per_epoch = 0;
+  int64_t steps = 0;
+};
+
+JobLength LengthFromFlags(int batch_size, int num_workers, int64_t train_examples) {
+  JobLength j;
+  j.global_batch = int64_t{batch_size} * num_workers;
+  j.steps_per_epoch = std::max<int64_t>(1, (train_examples + j.global_batch - 1) / j.global_batch);
+  j.steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps)
+                                           : absl::GetFlag(FLAGS_epochs) * j.steps_per_epoch;
+  return j;
+}
+
+rubato::PsClientOptions ClientOptionsFromFlags(const rubato::ClusterSpec& cluster, int worker_id,
+                                               const JobLength& job, const rubato::ModelSpec& spec,
+                                               const rubato::ClientSecurity& security) {
+  rubato::PsClientOptions o;
+  o.servers.assign(cluster.servers().begin(), cluster.servers().end());
+  o.worker_id = worker_id;
+  o.num_workers = cluster.num_workers();
+  o.consistency = cluster.consistency();
+  o.steps_per_epoch = job.steps_per_epoch;
+  o.total_steps = job.steps;
+  for (const rubato::ParamSpec& p : rubato::ModelParamSpecs(spec)) {
+    rubato::TensorSpec t;
+    t.set_name(p.name);
+    for (int64_t d : p.shape) t.add_shape(d);
+    o.model.push_back(std::move(t));
+  }
+  o.connect_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms));
+  // Past the servers' own wait timeout, so that their error (naming whom they waited for) arrives.
+  o.rpc_timeout = absl::Milliseconds(cluster.wait_timeout_ms()) + absl::Seconds(10);
+  o.retry_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_retry_timeout_ms));
+  if (const int64_t restart = absl::GetFlag(FLAGS_server_restart_timeout_s); restart >= 0) {
+    o.retry_timeout = absl::Seconds(restart);
+    o.connect_timeout = std::max(o.connect_timeout, absl::Seconds(restart));
+  }
+  o.heartbeat_timeout = absl::Milliseconds(std::clamp<int64_t>(cluster.lease_ms() / 4, 100, 5000));
+  o.security = security;
+  o.max_message_bytes = rubato::MaxMessageBytes(cluster);
+  o.use_data_plane = absl::GetFlag(FLAGS_ps_transport) != "grpc";
+  return o;
+}
+
+// allreduce: no servers, a ring all-reduce among the workers; wait_timeout_ms bounds each one.
+absl::StatusOr<std::unique_ptr<rubato::PsClient>> CreateRingClient(
+    const rubato::ClusterSpec& cluster, int worker_id, const rubato::PsClientOptions& client,
+    const rubato::SecurityConfig& security, Exit* failure) {
+  rubato::AllReduceOptions ring;
+  ring.rank = worker_id;
+  ring.cluster = cluster;
+  ring.listen = absl::GetFlag(FLAGS_listen);
+  ASSIGN_OR_RETURN(ring.transport, rubato::ParseRingTransport(absl::GetFlag(FLAGS_ring_transport)));
+  ring.data_port = absl::GetFlag(FLAGS_ring_data_port);
+  if (ring.data_port < 0 || ring.data_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ring_data_port must be 0..65535, not ", ring.data_port));
+  }
+  const int64_t spin_us = absl::GetFlag(FLAGS_ring_spin_us);
+  if (spin_us < 0 || spin_us > 100000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ring_spin_us must be 0..100000, not ", spin_us));
+  }
+  ring.receive_spin = absl::Microseconds(spin_us);
+  if (!ring.listen.empty()) RETURN_IF_ERROR(rubato::ValidateHostPort(ring.listen, "--listen"));
+  ring.model = client.model;
+  ring.steps_per_epoch = client.steps_per_epoch;
+  ring.total_steps = client.total_steps;
+  ring.timeout = absl::Milliseconds(cluster.wait_timeout_ms());
+  ring.connect_timeout = client.connect_timeout;
+  ASSIGN_OR_RETURN(ring.server_security, rubato::ServerSecurity::Create(security));
+  ring.client_security = client.security;
+  RUBATO_LOG(INFO) << "ring peer " << cluster.workers(worker_id)
+                   << (ring.listen.empty() ? "" : absl::StrCat(" (listening on ", ring.listen, ")"))
+                   << ": " << ring.server_security.Describe();
+  absl::StatusOr<std::unique_ptr<rubato::PsClient>> created = rubato::CreateAllReduceClient(ring);
+  if (!created.ok()) *failure = {kExitRuntime, created.status().ToString()};
+  return created;
+}
+
+// Keeps this worker's lease on every shard while it computes or waits at a barrier: a heartbeat
+// every lease / 4, from the construction to the destruction.
+class Heartbeats {
+ public:
+  Heartbeats(rubato::PsClient* client, int64_t lease_ms, const std::atomic<int64_t>* step)
+      : thread_([this, client, lease_ms, step] {
+          const absl::Duration period = absl::Milliseconds(std::max<int64_t>(lease_ms / 4, 1));
+          bool failing = false;
+          while (!stop_.WaitForNotificationWithTimeout(period)) {
+            const absl::Status s = client->Heartbeat(step->load());
+            if (!s.ok() && !failing) RUBATO_LOG(WARNING) << "heartbeat failed: " << s;
+            if (s.ok() && failing) RUBATO_LOG(INFO) << "heartbeats answered again";
+            failing = !s.ok();
+          }
+        }) {}
+  ~Heartbeats() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;  // Last: started once stop_ exists.
+};
+
+std::string StartRecord(int worker_id, const JobLength& job, int batch_size,
+                        const ModelChoice& model, const rubato::ModelBackend& backend, bool overlap,
+                        const rubato::ClusterSpec& cluster, int64_t shard_size) {
+  return absl::StrFormat(
+      "{\"event\":\"start\",\"worker\":%d,\"steps\":%d,\"steps_per_epoch\":%d,"
+      "\"batch_size\":%d,\"global_batch\":%d,\"model\":\"%s\",\"parameters\":%d,"
+      "\"backend\":\"%s\",\"overlap\":%s,\"mode\":\"%s\",\"shard_examples\":%d}",
+      worker_id, job.steps, job.steps_per_epoch, batch_size, job.global_batch, model.text,
+      rubato::ModelParamCount(model.spec), backend.name(), overlap ? "true" : "false",
+      rubato::FormatConsistency(cluster.consistency()), shard_size);
+}
+
+std::string DoneRecord(int worker_id, const rubato::TrainingResult& result,
+                       const std::vector<std::vector<float>>& params, bool evaluated) {
+  return absl::StrFormat(
+      "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
+      "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
+      "\"params_fnv1a\":\"%016x\","
+      "\"train_loss\":%.5f%s,\"final_batch\":%d%s}",
+      worker_id, result.steps, result.computed_steps, result.skipped_steps, result.redone_steps,
+      result.rejoins, result.wall_seconds, ParamsFingerprint(params), result.final_loss,
+      evaluated ? absl::StrFormat(",\"test_loss\":%.5f,\"test_accuracy\":%.5f", result.test.loss,
+                                  result.test.accuracy)
+                : "",
+      result.final_batch,
+      std::isfinite(result.noise_scale)
+          ? absl::StrFormat(",\"noise_scale\":%.6g", result.noise_scale)
+          : "");
+}
+
+// --export_model (worker 0): the trained model and what it scored.
+absl::Status ExportIfAsked(int worker_id, const rubato::ClusterSpec& cluster, const JobLength& job,
+                           const ModelChoice& model, const rubato::TrainingResult& result,
+                           const std::vector<std::vector<float>>& params) {
+  const std::string path = absl::GetFlag(FLAGS_export_model);
+  if (path.empty() || worker_id != 0) return absl::OkStatus();
+  rubato::ModelFile about;
+  about.set_steps(result.steps);
+  about.set_mode(rubato::FormatConsistency(cluster.consistency()));
+  about.set_num_workers(cluster.num_workers());
+  // The last step's (an adaptive batch changes it).
+  about.set_global_batch(result.final_batch > 0
+                             ? int64_t{result.final_batch} * cluster.num_workers()
+                             : job.global_batch);
+  about.set_optimizer(cluster.optimizer().type());
+  about.set_test_accuracy(result.test.accuracy);
+  about.set_test_loss(result.test.loss);
+  about.set_test_examples(result.test.examples);
+  RETURN_IF_ERROR(rubato::ExportModel(path, model.text, model.spec, params, about));
+  RUBATO_LOG(INFO) << "model exported to " << path;
+  return absl::OkStatus();
+}
+
+// A worker that dies without a word to the servers: no error status, no "done" record.
+void InjectedCrash(int64_t step) {
+  std::cout.flush();
+  std::fflush(nullptr);
+  std::fprintf(stderr, "rubato_worker: injected crash at step %lld\n",
+               static_cast<long long>(step));
+  std::_Exit(3);
+}
+
+// Everything a training run needs, set up from the flags in place (the batcher points into the
+// training set, the backend at the model: not copied or moved once set up).
+struct Setup {
+  rubato::ClusterSpec cluster;
+  int worker_id = 0;
+  int batch_size = 0;
+  ModelChoice model;
+  std::optional<rubato::StragglerModel> straggler;
+  std::optional<rubato::Dataset> train;
+  rubato::Dataset test;  // Empty when this worker does not evaluate.
+  bool evaluates = false;
+  std::optional<rubato::ShardedBatcher> batcher;
+  JobLength job;
+  std::unique_ptr<rubato::ModelBackend> backend;
+  std::unique_ptr<rubato::PsClient> client;
+};
+
+// The data: this worker's shard of the training set, and the test set where it evaluates (under
+// bsp only worker 0, unless --eval_all_workers).
+absl::Status LoadData(Setup* s) {
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  ASSIGN_OR_RETURN(s->train, rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain,
+                                                      absl::GetFlag(FLAGS_train_limit)));
+  s->evaluates = s->worker_id == 0 || absl::GetFlag(FLAGS_eval_all_workers) ||
+                 s->cluster.consistency().mode() != rubato::BSP;
+  if (s->evaluates) {
+    ASSIGN_OR_RETURN(s->test, rubato::LoadFashionMnist(data_dir, rubato::Split::kTest,
+                                                       absl::GetFlag(FLAGS_test_limit)));
+  }
+  const rubato::ModelSpec& spec = s->model.spec;
+  if (spec.input.size() != s->train->dim ||
+      rubato::ModelNumClasses(spec) != s->train->num_classes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        s->model.flag, " needs ", spec.input.size(), " inputs and ", rubato::ModelNumClasses(spec),
+        " classes; the data has ", s->train->dim, " and ", s->train->num_classes));
+  }
+  ASSIGN_OR_RETURN(
+      s->batcher, rubato::ShardedBatcher::Create(&*s->train, s->worker_id, s->cluster.num_workers(),
+                                                 s->batch_size, absl::GetFlag(FLAGS_seed)));
+  s->job = LengthFromFlags(s->batch_size, s->cluster.num_workers(), s->train->size);
+  // A pause or crash past the end would silently not happen.
+  const rubato::StragglerOptions& o = s->straggler->options();
+  for (const auto& [flag, at] : {std::make_pair("pause_at_step", o.pause_at_step),
+                                 std::make_pair("crash_at_step", o.crash_at_step)}) {
+    if (at.has_value() && *at >= s->job.steps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be < the job's ", s->job.steps, " steps, got ", *at));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads and checks the flags, loads the data, creates the backend and the client. A usage error
+// exits kExitUsage, a ring that cannot be set up kExitRuntime.
+absl::Status SetUp(Setup* setup, Exit* failure) {
+  Setup& s = *setup;
+  RETURN_IF_ERROR(CheckFlags());
+  ASSIGN_OR_RETURN(s.cluster, rubato::ClusterSpecFromFlags(/*need_servers=*/true));
+  s.worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (s.worker_id < 0 || s.worker_id >= s.cluster.num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_id must be in [0, num_workers=", s.cluster.num_workers(), "), got ",
+                     s.worker_id));
+  }
+  rubato::SetLogTag(absl::StrCat("worker-", s.worker_id));
+  s.batch_size = absl::GetFlag(FLAGS_batch_size);
+  const rubato::SecurityConfig security = rubato::SecurityConfigFromFlags();
+  ASSIGN_OR_RETURN(const rubato::ClientSecurity client_security,
+                   rubato::ClientSecurity::Create(security, s.worker_id));
+  ASSIGN_OR_RETURN(const rubato::StragglerOptions straggler,
+                   StragglerFromFlags(s.worker_id, s.cluster.num_workers()));
+  ASSIGN_OR_RETURN(s.straggler, rubato::StragglerModel::Create(straggler, s.worker_id));
+  ASSIGN_OR_RETURN(s.model, ModelFromFlags());
+  RETURN_IF_ERROR(LoadData(&s));
+  ASSIGN_OR_RETURN(s.backend, CreateBackend(absl::GetFlag(FLAGS_backend), s.model.spec,
+                                            absl::GetFlag(FLAGS_compute_threads), s.worker_id,
+                                            absl::GetFlag(FLAGS_cuda_device)));
+  const rubato::PsClientOptions client =
+      ClientOptionsFromFlags(s.cluster, s.worker_id, s.job, s.model.spec, client_security);
+  if (s.cluster.consistency().mode() == rubato::ALLREDUCE) {
+    ASSIGN_OR_RETURN(s.client, CreateRingClient(s.cluster, s.worker_id, client, security, failure));
+  } else {
+    ASSIGN_OR_RETURN(s.client, rubato::CreateGrpcPsClient(client));
+  }
+  return absl::OkStatus();
+}
+
+// The loop's options for this setup, starting at `start_step`.
+rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
+  const rubato::ConsistencyMode mode = s->cluster.consistency().mode();
+  rubato::TrainingOptions options;
+  options.worker_id = s->worker_id;
+  options.steps = s->job.steps;
+  options.eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (options.eval_every == 0)
+    options.eval_every = std::max<int64_t>(1, s->job.steps_per_epoch / 2);
+  options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.clip_global_norm = s->cluster.optimizer().clip_global_norm();
+  options.start_step = start_step;
+  options.skip_to_current_version = mode == rubato::BACKUP;
+  options.rewind_on_rejoin = mode == rubato::BSP || mode == rubato::BACKUP;
+  if (s->straggler->enabled()) options.straggler = &*s->straggler;
+  options.on_injected_crash = InjectedCrash;
+  options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.push_bucket_bytes = absl::GetFlag(FLAGS_push_bucket_kb) << 10;
+  options.adaptive_batch = s->cluster.adaptive_batch().max_global_batch() > 0;
+  options.num_workers = s->cluster.num_workers();
+  options.train_examples = s->train->size;
+  return options;
+}
+
+// Registers, trains, tells the servers it finished, and writes the done record; returns the
+// exit status.
+int Train(Setup* s) {
+  rubato::PsClient* client = s->client.get();
+  std::vector<std::vector<float>> params =
+      rubato::InitModelParams(s->model.spec, absl::GetFlag(FLAGS_seed));
+  absl::StatusOr<int64_t> start_step = client->Register(params, s->batch_size, /*resume_step=*/0);
+  if (!start_step.ok()) return Fail(kExitRuntime, start_step.status().ToString());
+  RUBATO_LOG(INFO) << "registered with " << s->cluster.servers_size() << " shard(s) ["
+                   << absl::StrJoin(client->shard_bytes(), ",") << "] bytes (max/mean "
+                   << MaxOverMean(client->shard_bytes()) << "); model " << s->model.text << " ("
+                   << rubato::ModelParamCount(s->model.spec) << " parameters), backend "
+                   << s->backend->name() << ", shard of " << s->batcher->shard_size()
+                   << " examples, " << s->job.steps << " steps";
+  if (s->straggler->enabled()) {
+    RUBATO_LOG(INFO) << "straggler injection: " << s->straggler->Describe();
+  }
+  rubato::TrainingOptions options = LoopOptions(s, *start_step);
+  std::string no_overlap_reason;
+  const bool overlap = rubato::OverlapEnabled(options, *client, &no_overlap_reason);
+  if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
+  std::cout << StartRecord(s->worker_id, s->job, s->batch_size, s->model, *s->backend, overlap,
+                           s->cluster, s->batcher->shard_size())
+            << std::endl;
+  std::atomic<int64_t> current_step{*start_step};
+  options.current_step = &current_step;
+  absl::StatusOr<rubato::TrainingResult> result;
+  {
+    Heartbeats heartbeats(client, s->cluster.lease_ms(), &current_step);
+    result = rubato::RunTraining(options, s->model.spec, client, s->backend.get(), &*s->batcher,
+                                 s->test, &params, &std::cout);
+  }
+  if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
+  // The servers stop expecting this worker and end once every worker has finished. Training is
+  // done either way: a shard that does not hear it drops this worker after its lease instead.
+  if (absl::Status st = client->Finish(result->steps); !st.ok()) {
+    RUBATO_LOG(WARNING) << "could not tell every shard that this worker finished: " << st;
+  }
+  std::cout << DoneRecord(s->worker_id, *result, params, s->evaluates) << std::endl;
+  if (absl::Status st = ExportIfAsked(s->worker_id, s->cluster, s->job, s->model, *result, params);
+      !st.ok()) {
+    return Fail(kExitRuntime, std::string(st.message()));
+  }
+  RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps
+                   << " steps computed here (" << result->skipped_steps << " skipped) in "
+                   << result->wall_seconds << " s"
+                   << (s->evaluates ? absl::StrCat(", test accuracy ", result->test.accuracy)
+                                    : std::string(" (worker 0 evaluates)"));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -381,329 +802,22 @@ int main(int argc, char** argv) {
   if (const std::string path = absl::GetFlag(FLAGS_sharpness); !path.empty()) {
     return Sharpness(path);
   }
-
-  auto cluster = rubato::ClusterSpecFromFlags(/*need_servers=*/true);
-  if (!cluster.ok()) return Fail(kExitUsage, std::string(cluster.status().message()));
-  const int worker_id = absl::GetFlag(FLAGS_worker_id);
-  if (worker_id < 0 || worker_id >= cluster->num_workers()) {
-    return Fail(kExitUsage, absl::StrCat("--worker_id must be in [0, num_workers=",
-                                         cluster->num_workers(), "), got ", worker_id));
-  }
-  rubato::SetLogTag(absl::StrCat("worker-", worker_id));
-  const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  if (batch_size < 1)
-    return Fail(kExitUsage, absl::StrCat("--batch_size must be >= 1, got ", batch_size));
-  if (absl::GetFlag(FLAGS_epochs) < 1 && absl::GetFlag(FLAGS_steps) <= 0) {
-    return Fail(kExitUsage, "--epochs must be >= 1 (or give --steps)");
-  }
-  if (const int64_t kb = absl::GetFlag(FLAGS_push_bucket_kb); kb < 0 || kb > (int64_t{1} << 30)) {
-    return Fail(kExitUsage, absl::StrCat("--push_bucket_kb must be in [0, 2^30], got ", kb));
-  }
-  if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_eval_every) < 0 ||
-      absl::GetFlag(FLAGS_log_every) < 1 || absl::GetFlag(FLAGS_train_limit) < 0 ||
-      absl::GetFlag(FLAGS_test_limit) < 0 || absl::GetFlag(FLAGS_connect_timeout_ms) < 1 ||
-      absl::GetFlag(FLAGS_retry_timeout_ms) < 0 ||
-      absl::GetFlag(FLAGS_server_restart_timeout_s) < -1 ||
-      absl::GetFlag(FLAGS_server_restart_timeout_s) > 86400) {
-    return Fail(kExitUsage,
-                "--steps, --eval_every, --train_limit, --test_limit and --retry_timeout_ms must be "
-                ">= 0, --log_every and --connect_timeout_ms >= 1, --server_restart_timeout_s -1 "
-                "to 86400");
-  }
-  const std::string backend_name = absl::GetFlag(FLAGS_backend);
-  if (backend_name != "cpu" && backend_name != "cuda" && backend_name != "auto") {
-    return Fail(kExitUsage, absl::StrCat("--backend: unknown backend '", backend_name,
-                                         "' (available: auto, cpu, cuda)"));
-  }
-  if (absl::GetFlag(FLAGS_compute_threads) < 0) {
-    return Fail(kExitUsage, absl::StrCat("--compute_threads must be >= 0, got ",
-                                         absl::GetFlag(FLAGS_compute_threads)));
-  }
   // Probes see this worker from the start: SERVING while it runs.
   rubato::HealthService health_service;
   std::unique_ptr<grpc::Server> health;
   if (const std::string address = absl::GetFlag(FLAGS_health_listen); !address.empty()) {
-    if (auto s = rubato::ValidateHostPort(address, "--health_listen"); !s.ok()) {
-      return Fail(kExitUsage, std::string(s.message()));
+    if (auto st = rubato::ValidateHostPort(address, "--health_listen"); !st.ok()) {
+      return Fail(kExitUsage, std::string(st.message()));
     }
     auto started = rubato::StartHealthServer(address, &health_service);
     if (!started.ok()) return Fail(kExitUsage, std::string(started.status().message()));
     health = std::move(*started);
   }
-  const rubato::SecurityConfig security = rubato::SecurityConfigFromFlags();
-  auto client_security = rubato::ClientSecurity::Create(security, worker_id);
-  if (!client_security.ok())
-    return Fail(kExitUsage, std::string(client_security.status().message()));
-  rubato::StragglerOptions straggler_options;
-  straggler_options.slowdown = absl::GetFlag(FLAGS_slowdown);
-  auto slow = SlowdownFor(absl::GetFlag(FLAGS_slow_workers), worker_id, cluster->num_workers());
-  if (!slow.ok()) return Fail(kExitUsage, std::string(slow.status().message()));
-  if (slow->has_value()) straggler_options.slowdown = **slow;
-  straggler_options.min_step_ms = absl::GetFlag(FLAGS_min_step_ms);
-  straggler_options.delay_probability = absl::GetFlag(FLAGS_delay_probability);
-  auto distribution = rubato::ParseDelayDistribution(absl::GetFlag(FLAGS_delay_distribution));
-  if (!distribution.ok()) return Fail(kExitUsage, std::string(distribution.status().message()));
-  straggler_options.delay_distribution = *distribution;
-  straggler_options.delay_mean_ms = absl::GetFlag(FLAGS_delay_mean_ms);
-  straggler_options.delay_sigma = absl::GetFlag(FLAGS_delay_sigma);
-  straggler_options.delay_alpha = absl::GetFlag(FLAGS_delay_alpha);
-  straggler_options.seed = absl::GetFlag(FLAGS_straggler_seed);
-  straggler_options.pause_at_step = absl::GetFlag(FLAGS_pause_at_step);
-  straggler_options.pause_ms = absl::GetFlag(FLAGS_pause_ms);
-  straggler_options.crash_at_step = absl::GetFlag(FLAGS_crash_at_step);
-  auto straggler = rubato::StragglerModel::Create(straggler_options, worker_id);
-  if (!straggler.ok()) return Fail(kExitUsage, std::string(straggler.status().message()));
-
-  std::string model_flag = "--model " + absl::GetFlag(FLAGS_model);
-  std::string model_text = absl::GetFlag(FLAGS_model);
-  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
-    if (model_text != "mlp:784-256-10") {
-      return Fail(kExitUsage, "give --model or its old spelling --layers, not both");
-    }
-    model_flag = "--layers " + layers;
-    model_text = "mlp:" + layers;
+  Exit failure{kExitUsage, ""};
+  Setup setup;
+  if (absl::Status st = SetUp(&setup, &failure); !st.ok()) {
+    return Fail(failure.code,
+                failure.message.empty() ? std::string(st.message()) : failure.message);
   }
-  auto spec = rubato::ParseModelSpec(model_text);
-  if (!spec.ok()) {
-    return Fail(kExitUsage, absl::StrCat(model_flag.substr(0, model_flag.find(' ')), ": ",
-                                         spec.status().message()));
-  }
-
-  // Data: this worker's shard of the training set, and the test set.
-  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  auto train =
-      rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain, absl::GetFlag(FLAGS_train_limit));
-  if (!train.ok()) return Fail(kExitUsage, std::string(train.status().message()));
-  const bool evaluates = worker_id == 0 || absl::GetFlag(FLAGS_eval_all_workers) ||
-                         cluster->consistency().mode() != rubato::BSP;
-  absl::StatusOr<rubato::Dataset> test = rubato::Dataset();  // Empty: no evaluation.
-  if (evaluates) {
-    test =
-        rubato::LoadFashionMnist(data_dir, rubato::Split::kTest, absl::GetFlag(FLAGS_test_limit));
-  }
-  if (!test.ok()) return Fail(kExitUsage, std::string(test.status().message()));
-  if (spec->input.size() != train->dim || rubato::ModelNumClasses(*spec) != train->num_classes) {
-    return Fail(kExitUsage, absl::StrCat(model_flag, " needs ", spec->input.size(), " inputs and ",
-                                         rubato::ModelNumClasses(*spec), " classes; the data has ",
-                                         train->dim, " and ", train->num_classes));
-  }
-  auto batcher = rubato::ShardedBatcher::Create(&*train, worker_id, cluster->num_workers(),
-                                                batch_size, absl::GetFlag(FLAGS_seed));
-  if (!batcher.ok()) return Fail(kExitUsage, std::string(batcher.status().message()));
-
-  // Every worker runs the same number of steps, so that no BSP barrier waits for a finished worker.
-  const int64_t global_batch = int64_t{batch_size} * cluster->num_workers();
-  const int64_t steps_per_epoch =
-      std::max<int64_t>(1, (train->size + global_batch - 1) / global_batch);
-  const int64_t steps = absl::GetFlag(FLAGS_steps) > 0
-                            ? absl::GetFlag(FLAGS_steps)
-                            : absl::GetFlag(FLAGS_epochs) * steps_per_epoch;
-  // A pause or crash past the end would silently not happen.
-  for (const auto& [flag, at] :
-       {std::make_pair("pause_at_step", straggler_options.pause_at_step),
-        std::make_pair("crash_at_step", straggler_options.crash_at_step)}) {
-    if (at.has_value() && *at >= steps) {
-      return Fail(kExitUsage,
-                  absl::StrCat("--", flag, " must be < the job's ", steps, " steps, got ", *at));
-    }
-  }
-  int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
-  if (eval_every == 0) eval_every = std::max<int64_t>(1, steps_per_epoch / 2);
-
-  auto backend = CreateBackend(backend_name, *spec, absl::GetFlag(FLAGS_compute_threads), worker_id,
-                               absl::GetFlag(FLAGS_cuda_device));
-  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
-
-  const std::vector<rubato::ParamSpec> params_spec = rubato::ModelParamSpecs(*spec);
-  rubato::PsClientOptions client_options;
-  client_options.servers.assign(cluster->servers().begin(), cluster->servers().end());
-  client_options.worker_id = worker_id;
-  client_options.num_workers = cluster->num_workers();
-  client_options.consistency = cluster->consistency();
-  client_options.steps_per_epoch = steps_per_epoch;
-  client_options.total_steps = steps;
-  for (const rubato::ParamSpec& p : params_spec) {
-    rubato::TensorSpec t;
-    t.set_name(p.name);
-    for (int64_t d : p.shape) t.add_shape(d);
-    client_options.model.push_back(std::move(t));
-  }
-  client_options.connect_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms));
-  // Past the servers' own wait timeout, so that their error (naming whom they waited for) arrives.
-  client_options.rpc_timeout = absl::Milliseconds(cluster->wait_timeout_ms()) + absl::Seconds(10);
-  client_options.retry_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_retry_timeout_ms));
-  if (const int64_t restart = absl::GetFlag(FLAGS_server_restart_timeout_s); restart >= 0) {
-    client_options.retry_timeout = absl::Seconds(restart);
-    client_options.connect_timeout =
-        std::max(client_options.connect_timeout, absl::Seconds(restart));
-  }
-  client_options.heartbeat_timeout =
-      absl::Milliseconds(std::clamp<int64_t>(cluster->lease_ms() / 4, 100, 5000));
-  client_options.security = *client_security;
-  client_options.max_message_bytes = rubato::MaxMessageBytes(*cluster);
-  client_options.use_data_plane = absl::GetFlag(FLAGS_ps_transport) != "grpc";
-  absl::StatusOr<std::unique_ptr<rubato::PsClient>> client;
-  if (cluster->consistency().mode() == rubato::ALLREDUCE) {
-    // No servers: a ring all-reduce among the workers; wait_timeout_ms bounds each all-reduce.
-    rubato::AllReduceOptions ring;
-    ring.rank = worker_id;
-    ring.cluster = *cluster;
-    ring.listen = absl::GetFlag(FLAGS_listen);
-    absl::StatusOr<rubato::RingTransport> transport =
-        rubato::ParseRingTransport(absl::GetFlag(FLAGS_ring_transport));
-    if (!transport.ok()) return Fail(kExitUsage, std::string(transport.status().message()));
-    ring.transport = *transport;
-    ring.data_port = absl::GetFlag(FLAGS_ring_data_port);
-    if (ring.data_port < 0 || ring.data_port > 65535) {
-      return Fail(kExitUsage,
-                  absl::StrCat("--ring_data_port must be 0..65535, not ", ring.data_port));
-    }
-    const int64_t spin_us = absl::GetFlag(FLAGS_ring_spin_us);
-    if (spin_us < 0 || spin_us > 100000) {
-      return Fail(kExitUsage, absl::StrCat("--ring_spin_us must be 0..100000, not ", spin_us));
-    }
-    ring.receive_spin = absl::Microseconds(spin_us);
-    if (!ring.listen.empty()) {
-      if (auto s = rubato::ValidateHostPort(ring.listen, "--listen"); !s.ok()) {
-        return Fail(kExitUsage, std::string(s.message()));
-      }
-    }
-    ring.model = client_options.model;
-    ring.steps_per_epoch = steps_per_epoch;
-    ring.total_steps = steps;
-    ring.timeout = absl::Milliseconds(cluster->wait_timeout_ms());
-    ring.connect_timeout = client_options.connect_timeout;
-    auto server_security = rubato::ServerSecurity::Create(security);
-    if (!server_security.ok()) {
-      return Fail(kExitUsage, std::string(server_security.status().message()));
-    }
-    ring.server_security = *server_security;
-    ring.client_security = *client_security;
-    RUBATO_LOG(INFO) << "ring peer " << cluster->workers(worker_id)
-                     << (ring.listen.empty() ? ""
-                                             : absl::StrCat(" (listening on ", ring.listen, ")"))
-                     << ": " << server_security->Describe();
-    client = rubato::CreateAllReduceClient(ring);
-    if (!client.ok()) return Fail(kExitRuntime, client.status().ToString());
-  } else {
-    client = rubato::CreateGrpcPsClient(client_options);
-    if (!client.ok()) return Fail(kExitUsage, std::string(client.status().message()));
-  }
-
-  std::vector<std::vector<float>> params =
-      rubato::InitModelParams(*spec, absl::GetFlag(FLAGS_seed));
-  absl::StatusOr<int64_t> start_step = (*client)->Register(params, batch_size, /*resume_step=*/0);
-  if (!start_step.ok()) return Fail(kExitRuntime, start_step.status().ToString());
-  RUBATO_LOG(INFO) << "registered with " << cluster->servers_size() << " shard(s) ["
-                   << absl::StrJoin((*client)->shard_bytes(), ",") << "] bytes (max/mean "
-                   << MaxOverMean((*client)->shard_bytes()) << "); model " << model_text << " ("
-                   << rubato::ModelParamCount(*spec) << " parameters), backend "
-                   << (*backend)->name() << ", shard of " << batcher->shard_size() << " examples, "
-                   << steps << " steps";
-  if (straggler->enabled()) RUBATO_LOG(INFO) << "straggler injection: " << straggler->Describe();
-  std::string no_overlap_reason;
-  rubato::TrainingOptions overlap_probe;
-  overlap_probe.overlap = absl::GetFlag(FLAGS_overlap);
-  overlap_probe.clip_global_norm = cluster->optimizer().clip_global_norm();
-  if (straggler->enabled()) overlap_probe.straggler = &*straggler;
-  const bool overlap = rubato::OverlapEnabled(overlap_probe, **client, &no_overlap_reason);
-  if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
-  std::cout << absl::StrFormat(
-                   "{\"event\":\"start\",\"worker\":%d,\"steps\":%d,\"steps_per_epoch\":%d,"
-                   "\"batch_size\":%d,\"global_batch\":%d,\"model\":\"%s\",\"parameters\":%d,"
-                   "\"backend\":\"%s\",\"overlap\":%s,\"mode\":\"%s\",\"shard_examples\":%d}",
-                   worker_id, steps, steps_per_epoch, batch_size, global_batch, model_text,
-                   rubato::ModelParamCount(*spec), (*backend)->name(), overlap ? "true" : "false",
-                   rubato::FormatConsistency(cluster->consistency()), batcher->shard_size())
-            << std::endl;
-
-  rubato::TrainingOptions options;
-  options.worker_id = worker_id;
-  options.steps = steps;
-  options.eval_every = eval_every;
-  options.log_every = absl::GetFlag(FLAGS_log_every);
-  options.clip_global_norm = cluster->optimizer().clip_global_norm();
-  options.start_step = *start_step;
-  options.skip_to_current_version = cluster->consistency().mode() == rubato::BACKUP;
-  options.rewind_on_rejoin = cluster->consistency().mode() == rubato::BSP ||
-                             cluster->consistency().mode() == rubato::BACKUP;
-  if (straggler->enabled()) options.straggler = &*straggler;
-  // A worker that dies without a word to the servers: no error status, no "done" record.
-  options.on_injected_crash = [](int64_t step) {
-    std::cout.flush();
-    std::fflush(nullptr);
-    std::fprintf(stderr, "rubato_worker: injected crash at step %lld\n",
-                 static_cast<long long>(step));
-    std::_Exit(3);
-  };
-  options.overlap = absl::GetFlag(FLAGS_overlap);
-  options.push_bucket_bytes = absl::GetFlag(FLAGS_push_bucket_kb) << 10;
-  options.adaptive_batch = cluster->adaptive_batch().max_global_batch() > 0;
-  options.num_workers = cluster->num_workers();
-  options.train_examples = train->size;
-
-  // Heartbeats keep this worker's lease on every shard while it computes or waits at a barrier.
-  std::atomic<int64_t> current_step{*start_step};
-  options.current_step = &current_step;
-  absl::Notification stop_heartbeats;
-  std::thread heartbeats([&] {
-    const absl::Duration period = absl::Milliseconds(std::max<int64_t>(cluster->lease_ms() / 4, 1));
-    bool failing = false;
-    while (!stop_heartbeats.WaitForNotificationWithTimeout(period)) {
-      const absl::Status s = (*client)->Heartbeat(current_step.load());
-      if (!s.ok() && !failing) RUBATO_LOG(WARNING) << "heartbeat failed: " << s;
-      if (s.ok() && failing) RUBATO_LOG(INFO) << "heartbeats answered again";
-      failing = !s.ok();
-    }
-  });
-  auto result = rubato::RunTraining(options, *spec, client->get(), backend->get(), &*batcher, *test,
-                                    &params, &std::cout);
-  stop_heartbeats.Notify();
-  heartbeats.join();
-  if (!result.ok()) return Fail(kExitRuntime, result.status().ToString());
-  // The servers stop expecting this worker and end once every worker has finished. Training is
-  // done either way: a shard that does not hear it drops this worker after its lease instead.
-  if (absl::Status s = (*client)->Finish(result->steps); !s.ok()) {
-    RUBATO_LOG(WARNING) << "could not tell every shard that this worker finished: " << s;
-  }
-  std::cout << absl::StrFormat(
-                   "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
-                   "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
-                   "\"params_fnv1a\":\"%016x\","
-                   "\"train_loss\":%.5f%s,\"final_batch\":%d%s}",
-                   worker_id, result->steps, result->computed_steps, result->skipped_steps,
-                   result->redone_steps, result->rejoins, result->wall_seconds,
-                   ParamsFingerprint(params), result->final_loss,
-                   evaluates ? absl::StrFormat(",\"test_loss\":%.5f,\"test_accuracy\":%.5f",
-                                               result->test.loss, result->test.accuracy)
-                             : "",
-                   result->final_batch,
-                   std::isfinite(result->noise_scale)
-                       ? absl::StrFormat(",\"noise_scale\":%.6g", result->noise_scale)
-                       : "")
-            << std::endl;
-  if (const std::string path = absl::GetFlag(FLAGS_export_model); !path.empty() && worker_id == 0) {
-    rubato::ModelFile about;
-    about.set_steps(result->steps);
-    about.set_mode(rubato::FormatConsistency(cluster->consistency()));
-    about.set_num_workers(cluster->num_workers());
-    // The last step's (an adaptive batch changes it).
-    about.set_global_batch(result->final_batch > 0
-                               ? int64_t{result->final_batch} * cluster->num_workers()
-                               : global_batch);
-    about.set_optimizer(cluster->optimizer().type());
-    about.set_test_accuracy(result->test.accuracy);
-    about.set_test_loss(result->test.loss);
-    about.set_test_examples(result->test.examples);
-    if (absl::Status s = rubato::ExportModel(path, model_text, *spec, params, about); !s.ok()) {
-      return Fail(kExitRuntime, std::string(s.message()));
-    }
-    RUBATO_LOG(INFO) << "model exported to " << path;
-  }
-  RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps
-                   << " steps computed here (" << result->skipped_steps << " skipped) in "
-                   << result->wall_seconds << " s"
-                   << (evaluates ? absl::StrCat(", test accuracy ", result->test.accuracy)
-                                 : std::string(" (worker 0 evaluates)"));
-  return 0;
+  return Train(&setup);
 }
