@@ -1,5 +1,5 @@
 // The constants of the parameter servers' plain-TCP data plane, shared by the shard's side
-// (server/data_plane.h, which documents the format) and the worker's (worker/ps_data_channel.h).
+// (server/data_plane.h, which documents the format) and the worker's (worker/ps/ps_data_channel.h).
 #ifndef RUBATO_COMMON_DATA_PLANE_WIRE_H_
 #define RUBATO_COMMON_DATA_PLANE_WIRE_H_
 

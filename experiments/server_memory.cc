@@ -39,7 +39,7 @@
 #include "experiments/server_process.h"
 #include "grpcpp/create_channel.h"
 #include "proto/parameter_server.grpc.pb.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 ABSL_FLAG(std::string, limits_mb, "64,256", "Server message limits to try, in MiB.");
 ABSL_FLAG(std::string, workers, "1,3,8", "Worker counts for the training part (empty: skip it).");

@@ -48,7 +48,7 @@
 #include "server/data_plane.h"
 #include "server/parameter_service.h"
 #include "server/parameter_shard.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");

@@ -27,8 +27,8 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/parameter_service.h"
-#include "worker/ps_client.h"
-#include "worker/ps_data_channel.h"
+#include "worker/ps/ps_client.h"
+#include "worker/ps/ps_data_channel.h"
 
 namespace rubato {
 namespace {

@@ -1,5 +1,6 @@
-// The training loop over in-process shards (inprocess/in_process_ps_client.h): whole jobs of several
-// workers in one process, without sockets, checked for what the consistency modes promise.
+// The training loop over in-process shards, through the one PsClient over in-process channels
+// (inprocess/in_process_shard_channel.h): whole jobs of several workers in one process, without
+// sockets, checked for what the consistency modes promise.
 #include "worker/training_loop.h"
 
 #include <cmath>
@@ -14,7 +15,8 @@
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "worker/dataset.h"
-#include "inprocess/in_process_ps_client.h"
+#include "inprocess/in_process_shard_channel.h"
+#include "worker/ps/ps_client.h"
 #include "worker/mlp.h"
 #include "worker/model_backend.h"
 #include "worker/model_spec.h"
@@ -112,7 +114,8 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
         for (int64_t d : p.shape) t.add_shape(d);
         options.model.push_back(t);
       }
-      auto client = CreateInProcessPsClient(options, shard_ptrs, target_call_bytes);
+      options.target_call_bytes = target_call_bytes;
+      auto client = CreatePsClient(options, InProcessChannels(shard_ptrs));
       auto backend = CreateCpuBackend(spec, 1);
       auto batcher = ShardedBatcher::Create(&train, w, workers, 16, 7);
       if (!client.ok() || !backend.ok() || !batcher.ok()) {

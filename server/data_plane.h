@@ -12,7 +12,7 @@
 // every request on it must then be that worker's. The bytes are not encrypted, so a server with
 // TLS runs no data plane (server_main.cc): its workers stay on gRPC. A worker learns the port from
 // RegisterResponse.data_port and dials it on the host of the shard's gRPC address; where that
-// fails (a firewall, a proxy in front of the gRPC port) it uses gRPC (worker/ps_data_channel.h).
+// fails (a firewall, a proxy in front of the gRPC port) it uses gRPC (worker/ps/ps_data_channel.h).
 //
 // Wire format (little-endian, as the floats):
 //   hello     "RBPSDAT1", worker id (int32), token bytes n (int32, at most 1024), the token;

@@ -6,6 +6,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "common/status_macros.h"
 #include "common/tensor_wire.h"
 
 namespace rubato {
@@ -59,6 +60,29 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const abs
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<ReceivedPush>> ReceivePush(const grpc::ByteBuffer& request) {
+  auto received = std::make_shared<ReceivedPush>();
+  if (!request.Dump(&received->slices).ok()) {
+    return absl::InvalidArgumentError("unreadable push message");
+  }
+  ByteChunks message;
+  for (const grpc::Slice& slice : received->slices) {
+    message.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
+  }
+  RETURN_IF_ERROR(ParsePushRequest(message, kMaxTensors, &received->push));
+  return received;
+}
+
+absl::StatusOr<PullRequest> ReceivePull(const grpc::ByteBuffer& request) {
+  PullRequest pull;
+  grpc::Slice whole;
+  if (!request.DumpToSingleSlice(&whole).ok() ||
+      !pull.ParseFromArray(whole.begin(), static_cast<int>(whole.size()))) {
+    return absl::InvalidArgumentError("malformed PullRequest");
+  }
+  return pull;
+}
+
 grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext* context,
                                                      const RegisterRequest* request,
                                                      RegisterResponse* response) {
@@ -73,23 +97,9 @@ grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
-  // The received slices (referenced, not copied) and the parse that points into them live as long
-  // as the shard holds any of the gradients.
-  struct Received {
-    std::vector<grpc::Slice> slices;
-    WirePush push;
-  };
-  auto received = std::make_shared<Received>();
-  if (!request->Dump(&received->slices).ok()) {
-    return Refuse(context, absl::InvalidArgumentError("unreadable push message"));
-  }
-  ByteChunks message;
-  for (const grpc::Slice& slice : received->slices) {
-    message.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
-  }
-  if (absl::Status s = ParsePushRequest(message, kMaxTensors, &received->push); !s.ok()) {
-    return Refuse(context, s);
-  }
+  absl::StatusOr<std::shared_ptr<ReceivedPush>> parsed = ReceivePush(*request);
+  if (!parsed.ok()) return Refuse(context, parsed.status());
+  std::shared_ptr<ReceivedPush> received = *std::move(parsed);
   if (absl::Status s = security_.CheckCall(*context, received->push.worker_id); !s.ok()) {
     return Refuse(context, s);
   }
@@ -143,12 +153,9 @@ grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* ParameterService::Pull(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
-  PullRequest pull;
-  grpc::Slice whole;
-  if (!request->DumpToSingleSlice(&whole).ok() ||
-      !pull.ParseFromArray(whole.begin(), static_cast<int>(whole.size()))) {
-    return Refuse(context, absl::InvalidArgumentError("malformed PullRequest"));
-  }
+  absl::StatusOr<PullRequest> parsed = ReceivePull(*request);
+  if (!parsed.ok()) return Refuse(context, parsed.status());
+  const PullRequest& pull = *parsed;
   if (absl::Status s = security_.CheckCall(*context, pull.worker_id()); !s.ok()) {
     return Refuse(context, s);
   }

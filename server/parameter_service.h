@@ -11,6 +11,7 @@
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,17 @@ grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message)
 // A PullResponse as slices: each tensor's framing, then its weights in place (the slices hold
 // references to the shared weights).
 grpc::ByteBuffer EncodePullResponse(const std::vector<PulledTensor>& tensors);
+
+// A push's bytes, parsed over the received slices (referenced, not copied): the parse points into
+// the slices, so the two live together, as long as the shard holds any of the gradients (the
+// keepalive of ParameterShard::Push). INVALID_ARGUMENT for a malformed message.
+struct ReceivedPush {
+  std::vector<grpc::Slice> slices;
+  WirePush push;
+};
+absl::StatusOr<std::shared_ptr<ReceivedPush>> ReceivePush(const grpc::ByteBuffer& request);
+// INVALID_ARGUMENT "malformed PullRequest" for bytes that are not one.
+absl::StatusOr<PullRequest> ReceivePull(const grpc::ByteBuffer& request);
 
 class ParameterService final : public ParameterServiceBase {
  public:

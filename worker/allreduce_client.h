@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "common/security.h"
 #include "proto/cluster.pb.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 #include "worker/ring_tcp.h"
 
 namespace rubato {

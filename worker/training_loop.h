@@ -37,7 +37,7 @@
 #include "worker/job_noise_scale.h"
 #include "worker/model_backend.h"
 #include "worker/model_spec.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 #include "worker/straggler_model.h"
 

@@ -48,7 +48,7 @@
 #include "worker/model_backend.h"
 #include "worker/model_file.h"
 #include "worker/model_spec.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 #include "worker/sharpness.h"
 #include "worker/straggler_model.h"

@@ -1,6 +1,6 @@
 // The gRPC PsClient against fake shards on 127.0.0.1:0: heartbeats reach every shard at once;
 // asynchronous partial pushes carry exactly their tensors, to the right shard.
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "worker/call_plan.h"
+#include "worker/ps/call_plan.h"
 
 #include <string>
 #include <vector>

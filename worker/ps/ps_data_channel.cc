@@ -1,4 +1,4 @@
-#include "worker/ps_data_channel.h"
+#include "worker/ps/ps_data_channel.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -3,21 +3,29 @@
 // The model is a list of tensors (proto TensorSpec) in a fixed order; values are passed as one
 // float vector per tensor in that order. Each tensor lives on the shard chosen by PlaceTensors
 // (common/placement.h), which every worker computes identically. Calls go to all shards at once
-// (asynchronous RPCs, one channel per shard) and return when every shard has answered; the first
-// error, prefixed with the shard and its address, is returned.
+// and return when every shard has answered; the first error, prefixed with the shard and its
+// address, is returned.
 //
-// Tensor bytes are not copied on the way: a push sends each gradient's memory as a gRPC slice, and
-// a pull copies the received slices straight into the parameters (common/tensor_wire.h); the
-// framing is protobuf's, so the servers see ordinary PushRequest and PullResponse messages.
+// One implementation (CreatePsClient) runs over one ShardChannel per shard
+// (worker/ps/shard_channel.h): gRPC, the plain-TCP data plane (CreateGrpcPsClient picks them), or
+// shards in the same process (inprocess/in_process_shard_channel.h). Every operation is a FanOut of
+// asynchronous calls that end by callback (worker/ps/fan_out.h): a partial push's ticket holds no
+// thread, and the synchronous calls start an operation and wait for it. The ring all-reduce
+// baseline (worker/allreduce_client.h) is the other PsClient.
+//
+// Tensor bytes are not copied on the way: a push sends each gradient's memory as a slice, and a
+// pull copies the received slices straight into the parameters (common/tensor_wire.h), or the data
+// plane reads them there in place; the framing is protobuf's, so the servers see ordinary
+// PushRequest and PullResponse messages.
 //
 // Network faults: a pull or push whose call fails with UNAVAILABLE (connection refused, reset or
 // cut) is retried with backoff (100 ms doubling to 2 s) for up to `retry_timeout` from its first
 // failure; then it fails naming the shard.
 // Retrying is safe: a push is idempotent per (worker, step, tensor), and a pull supersedes the
 // same worker's parked one on the shard. Heartbeats go to every shard at once and are not retried
-// (the next one follows within a quarter lease).
-#ifndef RUBATO_WORKER_PS_CLIENT_H_
-#define RUBATO_WORKER_PS_CLIENT_H_
+// (the next one follows within a quarter lease). Deadlines and backoffs read options.clock.
+#ifndef RUBATO_WORKER_PS_PS_CLIENT_H_
+#define RUBATO_WORKER_PS_PS_CLIENT_H_
 
 #include <memory>
 #include <string>
@@ -27,9 +35,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/security.h"
 #include "proto/parameter_server.pb.h"
+#include "worker/ps/call_plan.h"
+#include "worker/ps/shard_channel.h"
 
 namespace rubato {
 
@@ -161,8 +172,20 @@ struct PsClientOptions {
   // Push and Pull over a shard's plain-TCP data plane (server/data_plane.h) where its Register
   // answer offers one and this client has no TLS; false: over gRPC only (--ps_transport=grpc).
   bool use_data_plane = true;
+  // What deadlines, backoffs and timings read; must outlive the client. Channels read their calls'
+  // deadlines on the same clock.
+  Clock* clock = Clock::Real();
+  // The size calls are cut to (worker/ps/call_plan.h); tests make it small.
+  int64_t target_call_bytes = kTargetCallBytes;
 };
 
+// The client over `channels` (channels[s] is shard s; options.servers is not used). InvalidArgument
+// as CreateGrpcPsClient.
+absl::StatusOr<std::unique_ptr<PsClient>> CreatePsClient(
+    const PsClientOptions& options, std::vector<std::unique_ptr<ShardChannel>> channels);
+
+// Over gRPC to options.servers, Push and Pull over each shard's data plane where its Register
+// answer offers one and the client has no TLS (options.use_data_plane).
 // InvalidArgument for an empty server list, a bad tensor shape, or a tensor (or a shard's initial
 // values, which Register sends in one message) that cannot fit in max_message_bytes, naming the
 // --max_message_mb that would.
@@ -170,4 +193,4 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
 
 }  // namespace rubato
 
-#endif  // RUBATO_WORKER_PS_CLIENT_H_
+#endif  // RUBATO_WORKER_PS_PS_CLIENT_H_

@@ -14,8 +14,8 @@
 // shard's own code and text when it refuses a call, DEADLINE_EXCEEDED when no answer comes by the
 // call's deadline. A channel that could not open a connection is broken() from then on: PsClient
 // sends that shard's calls over gRPC instead, until the next registration offers a data port.
-#ifndef RUBATO_WORKER_PS_DATA_CHANNEL_H_
-#define RUBATO_WORKER_PS_DATA_CHANNEL_H_
+#ifndef RUBATO_WORKER_PS_PS_DATA_CHANNEL_H_
+#define RUBATO_WORKER_PS_PS_DATA_CHANNEL_H_
 
 #include <atomic>
 #include <deque>
@@ -32,6 +32,7 @@
 #include "common/socket_io.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
+#include "worker/ps/shard_channel.h"
 
 namespace rubato {
 
@@ -60,23 +61,8 @@ class PsDataChannel {
   PsDataChannel(const PsDataChannel&) = delete;
   PsDataChannel& operator=(const PsDataChannel&) = delete;
 
-  // Where a pull's answer may be read straight from the socket into the model, without a copy:
-  // the tensors the answer should hold, in order, each with its name and a destination of exactly
-  // its size. An answer laid out as the shard writes it (server/parameter_service.h,
-  // EncodePullResponse: per tensor its name, its version, then its bytes) is read into place and
-  // `stored` set; any other answer (another layout, another tensor, another size, more fields) is
-  // handed back whole in *response, as without a sink, for PsClient to parse and judge. Either way
-  // the destinations may have been written (a call that then fails leaves them half-filled).
-  struct PullSink {
-    struct Tensor {
-      const std::string* name;
-      float* data;
-      int64_t elements;
-      int64_t version = 0;  // Set when stored.
-    };
-    std::vector<Tensor> tensors;
-    bool stored = false;
-  };
+  // Where a pull's answer may be read in place (worker/ps/shard_channel.h).
+  using PullSink = ::rubato::PullSink;
 
   using Done = std::function<void(grpc::Status)>;
   // Sends `request` (a PushRequest, method 1, or PullRequest, method 2, in protobuf's wire format)
@@ -140,4 +126,4 @@ class PsDataChannel {
 
 }  // namespace rubato
 
-#endif  // RUBATO_WORKER_PS_DATA_CHANNEL_H_
+#endif  // RUBATO_WORKER_PS_PS_DATA_CHANNEL_H_

@@ -2,7 +2,7 @@
 // writes it (common/tensor_wire.h, EncodeTensorHeader: name, version, then the bytes) is read
 // straight into the model; any other layout (protobuf's own field order, another name or size,
 // fields after the tensors) is handed back whole, byte for byte, for PsClient's parser to judge.
-#include "worker/ps_data_channel.h"
+#include "worker/ps/ps_data_channel.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -5,8 +5,8 @@
 // so that calls to one shard can overlap on its connection and no message is tensor-of-the-model
 // sized. Register still sends a shard's initial values in one message, so each shard's bytes must
 // fit the job's message limit.
-#ifndef RUBATO_WORKER_CALL_PLAN_H_
-#define RUBATO_WORKER_CALL_PLAN_H_
+#ifndef RUBATO_WORKER_PS_CALL_PLAN_H_
+#define RUBATO_WORKER_PS_CALL_PLAN_H_
 
 #include <cstdint>
 #include <vector>
@@ -70,4 +70,4 @@ absl::StatusOr<CallPlan> PlanCalls(const std::vector<TensorSpec>& model, int num
 
 }  // namespace rubato
 
-#endif  // RUBATO_WORKER_CALL_PLAN_H_
+#endif  // RUBATO_WORKER_PS_CALL_PLAN_H_

@@ -1,0 +1,574 @@
+#include "worker/ps/ps_client.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "common/tensor_bytes.h"
+#include "worker/ps/call_gate.h"
+#include "worker/ps/data_plane_shard_channel.h"
+#include "worker/ps/fan_out.h"
+#include "worker/ps/grpc_shard_channel.h"
+#include "worker/ps/ps_codec.h"
+#include "worker/ps/recovery.h"
+#include "worker/ps/retry_timer.h"
+
+namespace rubato {
+
+absl::StatusOr<int64_t> PsClient::StartPush(int64_t, absl::Span<const int>,
+                                            absl::Span<const std::vector<float>>,
+                                            std::vector<std::vector<float>>*) {
+  return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
+}
+
+absl::Status PsClient::WaitPush(int64_t, PushResult*, PushTiming*) {
+  return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
+}
+
+void PsClient::AddPushResponse(const PushResponse& response, PushResult* result) {
+  result->dropped += response.dropped();
+  result->max_staleness = std::max(result->max_staleness, response.max_staleness());
+  if (response.has_noise_scale()) result->noise.push_back(response.noise_scale());
+  if (response.has_batch_change()) result->batch_changes.push_back(response.batch_change());
+}
+
+void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
+  total->dropped += part.dropped;
+  total->max_staleness = std::max(total->max_staleness, part.max_staleness);
+  total->noise.insert(total->noise.end(), part.noise.begin(), part.noise.end());
+  total->batch_changes.insert(total->batch_changes.end(), part.batch_changes.begin(),
+                              part.batch_changes.end());
+  if (part.min_version >= 0) {
+    total->min_version =
+        total->min_version < 0 ? part.min_version : std::min(total->min_version, part.min_version);
+  }
+}
+
+namespace {
+
+// A shard's tensors are sent in calls of about kTargetCallBytes (worker/ps/call_plan.h). Calls to
+// one shard overlap on its connection, and messages below glibc's largest mmap threshold (32 MiB)
+// are built in reused heap memory instead of freshly faulted pages (common/malloc_tuning.h): with
+// one call per shard, a 64 MB model ran at 0.12-0.2 GB/s per worker.
+// What may be in flight to one shard at once. Pushes: bytes, across every push of the client (the
+// tickets of StartPush run at once, one per layer), at most two calls' worth
+// (kPushCallsInFlight x the call size: the target call size, or the shard's bsp part size when
+// smaller), so many small pushes go together but what the shard receives for this worker stays
+// bounded (a bsp shard acknowledges a gradient that arrived before a lower-numbered worker's only
+// once it is added); a call larger than that (a large tensor outside bsp) goes alone. Other calls:
+// kCallsInFlightPerShard per operation (worker/ps/fan_out.h).
+constexpr int64_t kPushCallsInFlight = 2;
+
+// The push gate's limit for a shard of that part size: two calls, each with its framing (names,
+// tags; far below kMessageOverheadBytes).
+int64_t PushBytesInFlight(int64_t part_elements, int64_t target_call_bytes) {
+  return kPushCallsInFlight *
+         (PushCallBytes(part_elements, target_call_bytes) + (kMessageOverheadBytes >> 4));
+}
+
+// One push (StartPush, or a whole Push) and the pull that may follow it, or a pull alone: its
+// calls' buffers, which live until it is over, and what they returned.
+struct Ticket {
+  BorrowedSlices borrowed;  // First: destroyed last.
+  int64_t step = 0;
+  // The push: the shard of each call, its bytes (for the shard's push gate), its request and
+  // answer.
+  std::vector<int> push_shards;
+  std::vector<int64_t> weights;
+  std::vector<grpc::ByteBuffer> requests;
+  std::vector<grpc::ByteBuffer> raw;
+  std::vector<PushResponse> responses;
+  // The pull: one call per entry of pull_shards, of pull_tensors' tensors for `pull_step`, into
+  // `pull_into` (null: no pull).
+  int64_t pull_step = 0;
+  absl::Span<std::vector<float>> pull_into;
+  bool pulls = false;
+  std::vector<int> pull_shards;
+  std::vector<std::vector<int>> pull_tensors;
+  std::vector<grpc::ByteBuffer> pull_requests;
+  std::vector<grpc::ByteBuffer> pulled;
+  std::vector<PullSink> sinks;
+
+  absl::Status status;
+  PsClient::PushTiming timing;
+  int64_t min_version = -1;  // Of the tensors pulled, if any.
+  absl::Notification over;
+};
+
+class ShardedPsClient final : public PsClient {
+ public:
+  ShardedPsClient(const PsClientOptions& options, CallPlan plan,
+                  std::vector<std::unique_ptr<ShardChannel>> channels)
+      : options_(options),
+        plan_(std::move(plan)),
+        codec_(options_.worker_id, &options_.model, &plan_),
+        channels_(std::move(channels)),
+        timer_(options_.clock),
+        part_elements_(channels_.size(), 0) {
+    context_.timer = &timer_;
+    context_.retry_timeout = options_.retry_timeout;
+    for (const auto& c : channels_) {
+      context_.channels.push_back(c.get());
+      addresses_.push_back(c->address());
+      push_gates_.push_back(
+          std::make_unique<CallGate>(PushBytesInFlight(0, options_.target_call_bytes)));
+      gates_.push_back(push_gates_.back().get());
+    }
+  }
+
+  // Tickets never waited for are waited for here: their calls hold the client.
+  ~ShardedPsClient() override {
+    for (auto& [ticket, t] : pending_) t->over.WaitForNotification();
+  }
+
+  // Registers with every shard; under bsp and backup, first rolls the job back to a common step
+  // when a restarted shard stands behind the others (worker/ps/recovery.h), which restarts the
+  // shards that were ahead: their calls fail while they do, and registering starts over.
+  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
+                                   int64_t resume_step) override {
+    constexpr int kMaxRollbacks = 4;
+    const absl::Time deadline = Now() + options_.connect_timeout;
+    int rollbacks = 0;
+    for (;;) {
+      std::vector<RegisterResponse> responses;
+      absl::StatusOr<int64_t> resume = RegisterRound(initial, batch_size, resume_step, &responses);
+      if (!resume.ok()) {
+        if (rollbacks > 0 && absl::IsUnavailable(resume.status()) && Now() < deadline) {
+          options_.clock->SleepFor(absl::Milliseconds(200));  // A shard restarting to roll back.
+          continue;
+        }
+        return resume.status();
+      }
+      const std::optional<RollbackPlan> rollback = PlanRollback(responses);
+      if (!rollback.has_value()) return *resume;
+      RETURN_IF_ERROR(RollBack(*rollback, responses));
+      if (++rollbacks > kMaxRollbacks) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the shards still belong to different recoveries after ", kMaxRollbacks,
+                         " roll-backs (", DescribeRecoveries(responses), ")"));
+      }
+      options_.clock->SleepFor(absl::Milliseconds(200));
+    }
+  }
+
+  absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
+                    int64_t* min_version) override {
+    if (params.size() != options_.model.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pull into ", params.size(), " tensors, model has ", options_.model.size()));
+    }
+    auto t = std::make_shared<Ticket>();
+    t->timing.started = Now();
+    PlanPull(t.get(), step, params);
+    for (const CallGroup& g : plan_.groups) {
+      t->pull_shards.push_back(g.shard);
+      t->pull_tensors.push_back(g.tensors);
+    }
+    StartPulls(t);
+    t->over.WaitForNotification();
+    if (min_version != nullptr && t->status.ok()) *min_version = t->min_version;
+    return t->status;
+  }
+
+  absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
+                    PushResult* result) override {
+    RETURN_IF_ERROR(codec_.CheckSizes(grads, "gradient"));
+    std::vector<int> all(options_.model.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    std::shared_ptr<Ticket> t = NewPush(step, all, grads);
+    StartPushCalls(t);
+    t->over.WaitForNotification();
+    return Collect(t.get(), result);
+  }
+
+  bool supports_partial_push() const override { return true; }
+
+  absl::StatusOr<int64_t> StartPush(int64_t step, absl::Span<const int> tensors,
+                                    absl::Span<const std::vector<float>> grads,
+                                    std::vector<std::vector<float>>* pull_into) override {
+    RETURN_IF_ERROR(CheckPartialPush(tensors, grads, pull_into));
+    std::shared_ptr<Ticket> t =
+        NewPush(step, std::vector<int>(tensors.begin(), tensors.end()), grads);
+    if (pull_into != nullptr) {
+      // The same tensors for the next step, one call per shard.
+      PlanPull(t.get(), step + 1, absl::MakeSpan(*pull_into));
+      std::map<int, size_t> call_of_shard;
+      for (int i : tensors) {
+        const int shard = plan_.placement.shard_of[i];
+        auto [it, added] = call_of_shard.emplace(shard, t->pull_shards.size());
+        if (added) {
+          t->pull_shards.push_back(shard);
+          t->pull_tensors.emplace_back();
+        }
+        t->pull_tensors[it->second].push_back(i);
+      }
+    }
+    const int64_t ticket = next_ticket_++;
+    pending_.emplace(ticket, t);
+    StartPushCalls(t);
+    return ticket;
+  }
+
+  absl::Status WaitPush(int64_t ticket, PushResult* result, PushTiming* timing) override {
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no push with ticket ", ticket));
+    }
+    std::shared_ptr<Ticket> t = std::move(it->second);
+    pending_.erase(it);
+    t->over.WaitForNotification();
+    if (timing != nullptr) *timing = t->timing;
+    if (result == nullptr) return Collect(t.get(), nullptr);
+    PushResult part;
+    const absl::Status status = Collect(t.get(), &part);
+    AddPushResult(part, result);
+    return status;
+  }
+
+  // Every shard at once, so that a slow or unreachable shard delays no other's heartbeat.
+  absl::Status Heartbeat(int64_t step) override {
+    HeartbeatRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_step(step);
+    std::vector<HeartbeatResponse> responses(channels_.size());
+    return RunFanOut(&context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
+                     [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+                         ShardChannel::Done done) {
+                       channel->Heartbeat(request, &responses[call], o, std::move(done));
+                     });
+  }
+
+  absl::Status Finish(int64_t steps) override {
+    FinishRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_step(steps);
+    std::vector<FinishResponse> responses(channels_.size());
+    return RunFanOut(&context_,
+                     EveryShard(shards(), options_.rpc_timeout, Retry::kWhileUnavailable),
+                     [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+                         ShardChannel::Done done) {
+                       channel->Finish(request, &responses[call], o, std::move(done));
+                     });
+  }
+
+  const std::vector<int>& shard_of() const override { return plan_.placement.shard_of; }
+  const std::vector<int64_t>& shard_bytes() const override { return plan_.placement.shard_bytes; }
+
+ private:
+  int shards() const { return static_cast<int>(channels_.size()); }
+  absl::Time Now() const { return options_.clock->Now(); }
+
+  // One round of registration with every shard: without initial values first (a shard that has
+  // no weights yet asks one worker for them, needs_initial_values, and tells the others to come
+  // back, initialising), then with them where asked, until every shard has registered this worker.
+  // The step to resume from: a step some shard has not seen from this worker is pushed again
+  // everywhere (shards that had it acknowledge the repeat as a duplicate).
+  absl::StatusOr<int64_t> RegisterRound(absl::Span<const std::vector<float>> initial,
+                                        int32_t batch_size, int64_t resume_step,
+                                        std::vector<RegisterResponse>* out) {
+    RETURN_IF_ERROR(codec_.CheckSizes(initial, "initial value"));
+    std::vector<RegisterRequest> requests = RegisterRequests(batch_size, resume_step);
+    std::vector<RegisterResponse> responses(shards());
+    const absl::Time deadline = Now() + options_.connect_timeout;
+    FanOutSpec spec = EveryShard(shards(), absl::ZeroDuration(), Retry::kWaitForReady);
+    absl::Duration backoff = absl::Milliseconds(20);
+    while (!spec.shards.empty()) {
+      spec.timeout = std::max(absl::Seconds(1), deadline - Now());
+      const std::vector<int> pending = spec.shards;
+      RETURN_IF_ERROR(RunFanOut(&context_, spec,
+                                [&](ShardChannel* channel, int call,
+                                    const ShardChannel::CallOptions& o, ShardChannel::Done done) {
+                                  const int s = pending[call];
+                                  channel->Register(requests[s], &responses[s], o, std::move(done));
+                                }));
+      std::vector<int> again;
+      bool waiting = false;
+      for (int s : pending) {
+        const RegisterResponse& r = responses[s];
+        if (r.needs_initial_values() && requests[s].initial_values().empty()) {
+          AddInitialValues(s, initial, &requests[s]);
+          again.push_back(s);
+        } else if (r.needs_initial_values() || r.initialising()) {
+          again.push_back(s);
+          waiting = waiting || r.initialising();
+        }
+      }
+      if (again.empty()) break;
+      if (Now() > deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "parameter server shard ", again[0], " at ", addresses_[again[0]],
+            " has had no initial weights for ", absl::FormatDuration(options_.connect_timeout),
+            " (the worker asked for them never sent them)"));
+      }
+      if (waiting) {
+        options_.clock->SleepFor(backoff);
+        backoff = std::min(2 * backoff, absl::Milliseconds(500));
+      }
+      spec.shards = std::move(again);
+    }
+    RETURN_IF_ERROR(CheckRegisterAnswers(responses, addresses_));
+    int64_t resume = responses[0].resume_step();
+    registered_batch_plan_.clear();
+    for (int s = 0; s < shards(); ++s) {
+      channels_[s]->Registered(responses[s]);
+      part_elements_[s] = responses[s].part_elements();
+      push_gates_[s]->SetLimit(PushBytesInFlight(part_elements_[s], options_.target_call_bytes));
+      resume = std::min(resume, responses[s].resume_step());
+      KeepBatchPlan(responses[s]);
+    }
+    *out = std::move(responses);
+    return resume;
+  }
+
+  std::vector<RegisterRequest> RegisterRequests(int32_t batch_size, int64_t resume_step) const {
+    std::vector<RegisterRequest> requests(shards());
+    for (RegisterRequest& r : requests) {
+      r.set_worker_id(options_.worker_id);
+      r.set_batch_size(batch_size);
+      r.set_resume_step(resume_step);
+      r.set_num_workers(options_.num_workers);
+      *r.mutable_consistency() = options_.consistency;
+      r.set_steps_per_epoch(options_.steps_per_epoch);
+      r.set_total_steps(options_.total_steps);
+    }
+    for (size_t i = 0; i < options_.model.size(); ++i) {
+      *requests[plan_.placement.shard_of[i]].add_model() = options_.model[i];
+    }
+    return requests;
+  }
+
+  void AddInitialValues(int shard, absl::Span<const std::vector<float>> initial,
+                        RegisterRequest* request) const {
+    for (size_t i = 0; i < options_.model.size(); ++i) {
+      if (plan_.placement.shard_of[i] != shard) continue;
+      TensorValue* v = request->add_initial_values();
+      v->set_name(options_.model[i].name());
+      FloatsToBytes(initial[i], v->mutable_data());
+    }
+  }
+
+  // Asks the shards `plan` names to roll back; FAILED_PRECONDITION naming the shards and the step
+  // to restore by hand if one cannot.
+  absl::Status RollBack(const RollbackPlan& plan, const std::vector<RegisterResponse>& responses) {
+    RollbackRequest request = plan.request;
+    request.set_worker_id(options_.worker_id);
+    RUBATO_LOG(WARNING) << "the shards stand at different recoveries ("
+                        << DescribeRecoveries(responses) << "): rolling shard(s) "
+                        << absl::StrJoin(plan.shards, ", ") << " back to step " << request.step()
+                        << ", shard " << plan.behind << "'s checkpoint";
+    FanOutSpec spec;
+    spec.shards = plan.shards;
+    spec.timeout = options_.rpc_timeout;
+    std::vector<RollbackResponse> answers(plan.shards.size());
+    const absl::Status status = RunFanOut(
+        &context_, spec,
+        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Rollback(request, &answers[call], o, std::move(done));
+        });
+    if (!status.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards stand at different steps after a restart (", DescribeRecoveries(responses),
+          ") and rolling back to step ", request.step(), " failed: ", status.message(),
+          "; restart every shard with --restore_step=", request.step(),
+          " (each keeps its newest --checkpoint_keep checkpoints)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPartialPush(absl::Span<const int> tensors,
+                                absl::Span<const std::vector<float>> grads,
+                                const std::vector<std::vector<float>>* pull_into) const {
+    const size_t n = options_.model.size();
+    if (pull_into != nullptr && pull_into->size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pull into ", pull_into->size(), " tensors, model has ", n));
+    }
+    if (grads.size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(grads.size(), " gradients for a model of ", n, " tensors"));
+    }
+    if (tensors.empty()) return absl::InvalidArgumentError("a push of no tensors");
+    std::vector<bool> seen(n, false);
+    for (int i : tensors) {
+      if (i < 0 || i >= static_cast<int>(n)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("push of tensor index ", i, ", the model has ", n, " tensors"));
+      }
+      if (seen[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor index ", i, " pushed twice"));
+      }
+      seen[i] = true;
+      if (static_cast<int64_t>(grads[i].size()) != plan_.elements[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient of '", options_.model[i].name(),
+                                                       "' has ", grads[i].size(),
+                                                       " elements, expected ", plan_.elements[i]));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A ticket pushing `tensors` of `grads` (sent in place), its calls planned but not started.
+  std::shared_ptr<Ticket> NewPush(int64_t step, const std::vector<int>& tensors,
+                                  absl::Span<const std::vector<float>> grads) {
+    auto t = std::make_shared<Ticket>();
+    t->step = step;
+    t->timing.started = Now();
+    for (const PushCall& call :
+         PlanPushCalls(plan_, tensors, part_elements_, options_.target_call_bytes)) {
+      t->push_shards.push_back(call.shard);
+      t->requests.push_back(codec_.PushRequestFor(step, call.pieces, grads, push_batch_size_,
+                                                  has_push_relay_ ? &push_relay_ : nullptr,
+                                                  &t->borrowed));
+      t->weights.push_back(static_cast<int64_t>(t->requests.back().Length()));
+    }
+    t->raw.resize(t->requests.size());
+    return t;
+  }
+
+  // The ticket pulls for `step` into `into` once its push is acknowledged (its calls: the caller
+  // fills pull_shards and pull_tensors).
+  void PlanPull(Ticket* t, int64_t step, absl::Span<std::vector<float>> into) const {
+    t->pulls = true;
+    t->pull_step = step;
+    t->pull_into = into;
+  }
+
+  // The push's calls, through the shards' push gates, retried while a shard is unreachable; then
+  // the pull, if any.
+  void StartPushCalls(const std::shared_ptr<Ticket>& t) {
+    FanOutSpec spec;
+    spec.shards = t->push_shards;
+    spec.weights = t->weights;
+    spec.gates = gates_;
+    spec.timeout = options_.rpc_timeout;
+    spec.retry = Retry::kWhileUnavailable;
+    StartFanOut(
+        &context_, std::move(spec),
+        [t](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Push(&t->requests[call], &t->raw[call], o, std::move(done));
+        },
+        [this, t](absl::Status status) {
+          t->responses.resize(t->raw.size());
+          for (size_t c = 0; c < t->raw.size() && status.ok(); ++c) {
+            status = ParseMessageBytes(addresses_[t->push_shards[c]], t->raw[c], &t->responses[c]);
+          }
+          t->timing.acknowledged = t->timing.pulled = Now();
+          t->status = std::move(status);
+          if (!t->status.ok() || !t->pulls) {
+            t->over.Notify();
+            return;
+          }
+          StartPulls(t);
+        });
+  }
+
+  // The ticket's pull calls; the ticket is over when they are.
+  void StartPulls(const std::shared_ptr<Ticket>& t) {
+    const size_t calls = t->pull_shards.size();
+    for (size_t c = 0; c < calls; ++c) {
+      t->pull_requests.push_back(codec_.PullRequestFor(t->pull_step, t->pull_tensors[c]));
+      t->sinks.push_back(codec_.SinkFor(t->pull_tensors[c], t->pull_into));
+    }
+    t->pulled.resize(calls);
+    FanOutSpec spec;
+    spec.shards = t->pull_shards;
+    spec.timeout = options_.rpc_timeout;
+    spec.retry = Retry::kWhileUnavailable;
+    StartFanOut(
+        &context_, std::move(spec),
+        [t](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Pull(&t->pull_requests[call], &t->pulled[call], &t->sinks[call], o,
+                        std::move(done));
+        },
+        [this, t](absl::Status status) {
+          bool first = true;
+          for (size_t c = 0; c < t->pull_shards.size() && status.ok(); ++c) {
+            const int shard = t->pull_shards[c];
+            status = codec_.StorePulled(shard, addresses_[shard], t->pull_tensors[c], t->sinks[c],
+                                        t->pulled[c], t->pull_into, &t->min_version, &first);
+          }
+          t->timing.pulled = Now();
+          t->status = std::move(status);
+          t->over.Notify();
+        });
+  }
+
+  // An over ticket's status, and what its shards reported into *result (if given). The gradients
+  // may change once this returns: every channel has let go of them.
+  absl::Status Collect(Ticket* t, PushResult* result) {
+    t->requests.clear();
+    t->borrowed.WaitReleased();
+    if (result != nullptr) {
+      *result = PushResult();
+      for (const PushResponse& r : t->responses) AddPushResponse(r, result);
+      result->min_version = t->min_version;
+    }
+    return t->status;
+  }
+
+  const PsClientOptions options_;
+  // Placement, the pulls' call groups and each tensor's elements (worker/ps/call_plan.h).
+  const CallPlan plan_;
+  const PsCodec codec_;
+  const std::vector<std::unique_ptr<ShardChannel>> channels_;
+  std::vector<std::string> addresses_;  // Of each shard, for messages.
+  RetryTimer timer_;
+  FanOutContext context_;
+  // Each shard's bsp part size from its last Register answer (0: whole tensors).
+  std::vector<int64_t> part_elements_;
+  // One gate per shard for the calls that carry gradients, shared by Push and every StartPush.
+  std::vector<std::unique_ptr<CallGate>> push_gates_;
+  std::vector<CallGate*> gates_;  // The same.
+  // Pushes started and not yet waited for, by ticket. Used by the training thread only.
+  std::map<int64_t, std::shared_ptr<Ticket>> pending_;
+  int64_t next_ticket_ = 1;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsClient>> CreatePsClient(
+    const PsClientOptions& options, std::vector<std::unique_ptr<ShardChannel>> channels) {
+  if (channels.empty()) return absl::InvalidArgumentError("no parameter servers given");
+  if (options.model.empty()) return absl::InvalidArgumentError("the model has no tensors");
+  for (const auto& c : channels) {
+    if (c == nullptr) return absl::InvalidArgumentError("a shard without a channel");
+  }
+  if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
+  ASSIGN_OR_RETURN(CallPlan plan,
+                   PlanCalls(options.model, static_cast<int>(channels.size()),
+                             options.max_message_bytes, options.target_call_bytes));
+  return std::unique_ptr<PsClient>(
+      new ShardedPsClient(options, std::move(plan), std::move(channels)));
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptions& options) {
+  if (options.servers.empty()) return absl::InvalidArgumentError("no parameter servers given");
+  // The data plane is plain TCP: not with TLS.
+  const bool data_plane = options.use_data_plane && !options.security.encrypts();
+  std::vector<std::unique_ptr<ShardChannel>> channels;
+  for (size_t s = 0; s < options.servers.size(); ++s) {
+    auto grpc_channel = std::make_unique<GrpcShardChannel>(options.servers[s], options.security,
+                                                           options.max_message_bytes);
+    if (!data_plane) {
+      channels.push_back(std::move(grpc_channel));
+      continue;
+    }
+    DataPlaneShardChannel::Options o;
+    o.worker_id = options.worker_id;
+    o.token = options.security.token();
+    o.description = absl::StrCat("shard ", s, " at ", options.servers[s]);
+    o.max_message_bytes = options.max_message_bytes;
+    channels.push_back(std::make_unique<DataPlaneShardChannel>(std::move(grpc_channel), o));
+  }
+  return CreatePsClient(options, std::move(channels));
+}
+
+}  // namespace rubato
