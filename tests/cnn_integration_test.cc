@@ -143,7 +143,15 @@ TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPass
     EXPECT_GT(f, 0) << outputs[0];
     EXPECT_LE(f, 1) << outputs[0];
   }
-  EXPECT_TRUE(absl::StrContains(outputs[0], "\"push_latency_ms\":{\"dense2\":")) << outputs[0];
+  // Every layer's mean ready-to-acknowledged time (a map: its keys in sorted order).
+  const size_t latency = outputs[0].rfind("\"push_latency_ms\":{");
+  ASSERT_NE(latency, std::string::npos) << outputs[0];
+  const std::string latencies =
+      outputs[0].substr(latency, outputs[0].find('}', latency) + 1 - latency);
+  EXPECT_TRUE(absl::StartsWith(latencies, "\"push_latency_ms\":{\"conv1\":")) << latencies;
+  for (const char* layer : {"conv2", "dense1", "dense2"}) {
+    EXPECT_TRUE(absl::StrContains(latencies, absl::StrCat(",\"", layer, "\":"))) << latencies;
+  }
   // After the first step, the weights came with the pushes: no step pulls on its own.
   const std::vector<double> pull_ms = StepField(outputs[0], "pull_ms");
   ASSERT_EQ(pull_ms.size(), 3u);

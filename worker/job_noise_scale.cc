@@ -1,17 +1,10 @@
 #include "worker/job_noise_scale.h"
 
-#include "absl/strings/str_format.h"
 #include "common/limits.h"
+#include "common/progress_writer.h"
+#include "proto/progress.pb.h"
 
 namespace rubato {
-namespace {
-
-// trace / g2 as JSON: null where |G|^2's estimate is not positive (one step's can be <= 0).
-std::string Ratio(double trace, double g2) {
-  return g2 > 0 ? absl::StrFormat("%.6g", trace / g2) : "null";
-}
-
-}  // namespace
 
 JobNoiseScale::JobNoiseScale(size_t shards) : latest_(shards) {
   for (NoiseScaleStats& s : latest_) s.set_step(-1);
@@ -48,12 +41,21 @@ std::string JobNoiseScale::Update(int worker, const std::vector<NoiseScaleStats>
   relay_.set_g2_ema(g2_ema);
   relay_.set_trace_ema(trace_ema);
   const NoiseScaleStats& first = latest_[0];
-  return absl::StrFormat(
-      "{\"event\":\"noise\",\"worker\":%d,\"step\":%d,\"b_small\":%d,\"b_big\":%d,"
-      "\"g2\":%.6g,\"trace\":%.6g,\"b_simple\":%s,\"g2_ema\":%.6g,\"trace_ema\":%.6g,"
-      "\"b_simple_ema\":%s,\"steps\":%d}",
-      worker, step, first.batch_small(), int64_t{first.batch_small()} * first.workers(), g2, trace,
-      Ratio(trace, g2), g2_ema, trace_ema, Ratio(trace_ema, g2_ema), first.steps());
+  ProgressRecord r;
+  NoiseRecord* noise = r.mutable_noise();
+  noise->set_worker(worker);
+  noise->set_step(step);
+  noise->set_b_small(first.batch_small());
+  noise->set_b_big(int64_t{first.batch_small()} * first.workers());
+  noise->set_g2(RoundSignificant(g2, 6));
+  noise->set_trace(RoundSignificant(trace, 6));
+  // A ratio only where |G|^2's estimate is positive (one step's can be <= 0).
+  if (g2 > 0) noise->set_b_simple(RoundSignificant(trace / g2, 6));
+  noise->set_g2_ema(RoundSignificant(g2_ema, 6));
+  noise->set_trace_ema(RoundSignificant(trace_ema, 6));
+  if (g2_ema > 0) noise->set_b_simple_ema(RoundSignificant(trace_ema / g2_ema, 6));
+  noise->set_steps(first.steps());
+  return ProgressLine(r);
 }
 
 }  // namespace rubato

@@ -20,8 +20,8 @@ class JobNoiseScale {
  public:
   explicit JobNoiseScale(size_t shards);
 
-  // Takes one step's reports; returns the JSON record of a step newly reported by every shard,
-  // or "".
+  // Takes one step's reports; returns the noise record (proto/progress.proto, one JSON line
+  // without its newline) of a step newly reported by every shard, or "".
   std::string Update(int worker, const std::vector<NoiseScaleStats>& reports);
 
   // B_simple from the moving averages of the newest step (NaN before the first).

@@ -4,12 +4,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/batch_plan.h"
 #include "common/optimizer.h"
+#include "common/progress_writer.h"
 #include "common/status_macros.h"
+#include "proto/progress.pb.h"
 #include "worker/job_noise_scale.h"
 #include "worker/push_buckets.h"
 
@@ -60,40 +61,39 @@ std::string LayerOfTensor(const std::vector<ParamSpec>& specs, size_t i) {
   return specs[i].name.substr(0, specs[i].name.find_first_of("/."));
 }
 
-// ,"push_latency_ms":{"dense2":1.234,...}: mean ready-to-acknowledged time per layer, last first.
-std::string LatencyField(const std::vector<ParamSpec>& specs, const std::vector<double>& sum_s,
-                         int64_t steps) {
-  std::string out = ",\"push_latency_ms\":{";
-  bool first = true;
+// push_latency_ms: mean ready-to-acknowledged time per layer.
+void AddLatencies(const std::vector<ParamSpec>& specs, const std::vector<double>& sum_s,
+                  int64_t steps, StepRecord* record) {
   for (size_t i = specs.size(); i-- > 0;) {
     if (sum_s[i] == 0) continue;
-    absl::StrAppendFormat(&out, "%s\"%s\":%.3f", first ? "" : ",", LayerOfTensor(specs, i),
-                          1e3 * sum_s[i] / steps);
-    first = false;
+    (*record->mutable_push_latency_ms())[LayerOfTensor(specs, i)] =
+        RoundDecimals(1e3 * sum_s[i] / steps, 3);
   }
-  return out + "}";
 }
 
 // One step's timestamps, in ms from the start of its compute: when the backward pass ended
 // (compute_end_ms) and each push's start, acknowledgement and the end of the pull that follows it
 // (pulled_ms; the acknowledgement when none does), in the order they started.
-std::string OverlapRecord(int worker, int64_t step, const std::vector<ParamSpec>& specs,
-                          const std::vector<LayerPush>& pushes, absl::Time compute_start,
-                          absl::Time compute_end) {
-  auto ms = [&](absl::Time t) { return absl::ToDoubleMilliseconds(t - compute_start); };
-  std::string out = absl::StrFormat(
-      "{\"event\":\"overlap\",\"worker\":%d,\"step\":%d,\"compute_end_ms\":%.3f,"
-      "\"pushes\":[",
-      worker, step, ms(compute_end));
-  for (size_t k = 0; k < pushes.size(); ++k) {
+ProgressRecord Overlap(int worker, int64_t step, const std::vector<ParamSpec>& specs,
+                       const std::vector<LayerPush>& pushes, absl::Time compute_start,
+                       absl::Time compute_end) {
+  auto ms = [&](absl::Time t) {
+    return RoundDecimals(absl::ToDoubleMilliseconds(t - compute_start), 3);
+  };
+  ProgressRecord r;
+  OverlapRecord* o = r.mutable_overlap();
+  o->set_worker(worker);
+  o->set_step(step);
+  o->set_compute_end_ms(ms(compute_end));
+  for (const LayerPush& push : pushes) {
     const bool all = pushes.size() == 1 && pushes[0].ticket == 0;
-    absl::StrAppendFormat(
-        &out, "%s{\"layer\":\"%s\",\"start_ms\":%.3f,\"ack_ms\":%.3f,\"pulled_ms\":%.3f}",
-        k == 0 ? "" : ",", all ? "all" : LayerOfTensor(specs, pushes[k].first_tensor),
-        ms(pushes[k].timing.started), ms(pushes[k].timing.acknowledged),
-        ms(pushes[k].timing.pulled));
+    OverlapRecord::Push* p = o->add_pushes();
+    p->set_layer(all ? "all" : LayerOfTensor(specs, push.first_tensor));
+    p->set_start_ms(ms(push.timing.started));
+    p->set_ack_ms(ms(push.timing.acknowledged));
+    p->set_pulled_ms(ms(push.timing.pulled));
   }
-  return out + "]}";
+  return r;
 }
 
 template <typename T>
@@ -371,26 +371,32 @@ void TrainingLoop::Report(int64_t done, const StepTimes& t) {
   const double elapsed = absl::ToDoubleSeconds(t.pushed - i.start);
   const double n = static_cast<double>(i.steps);
   result_.final_loss = i.loss / n;
-  *progress_ << absl::StrFormat(
-                    "{\"event\":\"step\",\"worker\":%d,\"step\":%d,\"epoch\":%d,\"t\":%.3f,"
-                    "\"loss\":%.5f,\"steps_per_s\":%.2f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
-                    "\"pull_ms\":%.3f,\"push_ms\":%.3f,\"delay_ms\":%.3f,"
-                    "\"staleness\":%.3f,\"dropped\":%d,\"skipped\":%d,"
-                    "\"overlap\":%s,\"push_busy_ms\":%.3f,\"hidden_fraction\":%.4f%s%s}",
-                    options_.worker_id, done, batcher_->epoch(),
-                    absl::ToDoubleSeconds(t.pushed - start_), result_.final_loss,
-                    i.steps / std::max(elapsed, 1e-9), 1e3 * i.compute_s / n,
-                    1e3 * (i.pull_s + i.push_s) / n, 1e3 * i.pull_s / n, 1e3 * i.push_s / n,
-                    1e3 * i.delay_s / n, i.staleness / n, i.dropped, i.skipped,
-                    overlap_ ? "true" : "false", 1e3 * i.push_busy_s / n,
-                    i.push_busy_s > 0 ? i.push_hidden_s / i.push_busy_s : 0.0,
-                    overlap_ ? LatencyField(specs_, i.ready_to_ack_s, i.steps) : "",
-                    options_.clip_global_norm > 0
-                        ? absl::StrFormat(",\"grad_norm\":%.5f", i.grad_norm / n)
-                        : "")
-             << std::endl;
-  *progress_ << OverlapRecord(options_.worker_id, done, specs_, pushes_, t.drawn, t.computed)
-             << std::endl;
+  auto ms = [n](double seconds) { return RoundDecimals(1e3 * seconds / n, 3); };
+  ProgressRecord r;
+  StepRecord* s = r.mutable_step();
+  s->set_worker(options_.worker_id);
+  s->set_step(done);
+  s->set_epoch(batcher_->epoch());
+  s->set_t(RoundDecimals(absl::ToDoubleSeconds(t.pushed - start_), 3));
+  s->set_loss(RoundDecimals(result_.final_loss, 5));
+  s->set_steps_per_s(RoundDecimals(i.steps / std::max(elapsed, 1e-9), 2));
+  s->set_compute_ms(ms(i.compute_s));
+  s->set_comm_ms(ms(i.pull_s + i.push_s));
+  s->set_pull_ms(ms(i.pull_s));
+  s->set_push_ms(ms(i.push_s));
+  s->set_delay_ms(ms(i.delay_s));
+  s->set_staleness(RoundDecimals(i.staleness / n, 3));
+  s->set_dropped(i.dropped);
+  s->set_skipped(i.skipped);
+  s->set_overlap(overlap_);
+  s->set_push_busy_ms(ms(i.push_busy_s));
+  s->set_hidden_fraction(
+      RoundDecimals(i.push_busy_s > 0 ? i.push_hidden_s / i.push_busy_s : 0.0, 4));
+  if (overlap_) AddLatencies(specs_, i.ready_to_ack_s, i.steps, s);
+  if (options_.clip_global_norm > 0) s->set_grad_norm(RoundDecimals(i.grad_norm / n, 5));
+  WriteProgress(*progress_, r);
+  WriteProgress(*progress_,
+                Overlap(options_.worker_id, done, specs_, pushes_, t.drawn, t.computed));
   std::vector<double> ready_to_ack = std::move(i.ready_to_ack_s);
   std::fill(ready_to_ack.begin(), ready_to_ack.end(), 0.0);
   i = Interval();
@@ -402,16 +408,19 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
   const double t = Elapsed();
   ASSIGN_OR_RETURN(EvalResult r, backend_->Evaluate(ConstSpans(*params_), test_.features.data(),
                                                     test_.labels.data(), test_.size));
-  *progress_ << absl::StrFormat(
-                    "{\"event\":\"eval\",\"worker\":%d,\"step\":%d,\"t\":%.3f,"
-                    "\"test_loss\":%.5f,\"test_accuracy\":%.5f,\"examples\":%d%s}",
-                    options_.worker_id, step, t, r.loss, r.accuracy, r.examples,
-                    options_.train_examples > 0
-                        ? absl::StrFormat(",\"epochs\":%.4f",
-                                          static_cast<double>(plan_.ExamplesBefore(step)) /
-                                              options_.train_examples)
-                        : "")
-             << std::endl;
+  ProgressRecord record;
+  EvalRecord* e = record.mutable_eval();
+  e->set_worker(options_.worker_id);
+  e->set_step(step);
+  e->set_t(RoundDecimals(t, 3));
+  e->set_test_loss(RoundDecimals(r.loss, 5));
+  e->set_test_accuracy(RoundDecimals(r.accuracy, 5));
+  e->set_examples(r.examples);
+  if (options_.train_examples > 0) {
+    e->set_epochs(RoundDecimals(
+        static_cast<double>(plan_.ExamplesBefore(step)) / options_.train_examples, 4));
+  }
+  WriteProgress(*progress_, record);
   return r;
 }
 
@@ -445,13 +454,17 @@ absl::Status TrainingLoop::Adopt(const std::vector<BatchChange>& changes, int64_
     }
     steps_ = plan_.TotalSteps(job_examples_);
     if (options_.worker_id == 0) {
-      *progress_ << absl::StrFormat(
-                        "{\"event\":\"batch\",\"worker\":%d,\"step\":%d,\"batch_size\":%d,"
-                        "\"global_batch\":%d,\"b_simple\":%.6g,\"learning_rate\":%.6g,"
-                        "\"steps\":%d,\"t\":%.3f}",
-                        options_.worker_id, c.from_step(), c.batch_size(), c.global_batch(),
-                        c.b_simple(), c.learning_rate(), steps_, Elapsed())
-                 << std::endl;
+      ProgressRecord r;
+      BatchRecord* b = r.mutable_batch();
+      b->set_worker(options_.worker_id);
+      b->set_step(c.from_step());
+      b->set_batch_size(c.batch_size());
+      b->set_global_batch(c.global_batch());
+      b->set_b_simple(RoundSignificant(c.b_simple(), 6));
+      b->set_learning_rate(RoundSignificant(c.learning_rate(), 6));
+      b->set_steps(steps_);
+      b->set_t(RoundDecimals(Elapsed(), 3));
+      WriteProgress(*progress_, r);
     }
   }
   return absl::OkStatus();
@@ -470,11 +483,13 @@ absl::StatusOr<int64_t> TrainingLoop::Rejoin(int64_t step, const absl::Status& w
   }
   ASSIGN_OR_RETURN(const int64_t resume, client_->Register(*params_, batch0_, step));
   RETURN_IF_ERROR(Adopt(client_->registered_batch_plan(), -1));
-  *progress_ << absl::StrFormat(
-                    "{\"event\":\"rejoin\",\"worker\":%d,\"step\":%d,\"resume_step\":%d,"
-                    "\"t\":%.3f}",
-                    options_.worker_id, step, resume, Elapsed())
-             << std::endl;
+  ProgressRecord r;
+  RejoinRecord* rejoin = r.mutable_rejoin();
+  rejoin->set_worker(options_.worker_id);
+  rejoin->set_step(step);
+  rejoin->set_resume_step(resume);
+  rejoin->set_t(RoundDecimals(Elapsed(), 3));
+  WriteProgress(*progress_, r);
   if (resume > step) result_.skipped_steps += std::min(resume, steps_) - step;
   if (options_.rewind_on_rejoin && (resume < step || (resume == step && drawn))) {
     result_.redone_steps += step - resume + (drawn ? 1 : 0);

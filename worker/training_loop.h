@@ -1,7 +1,8 @@
 // TrainingLoop: the worker's data-parallel SGD loop, pull -> forward/backward -> push.
 //
 // It knows nothing of gRPC or flags: it drives a PsClient, a ModelBackend and a ShardedBatcher, and
-// reports progress as JSON lines (one object per line) to a stream, for ./rubato launch to read.
+// reports progress as JSON lines (one object per line; proto/progress.proto) to a stream, for
+// ./rubato launch to read.
 //
 // Overlap (options.overlap, where the client supports partial pushes): the backend calls back as
 // each layer's gradients are final, last layer first, and the loop starts that layer's push at

@@ -22,7 +22,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,9 +36,11 @@
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/placement.h"
+#include "common/progress_writer.h"
 #include "common/security.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
+#include "proto/progress.pb.h"
 #include "worker/allreduce_client.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
@@ -284,14 +285,18 @@ int EvalModel(const std::string& path) {
   absl::StatusOr<rubato::EvalResult> r =
       backend->Evaluate(spans, test->features.data(), test->labels.data(), test->size);
   if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
-  std::cout << absl::StrFormat(
-                   "{\"event\":\"eval_model\",\"path\":\"%s\",\"model\":\"%s\","
-                   "\"steps\":%d,\"mode\":\"%s\",\"backend\":\"%s\",\"test_loss\":%.5f,"
-                   "\"test_accuracy\":%.5f,\"examples\":%d,\"job_test_accuracy\":%.5f}",
-                   absl::CEscape(path), loaded->file.model(), loaded->file.steps(),
-                   loaded->file.mode(), backend->name(), r->loss, r->accuracy, r->examples,
-                   loaded->file.test_accuracy())
-            << std::endl;
+  rubato::ProgressRecord record;
+  rubato::EvalModelRecord* e = record.mutable_eval_model();
+  e->set_path(path);
+  e->set_model(loaded->file.model());
+  e->set_steps(loaded->file.steps());
+  e->set_mode(loaded->file.mode());
+  e->set_backend(backend->name());
+  e->set_test_loss(rubato::RoundDecimals(r->loss, 5));
+  e->set_test_accuracy(rubato::RoundDecimals(r->accuracy, 5));
+  e->set_examples(r->examples);
+  e->set_job_test_accuracy(rubato::RoundDecimals(loaded->file.test_accuracy(), 5));
+  rubato::WriteProgress(std::cout, record);
   return 0;
 }
 
@@ -350,15 +355,20 @@ int Sharpness(const std::string& path) {
     absl::StatusOr<rubato::SharpnessResult> r =
         rubato::EpsilonSharpness(loaded->params, loss, {eps, steps});
     if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
-    std::cout << absl::StrFormat(
-                     "{\"event\":\"sharpness\",\"path\":\"%s\",\"model\":\"%s\","
-                     "\"global_batch\":%d,\"optimizer\":\"%s\",\"epsilon\":%g,\"steps\":%d,"
-                     "\"examples\":%d,\"loss\":%.6f,\"max_loss\":%.6f,\"sharpness\":%.4f,"
-                     "\"best_step\":%d}",
-                     absl::CEscape(path), loaded->file.model(), loaded->file.global_batch(),
-                     loaded->file.optimizer(), eps, steps, train->size, r->loss, r->max_loss,
-                     r->sharpness, r->best_step)
-              << std::endl;
+    rubato::ProgressRecord record;
+    rubato::SharpnessRecord* s = record.mutable_sharpness();
+    s->set_path(path);
+    s->set_model(loaded->file.model());
+    s->set_global_batch(loaded->file.global_batch());
+    s->set_optimizer(loaded->file.optimizer());
+    s->set_epsilon(rubato::RoundSignificant(eps, 6));
+    s->set_steps(steps);
+    s->set_examples(train->size);
+    s->set_loss(rubato::RoundDecimals(r->loss, 6));
+    s->set_max_loss(rubato::RoundDecimals(r->max_loss, 6));
+    s->set_sharpness(rubato::RoundDecimals(r->sharpness, 4));
+    s->set_best_step(r->best_step);
+    rubato::WriteProgress(std::cout, record);
   }
   return 0;
 }
@@ -560,34 +570,48 @@ class Heartbeats {
   std::thread thread_;  // Last: started once stop_ exists.
 };
 
-std::string StartRecord(int worker_id, const JobLength& job, int batch_size,
-                        const ModelChoice& model, const rubato::ModelBackend& backend, bool overlap,
-                        const rubato::ClusterSpec& cluster, int64_t shard_size) {
-  return absl::StrFormat(
-      "{\"event\":\"start\",\"worker\":%d,\"steps\":%d,\"steps_per_epoch\":%d,"
-      "\"batch_size\":%d,\"global_batch\":%d,\"model\":\"%s\",\"parameters\":%d,"
-      "\"backend\":\"%s\",\"overlap\":%s,\"mode\":\"%s\",\"shard_examples\":%d}",
-      worker_id, job.steps, job.steps_per_epoch, batch_size, job.global_batch, model.text,
-      rubato::ModelParamCount(model.spec), backend.name(), overlap ? "true" : "false",
-      rubato::FormatConsistency(cluster.consistency()), shard_size);
+rubato::ProgressRecord StartRecord(int worker_id, const JobLength& job, int batch_size,
+                                   const ModelChoice& model, const rubato::ModelBackend& backend,
+                                   bool overlap, const rubato::ClusterSpec& cluster,
+                                   int64_t shard_size) {
+  rubato::ProgressRecord r;
+  rubato::StartRecord* s = r.mutable_start();
+  s->set_worker(worker_id);
+  s->set_steps(job.steps);
+  s->set_steps_per_epoch(job.steps_per_epoch);
+  s->set_batch_size(batch_size);
+  s->set_global_batch(job.global_batch);
+  s->set_model(model.text);
+  s->set_parameters(rubato::ModelParamCount(model.spec));
+  s->set_backend(backend.name());
+  s->set_overlap(overlap);
+  s->set_mode(rubato::FormatConsistency(cluster.consistency()));
+  s->set_shard_examples(shard_size);
+  return r;
 }
 
-std::string DoneRecord(int worker_id, const rubato::TrainingResult& result,
-                       const std::vector<std::vector<float>>& params, bool evaluated) {
-  return absl::StrFormat(
-      "{\"event\":\"done\",\"worker\":%d,\"steps\":%d,\"computed_steps\":%d,"
-      "\"skipped_steps\":%d,\"redone_steps\":%d,\"rejoins\":%d,\"wall_s\":%.3f,"
-      "\"params_fnv1a\":\"%016x\","
-      "\"train_loss\":%.5f%s,\"final_batch\":%d%s}",
-      worker_id, result.steps, result.computed_steps, result.skipped_steps, result.redone_steps,
-      result.rejoins, result.wall_seconds, ParamsFingerprint(params), result.final_loss,
-      evaluated ? absl::StrFormat(",\"test_loss\":%.5f,\"test_accuracy\":%.5f", result.test.loss,
-                                  result.test.accuracy)
-                : "",
-      result.final_batch,
-      std::isfinite(result.noise_scale)
-          ? absl::StrFormat(",\"noise_scale\":%.6g", result.noise_scale)
-          : "");
+rubato::ProgressRecord DoneRecord(int worker_id, const rubato::TrainingResult& result,
+                                  const std::vector<std::vector<float>>& params, bool evaluated) {
+  rubato::ProgressRecord r;
+  rubato::DoneRecord* d = r.mutable_done();
+  d->set_worker(worker_id);
+  d->set_steps(result.steps);
+  d->set_computed_steps(result.computed_steps);
+  d->set_skipped_steps(result.skipped_steps);
+  d->set_redone_steps(result.redone_steps);
+  d->set_rejoins(result.rejoins);
+  d->set_wall_s(rubato::RoundDecimals(result.wall_seconds, 3));
+  d->set_params_fnv1a(absl::StrFormat("%016x", ParamsFingerprint(params)));
+  d->set_train_loss(rubato::RoundDecimals(result.final_loss, 5));
+  if (evaluated) {
+    d->set_test_loss(rubato::RoundDecimals(result.test.loss, 5));
+    d->set_test_accuracy(rubato::RoundDecimals(result.test.accuracy, 5));
+  }
+  d->set_final_batch(result.final_batch);
+  if (std::isfinite(result.noise_scale)) {
+    d->set_noise_scale(rubato::RoundSignificant(result.noise_scale, 6));
+  }
+  return r;
 }
 
 // --export_model (worker 0): the trained model and what it scored.
@@ -754,9 +778,9 @@ int Train(Setup* s) {
   std::string no_overlap_reason;
   const bool overlap = rubato::OverlapEnabled(options, *client, &no_overlap_reason);
   if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
-  std::cout << StartRecord(s->worker_id, s->job, s->batch_size, s->model, *s->backend, overlap,
-                           s->cluster, s->batcher->shard_size())
-            << std::endl;
+  rubato::WriteProgress(
+      std::cout, StartRecord(s->worker_id, s->job, s->batch_size, s->model, *s->backend, overlap,
+                             s->cluster, s->batcher->shard_size()));
   std::atomic<int64_t> current_step{*start_step};
   options.current_step = &current_step;
   absl::StatusOr<rubato::TrainingResult> result;
@@ -771,7 +795,7 @@ int Train(Setup* s) {
   if (absl::Status st = client->Finish(result->steps); !st.ok()) {
     RUBATO_LOG(WARNING) << "could not tell every shard that this worker finished: " << st;
   }
-  std::cout << DoneRecord(s->worker_id, *result, params, s->evaluates) << std::endl;
+  rubato::WriteProgress(std::cout, DoneRecord(s->worker_id, *result, params, s->evaluates));
   if (absl::Status st = ExportIfAsked(s->worker_id, s->cluster, s->job, s->model, *result, params);
       !st.ok()) {
     return Fail(kExitRuntime, std::string(st.message()));
