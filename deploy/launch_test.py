@@ -58,7 +58,7 @@ FAKE = textwrap.dedent('''\
 
     if server:
         def stats():
-            record = {"appliedUpdates": 7, "droppedWorkers": 1}
+            record = {"applied_updates": 7, "dropped_workers": 1}
             if "stats_file" in flags:
                 with open(flags["stats_file"], "w") as f:
                     json.dump(record, f)

@@ -8,12 +8,13 @@
 //
 // Life cycle: the server ends by itself once the job is over (ParameterShard::JobFinished): every
 // worker has finished, or the rest were dropped and did not come back within one lease. It then
-// prints its final statistics as one JSON line on stdout ({"event":"stats",...}, also written to
-// --stats_file if given) and exits 0. No worker live for --idle_timeout_ms and none finished:
-// exit 1 naming the workers. SIGINT or SIGTERM: the same final statistics, exit 0. Every port
-// serves the gRPC health service (SERVING until shutdown), and --health_listen adds a plaintext
-// port that serves only that, for probes. A bsp or backup shard that agreed to roll back
-// (ParameterShard::Rollback) exits 75 (kExitRollback) to be started again by its supervisor.
+// prints its final statistics as one JSON line on stdout ({"event":"stats",...}, a stats record of
+// proto/progress.proto; also written to --stats_file if given) and exits 0. No worker live for
+// --idle_timeout_ms and none finished: exit 1 naming the workers. SIGINT or SIGTERM: the same
+// final statistics, exit 0. Every port serves the gRPC health service (SERVING until shutdown),
+// and --health_listen adds a plaintext port that serves only that, for probes. A bsp or backup
+// shard that agreed to roll back (ParameterShard::Rollback) exits 75 (kExitRollback) to be started
+// again by its supervisor.
 #include <unistd.h>
 
 #include <csignal>
@@ -42,12 +43,13 @@
 #include "common/malloc_tuning.h"
 #include "common/net_diagnose.h"
 #include "common/optimizer.h"
+#include "common/progress_writer.h"
 #include "common/security.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "proto/progress.pb.h"
 #include "server/checkpoint.h"
 #include "server/checkpoint_writer.h"
 #include "server/data_plane.h"
@@ -107,17 +109,6 @@ extern "C" void OnSignal(int sig) { g_signal = sig; }
 int Fail(const std::string& message, int code = 2) {
   std::fprintf(stderr, "rubato_server: error: %s\n", message.c_str());
   return code;
-}
-
-// The shard's statistics as one line of JSON with "event":"stats" first.
-std::string StatsJson(const rubato::GetStatsResponse& stats) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(stats, &json, print).ok() || json.size() < 2) {
-    return "{\"event\":\"stats\"}";
-  }
-  return absl::StrCat("{\"event\":\"stats\",", json.substr(1));
 }
 
 // What the flags say, checked (every error names its flag).
@@ -506,9 +497,12 @@ absl::Status ServeUntilTheEnd(rubato::ParameterShard* shard, absl::Duration idle
   return absl::OkStatus();
 }
 
-// Prints the final statistics line (and writes --stats_file).
+// Prints the final statistics line (a stats record, proto/progress.proto), and writes it to
+// --stats_file.
 void ReportStats(const rubato::GetStatsResponse& stats) {
-  const std::string json = StatsJson(stats);
+  rubato::ProgressRecord record;
+  *record.mutable_stats() = stats;
+  const std::string json = rubato::ProgressLine(record);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_stats_file); !path.empty()) {
     if (!(std::ofstream(path) << json << "\n")) {

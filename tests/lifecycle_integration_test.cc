@@ -86,9 +86,9 @@ TEST_F(LifecycleTest, ServersExitByThemselvesOnceEveryWorkerHasFinished) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "every worker finished: no lease to wait";
   for (int s = 0; s < 2; ++s) {
     const std::string out = cluster_->server(s)->ReadStdout();
-    EXPECT_TRUE(absl::StartsWith(out, "{\"event\":\"stats\",\"shardId\":")) << out;
-    EXPECT_TRUE(absl::StrContains(out, "\"finishedWorkers\":2")) << out;
-    EXPECT_TRUE(absl::StrContains(out, "\"minVersion\":\"40\"")) << out;
+    EXPECT_TRUE(absl::StartsWith(out, "{\"event\":\"stats\",\"shard_id\":")) << out;
+    EXPECT_TRUE(absl::StrContains(out, "\"finished_workers\":2")) << out;
+    EXPECT_TRUE(absl::StrContains(out, "\"min_version\":40,")) << out;
     EXPECT_TRUE(absl::StrContains(cluster_->server(s)->ReadStderr(), "job over")) << s;
   }
 }
@@ -112,8 +112,8 @@ TEST_F(LifecycleTest, ADeadWorkerDoesNotKeepTheServersRunning) {
   // Worker 2 was dropped after its lease; it gets one more lease to come back, then the job ends.
   ASSERT_TRUE(IsOk(cluster_->WaitForServers(absl::Seconds(15))));
   const std::string out = cluster_->server(0)->ReadStdout();
-  EXPECT_TRUE(absl::StrContains(out, "\"finishedWorkers\":2")) << out;
-  EXPECT_TRUE(absl::StrContains(out, "\"droppedWorkers\":\"1\"")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "\"finished_workers\":2")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "\"dropped_workers\":1,")) << out;
 }
 
 TEST_F(LifecycleTest, ServerWithoutWorkersGivesUpAfterTheIdleTimeoutNamingThem) {

@@ -68,7 +68,8 @@ class Proc:
         self.after_workers = None
         self.ended_at = None  # time.monotonic() when the launcher first saw it exited.
         self._outcome = None  # outcome(), once the process has exited: it no longer changes.
-        self.stats = None  # A server's final GetStats (JSON, camelCase), once it has ended.
+        # A server's final statistics, its stats record (proto/progress.proto), once it has ended.
+        self.stats = None
         self.log_path = os.path.join(run_dir, name + ".log")
 
     def returncode(self):

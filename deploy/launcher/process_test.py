@@ -125,13 +125,13 @@ class RemoteProcTest(unittest.TestCase):
                     lines.append((name, host, text))
 
             script = ('read -r s; printf "secret %s\\n" "$s"; echo to-stderr >&2; '
-                      'echo \'{"event":"stats","appliedUpdates":3}\'; exit 2')
+                      'echo \'{"event":"stats","applied_updates":3}\'; exit 2')
             p = process.RemoteProc("server-0", programs.SERVER_PROGRAM, "h",
                                    ["sh", "-c", script], d, Log(), secret=b"ab")
             p.popen.wait(timeout=10)
             p.join()
             self.assertEqual(p.returncode(), 2)
-            self.assertEqual(p.stats, {"event": "stats", "appliedUpdates": 3})
+            self.assertEqual(p.stats, {"event": "stats", "applied_updates": 3})
             self.assertEqual(lines, [("server-0", "h", "to-stderr")])
             with open(os.path.join(d, "server-0.log")) as f:
                 log = f.read()

@@ -123,8 +123,9 @@ def worker_results(views, wall, target_accuracy):
 
 
 def server_totals(stats):
-    """The summary's fields from the servers' final statistics (each one's stdout line, or
-    locally its file; None where a server left none)."""
+    """The summary's fields from the servers' final statistics (each one's stats record,
+    proto/progress.proto: from its stdout line, or locally its file; None where a server left
+    none)."""
     histogram = [0] * len(STALENESS_BUCKETS)
     totals = {"applied_updates": 0, "dropped_gradients": 0, "dropped_workers": 0,
               "rejected_pushes": 0}
@@ -133,10 +134,10 @@ def server_totals(stats):
             continue
         for key in totals:
             try:
-                totals[key] += int(one.get(_camel(key), 0))
+                totals[key] += int(one.get(key, 0))
             except (TypeError, ValueError):
                 pass
-        for i, n in enumerate(one.get("stalenessHistogram", [])[:len(histogram)]):
+        for i, n in enumerate(one.get("staleness_histogram", [])[:len(histogram)]):
             histogram[i] += int(n)
     out = dict(totals)
     out["staleness_histogram"] = dict(zip(STALENESS_BUCKETS, histogram))
@@ -154,14 +155,14 @@ def noise_scale(stats):
     """The job's gradient noise scale from its shards' final statistics (bsp, backup): the sums
     of their moving averages of |G|^2 and tr(Sigma) (server/noise_scale.h), and their ratio
     B_simple; None unless every shard measured the same step with one batch size."""
-    parts = [s.get("noiseScale") for s in stats if isinstance(s, dict)]
+    parts = [s.get("noise_scale") for s in stats if isinstance(s, dict)]
     if not parts or any(not isinstance(p, dict) for p in parts) or len(parts) != len(stats):
         return None
     try:
         steps = {int(p.get("step", 0)) for p in parts}
-        batch = {int(p.get("batchSmall", 0)) for p in parts}
-        g2 = sum(float(p.get("g2Ema", 0)) for p in parts)
-        trace = sum(float(p.get("traceEma", 0)) for p in parts)
+        batch = {int(p.get("batch_small", 0)) for p in parts}
+        g2 = sum(float(p.get("g2_ema", 0)) for p in parts)
+        trace = sum(float(p.get("trace_ema", 0)) for p in parts)
         measured = min(int(p.get("steps", 0)) for p in parts)
         workers = min(int(p.get("workers", 0)) for p in parts)
     except (TypeError, ValueError):
@@ -171,11 +172,6 @@ def noise_scale(stats):
     return {"b_simple_ema": round(trace / g2, 4) if g2 > 0 else None, "g2_ema": g2,
             "trace_ema": trace, "step": steps.pop(), "steps_measured": measured,
             "b_small": min(batch), "b_big": min(batch) * workers}
-
-
-def _camel(name):
-    head, *rest = name.split("_")
-    return head + "".join(w.capitalize() for w in rest)
 
 
 def write_summary(summary, run_dir):

@@ -29,9 +29,9 @@ class HelpersTest(unittest.TestCase):
 
     def test_noise_scale_adds_the_shards_moving_averages(self):
         def shard(step, g2, trace, batch=64, workers=4, steps=100):
-            return {"noiseScale": {"shardId": 0, "step": str(step), "g2Ema": g2,
-                                   "traceEma": trace, "steps": str(steps), "batchSmall": batch,
-                                   "workers": workers}}
+            return {"noise_scale": {"shard_id": 0, "step": step, "g2_ema": g2,
+                                    "trace_ema": trace, "steps": steps, "batch_small": batch,
+                                    "workers": workers}}
         got = summary.noise_scale([shard(99, 1.0, 300.0), shard(99, 3.0, 500.0)])
         self.assertEqual(got, {"b_simple_ema": 200.0, "g2_ema": 4.0, "trace_ema": 800.0,
                                "step": 99, "steps_measured": 100, "b_small": 64, "b_big": 256})
@@ -39,7 +39,7 @@ class HelpersTest(unittest.TestCase):
         # a shard whose statistics were lost), nothing measured, or a non-positive |G|^2.
         self.assertIsNone(summary.noise_scale([shard(99, 1, 1), shard(98, 1, 1)]))
         self.assertIsNone(summary.noise_scale([shard(99, 1, 1), shard(99, 1, 1, batch=32)]))
-        self.assertIsNone(summary.noise_scale([shard(99, 1, 1), {"appliedUpdates": "3"}]))
+        self.assertIsNone(summary.noise_scale([shard(99, 1, 1), {"applied_updates": 3}]))
         self.assertIsNone(summary.noise_scale([shard(99, 1, 1), None]))
         self.assertIsNone(summary.noise_scale([shard(99, 1, 1, steps=0)]))
         self.assertIsNone(summary.noise_scale([]))
@@ -118,7 +118,7 @@ class SummarizeTest(unittest.TestCase):
             FakeView(1, evals=[(2.0, 0.81, 20)], done={"steps": 20, "test_accuracy": 0.86},
                      step={"step": 20}, start={"batch_size": 8}, started_at=0.3),
         ]
-        stats = {"appliedUpdates": "40", "droppedGradients": 2, "stalenessHistogram": [3, 1]}
+        stats = {"applied_updates": 40, "dropped_gradients": 2, "staleness_histogram": [3, 1]}
         workers = [FakeProc("worker-%d" % i, programs.WORKER_PROGRAM, "done") for i in range(2)]
         servers = [FakeProc("server-0", programs.SERVER_PROGRAM, "done", stats=stats)]
         got = summary.summarize(views, 4.0, job_args(), None, "run", workers, servers)
@@ -172,12 +172,12 @@ class SummarizeTest(unittest.TestCase):
     def test_local_stats_and_file(self):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "server-1.stats.json"), "w") as f:
-                json.dump({"appliedUpdates": 5}, f)
+                json.dump({"applied_updates": 5}, f)
             servers = [FakeProc("server-0", programs.SERVER_PROGRAM, "done", stats={"a": 1}),
                        FakeProc("server-1", programs.SERVER_PROGRAM, "done"),
                        FakeProc("server-2", programs.SERVER_PROGRAM, "done")]
             summary.load_local_stats(servers, d)
-            self.assertEqual([s.stats for s in servers], [{"a": 1}, {"appliedUpdates": 5}, None])
+            self.assertEqual([s.stats for s in servers], [{"a": 1}, {"applied_updates": 5}, None])
             summary.write_summary({"ok": True, "b": [1]}, d)
             with open(os.path.join(d, "summary.json")) as f:
                 self.assertEqual(f.read(), '{\n  "ok": true,\n  "b": [\n    1\n  ]\n}\n')
