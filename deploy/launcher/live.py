@@ -150,6 +150,15 @@ class WorkerView:
             return list(self.batch_changes)
 
 
+def _figure(record, key, fmt):
+    """record[key] in `fmt`, or "-" without it. A figure that is not finite comes as a string
+    ("NaN", "Infinity": proto/progress.proto) and shows as nan or inf."""
+    try:
+        return fmt % float(record[key])
+    except (KeyError, TypeError, ValueError):
+        return "-"
+
+
 def render(views, states, total_steps, hosts=None):
     """The live table: one row per worker; with `hosts` (several hosts), a host column."""
     fmt = "%-8s " + ("%-12s " if hosts else "%s") + "%-8s %13s %6s %8s %9s %9s %9s %9s %6s"
@@ -163,17 +172,16 @@ def render(views, states, total_steps, hosts=None):
     for i, (v, state) in enumerate(zip(views, states)):
         step, ev, start = v.snapshot()
         total = planned or start.get("steps", total_steps or 0)
-        acc = ev.get("test_accuracy")
         rows.append(fmt % (
             v.index, hosts[i] if hosts else "", state,
             "%d/%d" % (step.get("step", 0), total),
             step.get("epoch", "-"),
-            "%.4f" % step["loss"] if "loss" in step else "-",
-            "%.4f" % acc if acc is not None else "-",
-            "%.1f" % step["steps_per_s"] if "steps_per_s" in step else "-",
-            "%.2f" % step["comm_ms"] if "comm_ms" in step else "-",
-            "%.1f" % step["delay_ms"] if "delay_ms" in step else "-",
-            "%.1f" % step["staleness"] if "staleness" in step else "-"))
+            _figure(step, "loss", "%.4f"),
+            _figure(ev, "test_accuracy", "%.4f"),
+            _figure(step, "steps_per_s", "%.1f"),
+            _figure(step, "comm_ms", "%.2f"),
+            _figure(step, "delay_ms", "%.1f"),
+            _figure(step, "staleness", "%.1f")))
     return rows
 
 

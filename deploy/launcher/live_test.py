@@ -174,6 +174,11 @@ class TableTest(unittest.TestCase):
             rows = live.render(views, ["running", "running"], None, ["ha", "hb"])
             self.assertEqual(rows[0].split()[:3], ["worker", "host", "state"])
             self.assertEqual(rows[1].split()[:4], ["0", "ha", "running", "20/60"])
+            # A figure that is not finite is a string in the record (proto/progress.proto).
+            views[1].take([b'{"event":"step","step":30,"loss":"NaN","steps_per_s":"Infinity"}'],
+                          0.0)
+            rows = live.render(views, ["running", "running"], None)
+            self.assertEqual(rows[2].split()[3:7], ["-", "nan", "-", "inf"])
 
 
 class ScreenTest(unittest.TestCase):
