@@ -2,8 +2,8 @@
 worker/ never includes server/, and server/ never includes worker/. Code that needs both (the
 in-process client, tests that run both sides, fuzzers) lives in inprocess/, fuzz/ or tests/.
 
-The sources arrive as the filegroups //common:sources, //server:sources, //worker:sources and
-//worker/cuda:sources (their runfiles paths are their repository paths)."""
+The sources arrive as the filegroups //common:sources, //server:sources, and //worker:sources with
+those of its subpackages (their runfiles paths are their repository paths)."""
 
 import os
 import re

@@ -1,5 +1,5 @@
 // Files that are written whole or not at all, and whose damage is detected on reading: shard
-// checkpoints (server/checkpoint.h) and exported models (worker/model_file.h).
+// checkpoints (server/checkpoint.h) and exported models (worker/model/model_file.h).
 //
 // Layout:
 //   bytes  0-7   an 8-byte magic naming the kind of file

@@ -1,6 +1,6 @@
 // RingAllReduceMean: the bandwidth-optimal all-reduce of Patarasuk & Yuan (2009), over an abstract
 // link to the ring's neighbours, so the algorithm is tested in-process and a gRPC link
-// (worker/ring_peer.h) carries it between processes.
+// (worker/ring/ring_peer.h) carries it between processes.
 //
 // N ranks each hold a vector of the same length, split into N chunks (lengths differ by at most
 // one). Reduce-scatter: in step k = 0..N-2 rank r sends chunk (r - k) mod N to rank r+1 and adds

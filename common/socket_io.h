@@ -1,5 +1,5 @@
 // Blocking-with-deadline socket helpers shared by Rubato's plain-TCP data planes: the ring
-// all-reduce's (worker/ring_tcp.h) and the parameter servers' (server/data_plane.h).
+// all-reduce's (worker/ring/ring_tcp.h) and the parameter servers' (server/data_plane.h).
 //
 // Sockets here are non-blocking; every wait is a poll() with a deadline, so nothing waits forever
 // on a peer that stopped. Errors are returned as text (the system's reason) for the caller to put

@@ -6,7 +6,7 @@
 // as views into them, so that a shard can add a gradient into its accumulator straight from the
 // receive buffers and a worker can copy pulled weights straight into its parameters. Encode*
 // writes only the small framing (tags, lengths, names); the tensor bytes are sent from the caller's
-// own memory as further pieces, the way the ring (worker/ring_codec.h) already sends blocks.
+// own memory as further pieces, the way the ring (worker/ring/ring_codec.h) already sends blocks.
 //
 // The parsers accept exactly what protobuf's own parser accepts for these messages (fields in any
 // order, repeated scalars where the last wins, unknown fields and groups skipped, a known field

@@ -34,7 +34,7 @@
 #include "experiments/loopback_tcp.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "worker/ring_peer.h"
+#include "worker/ring/ring_peer.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Measuring time per configuration.");
 ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"2", "4"}),
@@ -42,7 +42,7 @@ ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"2", "4"}),
 ABSL_FLAG(std::vector<std::string>, sizes, std::vector<std::string>({"1MB", "16MB", "64MB"}),
           "Vector sizes (float32), each a number of KB or MB (binary units), e.g. 4KB,1MB.");
 ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "grpc"}),
-          "Ring transports to measure: tcp (the TCP data plane, worker/ring_tcp.h, the default in "
+          "Ring transports to measure: tcp (the TCP data plane, worker/ring/ring_tcp.h, the default in "
           "jobs) and grpc (a gRPC stream, what TLS jobs use).");
 ABSL_FLAG(int64_t, segment_kb, 0,
           "Segment size in KiB (0: the default, DefaultRingSegmentElements).");

@@ -10,7 +10,7 @@
 # code plus PTX), statically for Rubato's own libraries (--dynamic_mode=off), and copies into
 # .gpu_bundle/ (git-ignored) the binaries, the system libraries they load (gRPC, protobuf,
 # Abseil, OpenSSL, ...; not glibc) and Fashion-MNIST. cuBLAS is not carried: the worker loads the
-# GPU machine's libcublas.so.13 at run time (worker/cuda/cublas_api.h).
+# GPU machine's libcublas.so.13 at run time (worker/model/cuda/cublas_api.h).
 #
 # `run` then, with the bundle:
 #   1. shows the GPU (nvidia-smi) and where libcublas.so.13 is;
@@ -31,16 +31,16 @@ BUNDLE=.gpu_bundle
 
 bundle() {
   set -e
-  local targets=(//worker:rubato_worker //server:rubato_server //worker:model_benchmark
-                 //worker/cuda:cuda_backend_test //worker/cuda:cuda_device_test
-                 //worker:cpu_backend_test)
+  local targets=(//worker:rubato_worker //server:rubato_server //worker/model:model_benchmark
+                 //worker/model/cuda:cuda_backend_test //worker/model/cuda:cuda_device_test
+                 //worker/model:cpu_backend_test)
   bazel build -c opt --dynamic_mode=off "${targets[@]}"
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin/worker" "$BUNDLE/bin/server" "$BUNDLE/lib" "$BUNDLE/data"
-  cp bazel-bin/worker/rubato_worker bazel-bin/worker/model_benchmark \
-     bazel-bin/worker/cpu_backend_test "$BUNDLE/bin/worker/"
+  cp bazel-bin/worker/rubato_worker bazel-bin/worker/model/model_benchmark \
+     bazel-bin/worker/model/cpu_backend_test "$BUNDLE/bin/worker/"
   cp bazel-bin/server/rubato_server "$BUNDLE/bin/server/"
-  cp bazel-bin/worker/cuda/cuda_backend_test bazel-bin/worker/cuda/cuda_device_test \
+  cp bazel-bin/worker/model/cuda/cuda_backend_test bazel-bin/worker/model/cuda/cuda_device_test \
      "$BUNDLE/bin/worker/"
   chmod u+w "$BUNDLE"/bin/*/*
   strip "$BUNDLE"/bin/*/*

@@ -5,7 +5,7 @@ Trains the same model with the same recipe at each global batch (4 workers, bsp,
 and square-root LR scaling from a rate tuned at 64, one epoch of warmup), exports each final model
 (--export_model), and measures its epsilon-sharpness with `rubato_worker --sharpness` (the largest
 relative loss increase in a box of size eps (|x| + 1) around the weights, found by projected
-gradient ascent; worker/sharpness.h) on the first training examples. Writes sharpness.json (every
+gradient ascent; worker/model/sharpness.h) on the first training examples. Writes sharpness.json (every
 run) and sharpness.md (the table per batch: mean and 95% interval over seeds) into --out.
 
     python3 experiments/sharpness.py [--batches 64,4096] [--seeds 3] [--epochs 5]

@@ -1,5 +1,5 @@
 // ring_mailbox_fuzzer: a libFuzzer harness over the receiving end of the ring all-reduce's
-// transport (worker/ring_peer.h): ParseRingBlock, which reads a RingBlock from the transport's
+// transport (worker/ring/ring_peer.h): ParseRingBlock, which reads a RingBlock from the transport's
 // buffers without copying them, and RingMailbox::Put / Take, which file blocks by tag and add or
 // copy them into the destination while checking that every value is finite.
 //
@@ -36,7 +36,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "proto/ring.pb.h"
-#include "worker/ring_peer.h"
+#include "worker/ring/ring_peer.h"
 
 namespace rubato {
 namespace fuzz {

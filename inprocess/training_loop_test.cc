@@ -14,12 +14,12 @@
 #include "common/batch_plan.h"
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 #include "inprocess/in_process_shard_channel.h"
 #include "worker/ps/ps_client.h"
-#include "worker/mlp.h"
-#include "worker/model_backend.h"
-#include "worker/model_spec.h"
+#include "worker/model/mlp.h"
+#include "worker/model/model_backend.h"
+#include "worker/model/model_spec.h"
 
 namespace rubato {
 namespace {

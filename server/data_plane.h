@@ -3,7 +3,7 @@
 // Why: on loopback a 1 MB push+pull through gRPC 1.51's callback API costs about 11 context
 // switches, spread over gRPC's two poller threads and the caller's (the 1 MB, 3-worker case ran
 // at 0.56x ps-lite, both pollers ~62% busy and a quarter of the machine idle). The ring all-reduce
-// left gRPC for the same reason (worker/ring_tcp.h). Here one thread per connection reads a
+// left gRPC for the same reason (worker/ring/ring_tcp.h). Here one thread per connection reads a
 // request, hands it to the shard (the same ParameterShard calls, the same zero-copy parse and
 // shared-snapshot answer as server/parameter_service.h), and writes the answer with one sendmsg.
 //

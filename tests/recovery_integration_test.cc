@@ -421,7 +421,7 @@ TEST(RecoveryIntegrationTest, AnExportedModelEvaluatesToTheJobsLastAccuracy) {
   EXPECT_EQ(accuracy, *job_accuracy) << "the exported weights are not the ones the job evaluated";
   EXPECT_EQ(Field(eval->stdout_text, "steps"), absl::StrCat(kSteps));
   EXPECT_EQ(Field(eval->stdout_text, "mode"), "bsp");
-  // Its epsilon-sharpness (worker/sharpness.h): a rise of the training loss within the box, larger
+  // Its epsilon-sharpness (worker/model/sharpness.h): a rise of the training loss within the box, larger
   // for the larger box, on the loss the model was trained on.
   absl::StatusOr<ProcessResult> sharp = (*job)->Run(
       "sharpness", *binary,

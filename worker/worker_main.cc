@@ -41,17 +41,17 @@
 #include "common/security_flags.h"
 #include "common/status_macros.h"
 #include "proto/progress.pb.h"
-#include "worker/allreduce_client.h"
-#include "worker/cuda/cuda_backend.h"
-#include "worker/cuda/cuda_device.h"
-#include "worker/dataset.h"
-#include "worker/mlp.h"
-#include "worker/model_backend.h"
-#include "worker/model_file.h"
-#include "worker/model_spec.h"
+#include "worker/ring/allreduce_client.h"
+#include "worker/model/cuda/cuda_backend.h"
+#include "worker/model/cuda/cuda_device.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+#include "worker/model/model_backend.h"
+#include "worker/model/model_file.h"
+#include "worker/model/model_spec.h"
 #include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
-#include "worker/sharpness.h"
+#include "worker/model/sharpness.h"
 #include "worker/straggler_model.h"
 #include "worker/training_loop.h"
 
@@ -93,14 +93,14 @@ ABSL_FLAG(std::string, listen, "",
           "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
           "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
 ABSL_FLAG(std::string, export_model, "",
-          "At the end of the job, worker 0 writes the trained model here (worker/model_file.h: "
+          "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
           "the --model spec and its named tensors), atomically.");
 ABSL_FLAG(std::string, eval_model, "",
           "Evaluate this exported model on the test set (--data_dir, --test_limit, --backend) and "
           "exit; no servers or other workers are needed.");
 ABSL_FLAG(std::string, sharpness, "",
           "Compute the epsilon-sharpness (Keskar et al. 2017) of this exported model on the first "
-          "--sharpness_examples training examples and exit (worker/sharpness.h).");
+          "--sharpness_examples training examples and exit (worker/model/sharpness.h).");
 ABSL_FLAG(std::string, sharpness_epsilon, "1e-3,5e-4",
           "--sharpness: the box sizes, comma-separated (the paper reports 1e-3 and 5e-4).");
 ABSL_FLAG(int, sharpness_steps, 10, "--sharpness: projected gradient-ascent steps.");

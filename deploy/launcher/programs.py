@@ -20,7 +20,7 @@ DEFAULT_LEASE_MS = "10000"
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 DATA_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-# Parameters of --model=cnn (worker/model_spec.h, CnnModelSpec).
+# Parameters of --model=cnn (worker/model/model_spec.h, CnnModelSpec).
 CNN_PARAMETERS = 454922
 
 

@@ -11,7 +11,7 @@
 // shards in the same process (inprocess/in_process_shard_channel.h). Every operation is a FanOut of
 // asynchronous calls that end by callback (worker/ps/fan_out.h): a partial push's ticket holds no
 // thread, and the synchronous calls start an operation and wait for it. The ring all-reduce
-// baseline (worker/allreduce_client.h) is the other PsClient.
+// baseline (worker/ring/allreduce_client.h) is the other PsClient.
 //
 // Tensor bytes are not copied on the way: a push sends each gradient's memory as a slice, and a
 // pull copies the received slices straight into the parameters (common/tensor_wire.h), or the data

@@ -1,0 +1,105 @@
+// The CPU ModelBackend: argument checks around SequentialModel<float>, whose GEMMs Eigen runs on
+// `threads` OpenMP threads.
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/model/layers.h"
+#include "worker/model/mlp.h"
+#include "worker/model/model_backend.h"
+
+namespace rubato {
+namespace {
+
+// Evaluate's chunk: bounds scratch to (kEvalChunk, widest activation) floats per layer.
+constexpr int64_t kEvalChunk = 512;
+
+class CpuBackend : public ModelBackend {
+ public:
+  CpuBackend(const ModelSpec& spec, int threads)
+      : spec_(spec),
+        param_specs_(ModelParamSpecs(spec)),
+        classes_(ModelNumClasses(spec)),
+        threads_(threads),
+        model_(spec) {}
+
+  std::string name() const override {
+    return threads_ == 1 ? "cpu-eigen" : absl::StrCat("cpu-eigen x", threads_, " threads");
+  }
+
+  absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,
+                                        const float* x, const int32_t* labels, int64_t batch,
+                                        absl::Span<const absl::Span<float>> grads,
+                                        const GradientsReady& ready) override {
+    RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, batch, "batch", classes_));
+    RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
+    Eigen::setNbThreads(threads_);
+    const float loss = model_.ForwardBackward(params, x, labels, batch, grads, ready);
+    if (!std::isfinite(loss)) return NonFiniteLoss(loss, batch);
+    if (profiling_) RecordTimes(batch);
+    return loss;
+  }
+
+  absl::StatusOr<EvalResult> Evaluate(absl::Span<const absl::Span<const float>> params,
+                                      const float* x, const int32_t* labels, int64_t n) override {
+    RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, n, "n", classes_));
+    Eigen::setNbThreads(threads_);
+    double loss_sum = 0;
+    int64_t correct = 0;
+    const int64_t input = spec_.input.size();
+    for (int64_t start = 0; start < n; start += kEvalChunk) {
+      const int64_t chunk = std::min(kEvalChunk, n - start);
+      model_.AccumulateLossAndCorrect(params, x + start * input, labels + start, chunk, &loss_sum,
+                                      &correct);
+    }
+    if (!std::isfinite(loss_sum)) return NonFiniteLoss(loss_sum, n);
+    return EvalResult{loss_sum / n, static_cast<double>(correct) / n, n};
+  }
+
+  void set_profiling(bool on) override {
+    profiling_ = on;
+    model_.set_timing(on);
+  }
+
+  std::vector<LayerTime> layer_times() const override { return times_; }
+
+ private:
+  void RecordTimes(int64_t batch) {
+    const std::vector<std::string> names = LayerNames(spec_);
+    times_.assign(names.size(), LayerTime());
+    for (size_t l = 0; l < names.size(); ++l) {
+      times_[l].name = names[l];
+      times_[l].forward_ms = model_.forward_ms()[l];
+      times_[l].backward_ms = model_.backward_ms()[l];
+      LayerFlops(spec_, l, batch, &times_[l].forward_flops, &times_[l].backward_flops);
+    }
+  }
+
+  // Constant after construction.
+  const ModelSpec spec_;
+  const std::vector<ParamSpec> param_specs_;
+  const int64_t classes_;
+  const int threads_;
+
+  SequentialModel<float> model_;  // scratch reused across calls
+  bool profiling_ = false;
+  std::vector<LayerTime> times_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(const ModelSpec& spec, int threads) {
+  RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", threads));
+  }
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::unique_ptr<ModelBackend>(new CpuBackend(spec, threads));
+}
+
+}  // namespace rubato
