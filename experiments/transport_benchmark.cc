@@ -177,6 +177,22 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   std::vector<std::thread> threads;
   absl::BlockingCounter registered(workers);
   absl::Notification go;
+  // Under bsp every worker does the same number of steps: a worker that stopped on its own clock
+  // while another began one more step would leave that one waiting at the barrier until the
+  // shard's wait timeout (a run that printed 0.000 GB/s). The first worker to see the time up at
+  // the top of a step sets the last step to the next one; a worker is at most one step behind it.
+  // (Without a barrier each worker stops on its own clock.)
+  std::atomic<int64_t> stop_step{-1};
+  auto keep_going = [&](absl::Time start, int64_t step) {
+    const bool over = absl::Now() - start >= absl::Seconds(seconds);
+    if (mode != BSP) return !over;
+    if (over) {
+      int64_t unset = -1;
+      stop_step.compare_exchange_strong(unset, step + 1);
+    }
+    const int64_t stop = stop_step.load();
+    return stop < 0 || step < stop;
+  };
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
@@ -218,7 +234,7 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
           return;
         }
         std::vector<int64_t> tickets;
-        while (absl::Now() - start < absl::Seconds(seconds)) {
+        while (keep_going(start, step)) {
           tickets.clear();
           auto start_pushes = [&](const std::vector<PushBuckets::Range>& ranges) {
             for (const PushBuckets::Range& r : ranges) {
@@ -249,7 +265,7 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
         return;
       }
       const absl::Time start = absl::Now();
-      while (absl::Now() - start < absl::Seconds(seconds)) {
+      while (keep_going(start, step)) {
         // As a worker does: pull (which waits for the job to start), then push.
         if (absl::Status s = client->Pull(step, absl::MakeSpan(values)); !s.ok()) {
           errors[w] = s.ToString();
