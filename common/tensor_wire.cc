@@ -541,4 +541,20 @@ void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size
   AppendVarint(data_bytes, out);
 }
 
+WirePush WirePushOf(const PushRequest& request) {
+  WirePush wire;
+  wire.worker_id = request.worker_id();
+  wire.step = request.step();
+  wire.batch_size = request.batch_size();
+  if (request.has_noise_relay()) wire.noise_relay = request.noise_relay();
+  for (const TensorValue& g : request.gradients()) {
+    WireTensor t;
+    t.name = g.name();
+    t.data = ByteChunks(g.data());
+    t.offset = g.offset();
+    wire.gradients.push_back(std::move(t));
+  }
+  return wire;
+}
+
 }  // namespace rubato

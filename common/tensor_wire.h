@@ -94,6 +94,10 @@ struct WirePush {
   std::optional<NoiseScaleRelay> noise_relay;  // PushRequest.noise_relay, when present
 };
 
+// The same push from a parsed PushRequest: the gradients are views of `request`'s bytes, which
+// must outlive the WirePush.
+WirePush WirePushOf(const PushRequest& request);
+
 // At most `max_tensors` tensors are read; one more is an InvalidArgument (a hostile message of
 // millions of empty entries must not cost millions of parsed entries).
 absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePush* out);

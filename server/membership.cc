@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/limits.h"
 #include "common/log.h"
 
@@ -109,6 +110,80 @@ int64_t Membership::MinMemberClock() const {
     if (member_[w]) c = std::min(c, clock_[w]);
   }
   return c;
+}
+
+absl::Status Membership::CheckSameJob(int id, int64_t steps_per_epoch,
+                                      int64_t total_steps) const {
+  for (int other = 0; other < num_workers(); ++other) {
+    const Worker& w = workers_[other];
+    if (other == id || !w.registered) continue;
+    if (w.steps_per_epoch != steps_per_epoch || w.total_steps != total_steps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job mismatch: worker ", other, " runs ", w.total_steps, " steps of ", w.steps_per_epoch,
+          " per epoch, but worker ", id, " was started for ", total_steps, " steps of ",
+          steps_per_epoch, " per epoch"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Membership::Heard(int id, int64_t step, absl::Time now) {
+  Worker& w = workers_[id];
+  w.last_seen = now;
+  w.last_step = std::max(w.last_step, step);
+}
+
+absl::StatusOr<int> Membership::Finish(int id, int64_t steps, absl::Time now) {
+  if (id < 0 || id >= num_workers() || !(workers_[id].registered || workers_[id].dropped)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " is not registered with shard ", shard_id_));
+  }
+  Worker& w = workers_[id];
+  if (!w.finished) {
+    RUBATO_LOG(INFO) << "shard " << shard_id_ << ": worker " << id << " finished after " << steps
+                     << " steps";
+  }
+  w.finished = true;
+  w.last_step = std::max(w.last_step, steps - 1);
+  w.last_seen = now;
+  int finished = 0;
+  for (const Worker& other : workers_) finished += other.finished ? 1 : 0;
+  return finished;
+}
+
+absl::StatusOr<bool> Membership::JobOver(absl::Time now, absl::Duration idle_timeout,
+                                         absl::Time* last_live) const {
+  const absl::Duration lease = absl::Milliseconds(lease_ms_);
+  int finished = 0;
+  int live = 0;
+  for (const Worker& w : workers_) {
+    if (w.finished) {
+      ++finished;
+    } else if (w.registered && now - w.last_seen <= lease) {
+      ++live;
+    }
+  }
+  if (finished == num_workers()) return true;
+  if (live > 0) {
+    *last_live = now;
+    return false;
+  }
+  if (finished > 0) return now - *last_live >= lease;
+  if (now - *last_live < idle_timeout) return false;
+  std::vector<int> never, gone;
+  for (int id = 0; id < num_workers(); ++id) {
+    const Worker& w = workers_[id];
+    (w.registered || w.dropped ? gone : never).push_back(id);
+  }
+  std::string who;
+  if (!never.empty()) absl::StrAppend(&who, "never registered: ", absl::StrJoin(never, ","));
+  if (!gone.empty()) {
+    absl::StrAppend(&who, who.empty() ? "" : "; ",
+                    "registered, then silent: ", absl::StrJoin(gone, ","));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("shard ", shard_id_, ": no worker has been live for ",
+                   absl::FormatDuration(now - *last_live), " and none has finished (", who, ")"));
 }
 
 }  // namespace rubato

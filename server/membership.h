@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace rubato {
@@ -70,6 +71,21 @@ class Membership {
   int64_t restored_step() const { return restored_step_; }  // -1: started afresh.
   // The smallest clock among members (kMaxStep with none).
   int64_t MinMemberClock() const;
+
+  // FAILED_PRECONDITION unless every other registered worker runs the same job (steps per epoch,
+  // total steps) as worker `id` says it was started for.
+  absl::Status CheckSameJob(int id, int64_t steps_per_epoch, int64_t total_steps) const;
+  // Worker `id` was heard from at `now`, at `step` (a heartbeat).
+  void Heard(int id, int64_t step, absl::Time now);
+  // Worker `id` (registered, or dropped) has finished after `steps` steps: its lease no longer
+  // runs. FAILED_PRECONDITION for a worker that never registered. The number of workers finished.
+  absl::StatusOr<int> Finish(int id, int64_t steps, absl::Time now);
+  // Whether the job is over for this shard (ParameterShard::JobFinished says when), given the
+  // lease and how long to wait with no worker live and none finished; `last_live` is when a
+  // worker was last live, updated here. DEADLINE_EXCEEDED naming who never registered and who
+  // went silent once idle_timeout has passed that way.
+  absl::StatusOr<bool> JobOver(absl::Time now, absl::Duration idle_timeout,
+                               absl::Time* last_live) const;
 
  private:
   const int shard_id_;

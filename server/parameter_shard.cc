@@ -156,17 +156,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
-    for (int other = 0; other < options_.cluster.num_workers(); ++other) {
-      const Membership::Worker& w = members_.worker(other);
-      if (other == id || !w.registered) continue;
-      if (w.steps_per_epoch != request.steps_per_epoch() ||
-          w.total_steps != request.total_steps()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job mismatch: worker ", other, " runs ", w.total_steps, " steps of ",
-            w.steps_per_epoch, " per epoch, but worker ", id, " was started for ",
-            request.total_steps(), " steps of ", request.steps_per_epoch(), " per epoch"));
-      }
-    }
+    RETURN_IF_ERROR(members_.CheckSameJob(id, request.steps_per_epoch(), request.total_steps()));
     if (!initialised_ && request.initial_values().empty()) {
       // One registrant is asked for the values; the others come back once they are in.
       DescribeJob(&response);
@@ -306,20 +296,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
 }
 
 absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest& request) {
-  if (request.worker_id() < 0 || request.worker_id() >= options_.cluster.num_workers()) {
-    return absl::InvalidArgumentError(absl::StrCat("Rollback from worker ", request.worker_id(),
-                                                   ", not in [0, ", options_.cluster.num_workers(),
-                                                   ")"));
-  }
-  RETURN_IF_ERROR(CheckStep("step", request.step()));
-  if (request.recovery_id() == 0) {
-    return absl::InvalidArgumentError("Rollback with recovery id 0 (the id of a fresh start)");
-  }
-  if (!policy_->RollsBack()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Rollback under ", FormatConsistency(options_.cluster.consistency()),
-        ": only bsp and backup shards roll back (a restored async or ssp shard goes on)"));
-  }
+  RETURN_IF_ERROR(ValidateRollbackRequest(request, options_.cluster, *policy_));
   RollbackResponse response;
   if (request.recovery_id() == recovery_id_.load()) return response;  // Done already.
   {
@@ -352,18 +329,7 @@ absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest&
 // ---- Pushes (server/push_pipeline.h runs them; these are its stages) ----
 
 absl::StatusOr<PushResponse> ParameterShard::Push(const PushRequest& request) {
-  WirePush wire;
-  wire.worker_id = request.worker_id();
-  wire.step = request.step();
-  wire.batch_size = request.batch_size();
-  if (request.has_noise_relay()) wire.noise_relay = request.noise_relay();
-  for (const TensorValue& g : request.gradients()) {
-    WireTensor t;
-    t.name = g.name();
-    t.data = ByteChunks(g.data());
-    t.offset = g.offset();
-    wire.gradients.push_back(std::move(t));
-  }
+  WirePush wire = WirePushOf(request);
   absl::Notification done;
   absl::StatusOr<PushResponse> result;
   Push(std::move(wire), nullptr, [&](absl::StatusOr<PushResponse> r) {
@@ -461,35 +427,10 @@ void ParameterShard::Finish(Released* released) {
 // ---- Pulls ----
 
 absl::StatusOr<std::vector<int>> ParameterShard::CheckPull(const PullRequest& request) const {
-  const int id = request.worker_id();
   if (shutdown_) return ShuttingDown(options_.shard_id);
-  RETURN_IF_ERROR(members_.CheckMember(id));
+  RETURN_IF_ERROR(members_.CheckMember(request.worker_id()));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
-  if (request.names_size() > static_cast<int>(tensors_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("a pull of ", request.names_size(),
-                                                   " tensors from a shard of ", tensors_.size()));
-  }
-  std::vector<int> which;
-  if (request.names().empty()) {
-    for (size_t i = 0; i < tensors_.size(); ++i) which.push_back(static_cast<int>(i));
-    return which;
-  }
-  // Each name once: a name repeated n times would make the response n tensors large.
-  absl::flat_hash_set<int> seen;
-  for (const std::string& name : request.names()) {
-    RETURN_IF_ERROR(CheckTensorName(name));  // Before it is echoed in an error.
-    auto it = index_.find(name);
-    if (it == index_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown tensor '", Printable(name),
-                                                     "' (not on shard ", options_.shard_id, ")"));
-    }
-    if (!seen.insert(it->second).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", name, "' appears twice in one pull"));
-    }
-    which.push_back(it->second);
-  }
-  return which;
+  return ResolvePull(request, index_, static_cast<int>(tensors_.size()), options_.shard_id);
 }
 
 bool ParameterShard::MayStart(const PullState& pull) const {
@@ -516,41 +457,14 @@ void ParameterShard::ArmParked(std::vector<PullStatePtr>* ready) {
 }
 
 std::string ParameterShard::DescribeWait(const PullState& pull) const {
-  if (!schedule_.has_value()) {
-    std::vector<int> missing;
-    for (int w = 0; w < options_.cluster.num_workers(); ++w) {
-      if (!members_.worker(w).registered) missing.push_back(w);
-    }
-    return absl::StrCat("waiting for worker(s) ", absl::StrJoin(missing, ", "), " to register (",
-                        members_.members(), " of ", options_.cluster.num_workers(), " registered)");
-  }
-  if (!pull.armed && !policy_->MayStartPull(pull.step(), members_)) {
-    return policy_->DescribeBlockedPull(pull.step(), members_);
-  }
-  // The first tensor that is behind, and whose gradients it lacks.
-  for (int i : pull.tensors()) {
-    const TensorAggregator& t = *tensors_[i];
-    const int64_t version = t.version();
-    if (version >= pull.step()) continue;
-    return absl::StrCat("tensor '", t.name(), "' is at version ", version, "; waiting for step ",
-                        version, " gradients from worker(s) ",
-                        absl::StrJoin(t.Missing(members_.member()), ", "));
-  }
-  return "nothing (ready)";
+  return DescribePullWait(pull, schedule_.has_value(), members_, *policy_, tensors_);
 }
 
 void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
   Pull(request, deadline,
        SharedPullDone(
            [done = std::move(done)](absl::Status status, std::vector<PulledTensor> tensors) {
-             PullResponse response;
-             for (const PulledTensor& t : tensors) {
-               TensorValue* v = response.add_tensors();
-               v->set_name(*t.name);
-               v->set_version(t.snapshot.version);
-               FloatsToBytes(*t.snapshot.values, v->mutable_data());
-             }
-             done(std::move(status), std::move(response));
+             done(std::move(status), CopyPulled(tensors));
            }));
 }
 
@@ -665,74 +579,25 @@ absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatReque
   const int id = request.worker_id();
   RETURN_IF_ERROR(members_.CheckMember(id));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
-  Membership::Worker& w = members_.worker(id);
-  w.last_seen = clock_->Now();
-  w.last_step = std::max(w.last_step, request.step());
+  members_.Heard(id, request.step(), clock_->Now());
   HeartbeatResponse response;
   response.set_min_version(MinVersion());
   return response;
 }
 
 absl::StatusOr<FinishResponse> ParameterShard::Finish(const FinishRequest& request) {
-  absl::MutexLock lock(&mu_);
-  const int id = request.worker_id();
-  if (id < 0 || id >= options_.cluster.num_workers() ||
-      !(members_.worker(id).registered || members_.worker(id).dropped)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", id, " is not registered with shard ", options_.shard_id));
-  }
   RETURN_IF_ERROR(CheckStep("step", request.step()));
-  Membership::Worker& w = members_.worker(id);
-  if (!w.finished) {
-    RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": worker " << id << " finished after "
-                     << request.step() << " steps";
-  }
-  w.finished = true;
-  w.last_step = std::max(w.last_step, request.step() - 1);
-  w.last_seen = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int finished,
+                   members_.Finish(request.worker_id(), request.step(), clock_->Now()));
   FinishResponse response;
-  for (int other = 0; other < members_.num_workers(); ++other) {
-    response.set_finished_workers(response.finished_workers() +
-                                  (members_.worker(other).finished ? 1 : 0));
-  }
+  response.set_finished_workers(finished);
   return response;
 }
 
 absl::StatusOr<bool> ParameterShard::JobFinished(absl::Duration idle_timeout) {
   absl::MutexLock lock(&mu_);
-  const absl::Time now = clock_->Now();
-  const absl::Duration lease = absl::Milliseconds(options_.cluster.lease_ms());
-  int finished = 0;
-  int live = 0;
-  for (int id = 0; id < members_.num_workers(); ++id) {
-    const Membership::Worker& w = members_.worker(id);
-    if (w.finished) {
-      ++finished;
-    } else if (w.registered && now - w.last_seen <= lease) {
-      ++live;
-    }
-  }
-  if (finished == options_.cluster.num_workers()) return true;
-  if (live > 0) {
-    last_live_ = now;
-    return false;
-  }
-  if (finished > 0) return now - last_live_ >= lease;
-  if (now - last_live_ < idle_timeout) return false;
-  std::vector<int> never, gone;
-  for (int id = 0; id < options_.cluster.num_workers(); ++id) {
-    const Membership::Worker& w = members_.worker(id);
-    (w.registered || w.dropped ? gone : never).push_back(id);
-  }
-  std::string who;
-  if (!never.empty()) absl::StrAppend(&who, "never registered: ", absl::StrJoin(never, ","));
-  if (!gone.empty()) {
-    absl::StrAppend(&who, who.empty() ? "" : "; ",
-                    "registered, then silent: ", absl::StrJoin(gone, ","));
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("shard ", options_.shard_id, ": no worker has been live for ",
-                   absl::FormatDuration(now - last_live_), " and none has finished (", who, ")"));
+  return members_.JobOver(clock_->Now(), idle_timeout, &last_live_);
 }
 
 GetStatsResponse ParameterShard::Stats() const {

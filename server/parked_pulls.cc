@@ -2,7 +2,12 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/tensor_bytes.h"
+#include "server/request_checks.h"
 
 namespace rubato {
 
@@ -121,6 +126,71 @@ int64_t ParkedPulls::Pending() const {
   int64_t pending = 0;
   for (const PullStatePtr& p : parked_) pending += p->Over() ? 0 : 1;
   return pending;
+}
+
+absl::StatusOr<std::vector<int>> ResolvePull(const PullRequest& request,
+                                             const absl::flat_hash_map<std::string, int>& index,
+                                             int tensor_count, int shard_id) {
+  if (request.names_size() > tensor_count) {
+    return absl::InvalidArgumentError(absl::StrCat("a pull of ", request.names_size(),
+                                                   " tensors from a shard of ", tensor_count));
+  }
+  std::vector<int> which;
+  if (request.names().empty()) {
+    for (int i = 0; i < tensor_count; ++i) which.push_back(i);
+    return which;
+  }
+  absl::flat_hash_set<int> seen;
+  for (const std::string& name : request.names()) {
+    RETURN_IF_ERROR(CheckTensorName(name));  // Before it is echoed in an error.
+    auto it = index.find(name);
+    if (it == index.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown tensor '", Printable(name), "' (not on shard ", shard_id, ")"));
+    }
+    if (!seen.insert(it->second).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' appears twice in one pull"));
+    }
+    which.push_back(it->second);
+  }
+  return which;
+}
+
+PullResponse CopyPulled(const std::vector<PulledTensor>& tensors) {
+  PullResponse response;
+  for (const PulledTensor& t : tensors) {
+    TensorValue* v = response.add_tensors();
+    v->set_name(*t.name);
+    v->set_version(t.snapshot.version);
+    FloatsToBytes(*t.snapshot.values, v->mutable_data());
+  }
+  return response;
+}
+
+std::string DescribePullWait(const PullState& pull, bool started, const Membership& members,
+                             const ConsistencyPolicy& policy,
+                             const std::vector<std::unique_ptr<TensorAggregator>>& tensors) {
+  if (!started) {
+    std::vector<int> missing;
+    for (int w = 0; w < members.num_workers(); ++w) {
+      if (!members.worker(w).registered) missing.push_back(w);
+    }
+    return absl::StrCat("waiting for worker(s) ", absl::StrJoin(missing, ", "), " to register (",
+                        members.members(), " of ", members.num_workers(), " registered)");
+  }
+  if (!pull.armed && !policy.MayStartPull(pull.step(), members)) {
+    return policy.DescribeBlockedPull(pull.step(), members);
+  }
+  for (int i : pull.tensors()) {
+    const TensorAggregator& t = *tensors[i];
+    const int64_t version = t.version();
+    if (version >= pull.step()) continue;
+    return absl::StrCat("tensor '", t.name(), "' is at version ", version, "; waiting for step ",
+                        version, " gradients from worker(s) ",
+                        absl::StrJoin(t.Missing(members.member()), ", "));
+  }
+  return "nothing (ready)";
 }
 
 }  // namespace rubato

@@ -21,6 +21,11 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "proto/parameter_server.pb.h"
+#include "server/consistency_policy.h"
+#include "server/membership.h"
 #include "server/tensor_aggregator.h"
 
 namespace rubato {
@@ -105,6 +110,24 @@ class ParkedPulls {
  private:
   std::list<PullStatePtr> parked_;
 };
+
+// The shard's slots of the tensors `request` asks for, in its order: every tensor (of
+// `tensor_count`) for no names, else each name once. INVALID_ARGUMENT for more names than the
+// shard has tensors, a bad or unknown name (not on shard `shard_id`), or a name given twice (a
+// name repeated n times would make the answer n tensors large).
+absl::StatusOr<std::vector<int>> ResolvePull(const PullRequest& request,
+                                             const absl::flat_hash_map<std::string, int>& index,
+                                             int tensor_count, int shard_id);
+
+// A pull's answer with the weights copied into a PullResponse.
+PullResponse CopyPulled(const std::vector<PulledTensor>& tensors);
+
+// What `pull` waits for, for its timeout's message: workers yet to register (before training has
+// `started`), the policy's reason it may not start, or the first tensor that is behind and whose
+// gradients it lacks.
+std::string DescribePullWait(const PullState& pull, bool started, const Membership& members,
+                             const ConsistencyPolicy& policy,
+                             const std::vector<std::unique_ptr<TensorAggregator>>& tensors);
 
 }  // namespace rubato
 

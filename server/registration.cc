@@ -115,4 +115,22 @@ bool InitialValuesElection::Ask(int worker, absl::Time now) {
   return true;
 }
 
+absl::Status ValidateRollbackRequest(const RollbackRequest& request, const ClusterSpec& cluster,
+                                     const ConsistencyPolicy& policy) {
+  if (request.worker_id() < 0 || request.worker_id() >= cluster.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("Rollback from worker ", request.worker_id(),
+                                                   ", not in [0, ", cluster.num_workers(), ")"));
+  }
+  RETURN_IF_ERROR(CheckStep("step", request.step()));
+  if (request.recovery_id() == 0) {
+    return absl::InvalidArgumentError("Rollback with recovery id 0 (the id of a fresh start)");
+  }
+  if (!policy.RollsBack()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Rollback under ", FormatConsistency(cluster.consistency()),
+        ": only bsp and backup shards roll back (a restored async or ssp shard goes on)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace rubato

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/parameter_server.pb.h"
+#include "server/consistency_policy.h"
 #include "server/tensor_aggregator.h"
 
 namespace rubato {
@@ -47,6 +48,11 @@ class InitialValuesElection {
   int asked_ = -1;  // -1: nobody yet.
   absl::Time asked_at_;
 };
+
+// INVALID_ARGUMENT for a Rollback from a worker outside the job, to a step out of range or to
+// recovery 0 (a fresh start's); FAILED_PRECONDITION under a policy that does not roll back.
+absl::Status ValidateRollbackRequest(const RollbackRequest& request, const ClusterSpec& cluster,
+                                     const ConsistencyPolicy& policy);
 
 }  // namespace rubato
 
