@@ -85,5 +85,57 @@ TEST(MembershipTest, SilentMembersAreDroppedAndFinishedOnesAreNot) {
   EXPECT_EQ(m.CheckMember(7).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(MembershipTest, AWorkerOfAnotherJobLengthIsRefusedNamingBoth) {
+  Membership m(0, 2, 1000);
+  m.SetMember(0, true);
+  m.worker(0).steps_per_epoch = 100;
+  m.worker(0).total_steps = 500;
+  EXPECT_TRUE(m.CheckSameJob(1, 100, 500).ok());
+  const absl::Status s = m.CheckSameJob(1, 100, 400);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_EQ(s.message(),
+            "job mismatch: worker 0 runs 500 steps of 100 per epoch, but worker 1 was started for "
+            "400 steps of 100 per epoch");
+  EXPECT_TRUE(m.CheckSameJob(0, 1, 1).ok()) << "a worker is not compared with itself";
+}
+
+TEST(MembershipTest, FinishCountsTheFinishedAndRefusesAWorkerThatNeverRegistered) {
+  const absl::Time now = absl::UnixEpoch() + absl::Hours(1);
+  Membership m(3, 2, 1000);
+  EXPECT_EQ(m.Finish(0, 10, now).status().message(), "worker 0 is not registered with shard 3");
+  EXPECT_FALSE(m.Finish(2, 10, now).ok());
+  m.SetMember(0, true);
+  m.SetMember(1, true);
+  EXPECT_EQ(*m.Finish(0, 10, now), 1);
+  EXPECT_EQ(*m.Finish(0, 10, now), 1) << "repeating it changes nothing";
+  EXPECT_EQ(m.worker(0).last_step, 9);
+  EXPECT_EQ(*m.Finish(1, 10, now), 2);
+}
+
+TEST(MembershipTest, TheJobIsOverWhenEveryWorkerFinishedOrALeaseAfterTheLastLiveOne) {
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  const absl::Duration idle = absl::Minutes(10);
+  Membership m(0, 2, 1000);  // 1 s leases.
+  absl::Time last_live = t0;
+  EXPECT_FALSE(*m.JobOver(t0 + absl::Minutes(9), idle, &last_live)) << "nobody yet, not idle";
+  const absl::StatusOr<bool> idle_over = m.JobOver(t0 + absl::Minutes(10), idle, &last_live);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(idle_over.status())) << idle_over.status();
+  EXPECT_NE(idle_over.status().message().find("never registered: 0,1"), std::string::npos)
+      << idle_over.status();
+  m.SetMember(0, true);
+  m.SetMember(1, true);
+  m.Heard(0, 5, t0);
+  m.Heard(1, 5, t0);
+  last_live = t0;
+  EXPECT_FALSE(*m.JobOver(t0 + absl::Milliseconds(500), idle, &last_live));
+  ASSERT_TRUE(m.Finish(0, 6, t0 + absl::Milliseconds(500)).ok());
+  // Worker 1 is silent (its lease ran out at 1 s): the job ends one lease after the last time a
+  // worker was seen live (0.5 s), not at the idle timeout.
+  EXPECT_FALSE(*m.JobOver(t0 + absl::Milliseconds(1200), idle, &last_live));
+  EXPECT_TRUE(*m.JobOver(t0 + absl::Milliseconds(1600), idle, &last_live));
+  ASSERT_TRUE(m.Finish(1, 6, t0 + absl::Seconds(3)).ok());
+  EXPECT_TRUE(*m.JobOver(t0 + absl::Seconds(3), idle, &last_live));
+}
+
 }  // namespace
 }  // namespace rubato

@@ -112,6 +112,7 @@ TensorAggregator::Context ParameterShard::Context() const {
   ctx.schedule = schedule_ptr_.load(std::memory_order_acquire);
   ctx.noise = &noise_;
   ctx.plan = batch_.view();
+  ctx.clock = clock_;
   return ctx;
 }
 

@@ -161,7 +161,7 @@ void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& da
       h.owned = data.Flatten();
       h.data = ByteChunks(h.owned);
     }
-    h.since = absl::Now();
+    h.since = ctx.clock->Now();
     h.step = step;
     h.on_added = on_added;
     h.present = true;

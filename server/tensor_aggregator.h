@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/batch_plan.h"
+#include "common/clock.h"
 #include "common/optimizer.h"
 #include "common/tensor_wire.h"
 #include "common/thread_pool.h"
@@ -121,6 +122,8 @@ class TensorAggregator {
     // An adaptive batch's plan (std::atomic_load it; may be null): each step's rate is scaled by
     // the schedule's rule for that step's global batch.
     const std::shared_ptr<const BatchPlan>* plan = nullptr;
+    // When a held gradient arrived is read on it (ExpireHeld's `before` is on the same clock).
+    Clock* clock = Clock::Real();
   };
 
   // part_elements: bsp's part size (see above); 0 or at least the tensor's elements, one part.

@@ -153,10 +153,10 @@ std::vector<int64_t> TrainingLoop::TensorBytes(const std::vector<ParamSpec>& spe
   return bytes;
 }
 
-double TrainingLoop::Elapsed() const { return absl::ToDoubleSeconds(absl::Now() - start_); }
+double TrainingLoop::Elapsed() const { return absl::ToDoubleSeconds(options_.clock->Now() - start_); }
 
 absl::StatusOr<TrainingResult> TrainingLoop::Run() {
-  start_ = absl::Now();
+  start_ = options_.clock->Now();
   interval_.start = start_;
   // A worker that starts mid-job (a resumed job, a restarted worker) draws the examples an
   // uninterrupted one would draw from this step on.
@@ -185,7 +185,7 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
   if (options_.current_step != nullptr) options_.current_step->store(step);
   if (options_.straggler != nullptr && options_.straggler->CrashAt(step)) return InjectCrash(step);
   StepTimes t;
-  t.start = absl::Now();
+  t.start = options_.clock->Now();
   // Weights of version `step` (bsp: every worker's step-1 gradient applied), unless the last
   // step's pushes pulled them already, layer by layer.
   ASSIGN_OR_RETURN(const PullOutcome pulled, PullWeights(step));
@@ -200,7 +200,7 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
     if (step >= steps_) return step;
   }
   UseBatchOf(step);
-  t.drawn = absl::Now();
+  t.drawn = options_.clock->Now();
   batcher_->Next(x_.data(), y_.data());
   const absl::StatusOr<float> loss = ForwardBackward(step, &t);
   PsClient::PushResult pushed;
@@ -213,7 +213,7 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
   if (!overlap_) push_status = PushAll(step, t.computed_delayed, &pushed);
   if (absl::IsAborted(push_status)) return Rejoin(step, push_status, /*drawn=*/true);
   RETURN_IF_ERROR(AtStep(step, push_status));
-  t.pushed = absl::Now();
+  t.pushed = options_.clock->Now();
   ++result_.computed_steps;
   RETURN_IF_ERROR(AtStep(step, Account(step, *loss, t, pushed)));
   return step + 1;
@@ -272,7 +272,7 @@ absl::StatusOr<float> TrainingLoop::ForwardBackward(int64_t step, StepTimes* t) 
     const std::vector<PushBuckets::Range> rest = buckets_.Flush();
     if (loss.ok()) StartPushes(step, rest);
   }
-  t->computed = absl::Now();
+  t->computed = options_.clock->Now();
   t->computed_delayed = t->computed;
   return loss;
 }
@@ -312,8 +312,8 @@ void TrainingLoop::Straggle(int64_t step, StepTimes* t) {
   if (options_.straggler == nullptr) return;
   const absl::Duration delay = options_.straggler->DelayFor(step, t->computed - t->drawn);
   if (delay > absl::ZeroDuration()) {
-    absl::SleepFor(delay);
-    t->computed_delayed = absl::Now();
+    options_.clock->SleepFor(delay);
+    t->computed_delayed = options_.clock->Now();
   }
 }
 
@@ -321,7 +321,7 @@ absl::Status TrainingLoop::PushAll(int64_t step, absl::Time computed,
                                    PsClient::PushResult* pushed) {
   // All of this step's gradients at once; the servers average them over the workers.
   absl::Status status = client_->Push(step, grads_, pushed);
-  const absl::Time acknowledged = absl::Now();
+  const absl::Time acknowledged = options_.clock->Now();
   pushes_.assign(1, LayerPush{0, 0, specs_.size(), {computed, acknowledged, acknowledged}});
   return status;
 }

@@ -38,6 +38,7 @@
 #include "worker/job_noise_scale.h"
 #include "worker/model/model_backend.h"
 #include "worker/model/model_spec.h"
+#include "common/clock.h"
 #include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 #include "worker/straggler_model.h"
@@ -54,6 +55,9 @@ struct TrainingOptions {
   // shard sees the global norm of the averaged gradient.
   double clip_global_norm = 0;
   int64_t start_step = 0;  // From PsClient::Register.
+  // What the loop's timings and an injected straggler delay read (a simulator's clock); must
+  // outlive the loop.
+  Clock* clock = Clock::Real();
   // backup:b: a worker whose step was applied without it skips to the servers' current version
   // instead of computing gradients that would be dropped.
   bool skip_to_current_version = false;
