@@ -40,6 +40,7 @@ void Membership::SetMember(int id, bool member) {
   if (w.registered != member) members_ += member ? 1 : -1;
   w.registered = member;
   member_[id] = member ? 1 : 0;
+  min_clock_valid_ = false;
 }
 
 absl::Time Membership::ExpireLeases(absl::Time now, std::vector<int>* dropped) {
@@ -67,6 +68,7 @@ void Membership::SetTensorCount(int tensors) {
   pushed_.assign(num_workers(), std::vector<int64_t>(tensors, -1));
   std::fill(clock_.begin(), clock_.end(), 0);
   std::fill(past_clock_.begin(), past_clock_.end(), 0);
+  min_clock_valid_ = false;
 }
 
 void Membership::RestoreClocks(int64_t clock) {
@@ -75,6 +77,7 @@ void Membership::RestoreClocks(int64_t clock) {
     clock_[w] = clock;
     past_clock_[w] = 0;
   }
+  min_clock_valid_ = false;
 }
 
 bool Membership::SkipTo(int w, int64_t clock) {
@@ -85,6 +88,7 @@ bool Membership::SkipTo(int w, int64_t clock) {
     past_clock_[w] += p + 1 > clock ? 1 : 0;
   }
   clock_[w] = clock;
+  min_clock_valid_ = false;
   return true;
 }
 
@@ -101,14 +105,18 @@ bool Membership::Pushed(int w, int t, int64_t step) {
   clock_[w] = clock;
   past_clock_[w] = 0;
   for (int64_t p : pushed_[w]) past_clock_[w] += p + 1 > clock ? 1 : 0;
+  min_clock_valid_ = false;
   return true;
 }
 
 int64_t Membership::MinMemberClock() const {
+  if (min_clock_valid_) return min_clock_;
   int64_t c = kMaxStep;
   for (int w = 0; w < num_workers(); ++w) {
     if (member_[w]) c = std::min(c, clock_[w]);
   }
+  min_clock_ = c;
+  min_clock_valid_ = true;
   return c;
 }
 

@@ -69,7 +69,9 @@ class Membership {
   // This shard was restored from its checkpoint of `step` (CheckMember's answer, stats).
   void SetRestored(int64_t step) { restored_step_ = step; }
   int64_t restored_step() const { return restored_step_; }  // -1: started afresh.
-  // The smallest clock among members (kMaxStep with none).
+  // The smallest clock among members (kMaxStep with none). Kept until a clock or the membership
+  // changes, so that ssp asking it for each parked pull costs one pass over the workers, not one
+  // per pull.
   int64_t MinMemberClock() const;
 
   // FAILED_PRECONDITION unless every other registered worker runs the same job (steps per epoch,
@@ -98,6 +100,8 @@ class Membership {
   std::vector<int64_t> clock_;                // (workers)
   std::vector<int> past_clock_;               // (workers) tensors with pushed + 1 > clock
   int64_t restored_step_ = -1;
+  mutable int64_t min_clock_ = 0;  // MinMemberClock(), while min_clock_valid_.
+  mutable bool min_clock_valid_ = false;
 };
 
 }  // namespace rubato

@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "common/limits.h"
 #include "gtest/gtest.h"
 
 namespace rubato {
@@ -135,6 +136,34 @@ TEST(MembershipTest, TheJobIsOverWhenEveryWorkerFinishedOrALeaseAfterTheLastLive
   EXPECT_TRUE(*m.JobOver(t0 + absl::Milliseconds(1600), idle, &last_live));
   ASSERT_TRUE(m.Finish(1, 6, t0 + absl::Seconds(3)).ok());
   EXPECT_TRUE(*m.JobOver(t0 + absl::Seconds(3), idle, &last_live));
+}
+
+TEST(MembershipTest, TheKeptMinimumClockFollowsPushesSkipsAndMembership) {
+  constexpr int kWorkers = 4;
+  constexpr int kTensors = 3;
+  Membership m(0, kWorkers, 1000);
+  m.SetTensorCount(kTensors);
+  for (int w = 0; w < kWorkers; ++w) m.SetMember(w, true);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 3000; ++i) {
+    const int w = static_cast<int>(rng() % kWorkers);
+    switch (rng() % 10) {
+      case 0:
+        m.SetMember(w, !m.worker(w).registered);
+        break;
+      case 1:
+        m.SkipTo(w, m.Clock(w) + static_cast<int64_t>(rng() % 3));
+        break;
+      default:
+        m.Pushed(w, static_cast<int>(rng() % kTensors),
+                 m.Clock(w) + static_cast<int64_t>(rng() % 2));
+    }
+    int64_t expected = kMaxStep;
+    for (int v = 0; v < kWorkers; ++v) {
+      if (m.worker(v).registered) expected = std::min(expected, m.Clock(v));
+    }
+    ASSERT_EQ(m.MinMemberClock(), expected) << "operation " << i;
+  }
 }
 
 }  // namespace
