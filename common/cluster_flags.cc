@@ -78,35 +78,39 @@ ABSL_FLAG(std::optional<int64_t>, wait_timeout_ms, std::nullopt,
 
 namespace rubato {
 
-absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
-  ClusterSpec spec;
-  const std::string file = absl::GetFlag(FLAGS_cluster_spec);
-  if (!file.empty()) {
-    ASSIGN_OR_RETURN(spec, ReadClusterSpecFile(file));
+namespace {
+
+// Replaces `field` with the non-empty items of the comma-separated `list`.
+void SetFromCommaList(absl::string_view list,
+                      google::protobuf::RepeatedPtrField<std::string>* field) {
+  field->Clear();
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    field->Add(std::string(item));
   }
-  // Defaults first, so that an explicit flag (even a bad one such as --learning_rate=0) is what
-  // gets validated.
-  FillClusterSpecDefaults(&spec);
+}
+
+// --servers, --num_workers, --peers: who takes part.
+void ApplyMembershipFlags(ClusterSpec* spec) {
   if (auto servers = absl::GetFlag(FLAGS_servers)) {
-    spec.clear_servers();
-    for (absl::string_view s : absl::StrSplit(*servers, ',', absl::SkipEmpty())) {
-      spec.add_servers(std::string(s));
-    }
+    SetFromCommaList(*servers, spec->mutable_servers());
   }
-  if (auto v = absl::GetFlag(FLAGS_num_workers)) spec.set_num_workers(*v);
-  if (auto peers = absl::GetFlag(FLAGS_peers)) {
-    spec.clear_workers();
-    for (absl::string_view p : absl::StrSplit(*peers, ',', absl::SkipEmpty())) {
-      spec.add_workers(std::string(p));
-    }
-  }
+  if (auto v = absl::GetFlag(FLAGS_num_workers)) spec->set_num_workers(*v);
+  if (auto peers = absl::GetFlag(FLAGS_peers)) SetFromCommaList(*peers, spec->mutable_workers());
+}
+
+// --mode, --staleness_aware_lr; InvalidArgument for a mode that does not parse.
+absl::Status ApplyConsistencyFlags(ClusterSpec* spec) {
   if (auto v = absl::GetFlag(FLAGS_mode)) {
-    ASSIGN_OR_RETURN(*spec.mutable_consistency(), ParseConsistency(*v));
+    ASSIGN_OR_RETURN(*spec->mutable_consistency(), ParseConsistency(*v));
   }
   if (auto v = absl::GetFlag(FLAGS_staleness_aware_lr)) {
-    spec.mutable_consistency()->set_staleness_aware_lr(*v);
+    spec->mutable_consistency()->set_staleness_aware_lr(*v);
   }
-  OptimizerConfig* opt = spec.mutable_optimizer();
+  return absl::OkStatus();
+}
+
+// --optimizer and its hyperparameters, --clip_global_norm.
+void ApplyOptimizerFlags(OptimizerConfig* opt) {
   if (auto v = absl::GetFlag(FLAGS_optimizer)) opt->set_type(*v);
   if (auto v = absl::GetFlag(FLAGS_learning_rate)) opt->set_learning_rate(*v);
   if (auto v = absl::GetFlag(FLAGS_weight_decay)) opt->set_weight_decay(*v);
@@ -117,19 +121,16 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   if (auto v = absl::GetFlag(FLAGS_epsilon)) opt->set_epsilon(*v);
   if (auto v = absl::GetFlag(FLAGS_trust_coefficient)) opt->set_trust_coefficient(*v);
   if (auto v = absl::GetFlag(FLAGS_exclude_from_weight_decay)) {
-    opt->clear_exclude_from_weight_decay();
-    for (absl::string_view p : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
-      opt->add_exclude_from_weight_decay(std::string(p));
-    }
+    SetFromCommaList(*v, opt->mutable_exclude_from_weight_decay());
   }
   if (auto v = absl::GetFlag(FLAGS_exclude_from_layer_adaptation)) {
-    opt->clear_exclude_from_layer_adaptation();
-    for (absl::string_view p : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
-      opt->add_exclude_from_layer_adaptation(std::string(p));
-    }
+    SetFromCommaList(*v, opt->mutable_exclude_from_layer_adaptation());
   }
   if (auto v = absl::GetFlag(FLAGS_clip_global_norm)) opt->set_clip_global_norm(*v);
-  LearningRateSchedule* lr = spec.mutable_lr_schedule();
+}
+
+// The learning-rate schedule's flags (--lr_*, --warmup_*, --final_lr_fraction).
+void ApplyLrScheduleFlags(LearningRateSchedule* lr) {
   if (auto v = absl::GetFlag(FLAGS_lr_reference_batch)) lr->set_reference_batch(*v);
   if (auto v = absl::GetFlag(FLAGS_lr_scaling)) lr->set_scaling(*v);
   if (auto v = absl::GetFlag(FLAGS_warmup_steps)) lr->set_warmup_steps(*v);
@@ -139,6 +140,10 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   if (auto v = absl::GetFlag(FLAGS_lr_decay_factor)) lr->set_decay_factor(*v);
   if (auto v = absl::GetFlag(FLAGS_lr_power)) lr->set_power(*v);
   if (auto v = absl::GetFlag(FLAGS_final_lr_fraction)) lr->set_final_lr_fraction(*v);
+}
+
+// --adaptive_batch MIN:MAX, --adaptive_batch_every; InvalidArgument for bounds that do not parse.
+absl::Status ApplyAdaptiveBatchFlags(ClusterSpec* spec) {
   if (auto v = absl::GetFlag(FLAGS_adaptive_batch)) {
     const std::vector<std::string> bounds = absl::StrSplit(*v, ':');
     int64_t lo = 0, hi = 0;
@@ -148,21 +153,46 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
           "--adaptive_batch: expected MIN:MAX global batches with 1 <= MIN <= MAX, got '", *v,
           "'"));
     }
-    spec.mutable_adaptive_batch()->set_min_global_batch(lo);
-    spec.mutable_adaptive_batch()->set_max_global_batch(hi);
+    spec->mutable_adaptive_batch()->set_min_global_batch(lo);
+    spec->mutable_adaptive_batch()->set_max_global_batch(hi);
   }
   if (auto v = absl::GetFlag(FLAGS_adaptive_batch_every)) {
-    spec.mutable_adaptive_batch()->set_every_steps(*v);
+    spec->mutable_adaptive_batch()->set_every_steps(*v);
   }
-  if (auto v = absl::GetFlag(FLAGS_lease_ms)) spec.set_lease_ms(*v);
-  if (auto v = absl::GetFlag(FLAGS_wait_timeout_ms)) spec.set_wait_timeout_ms(*v);
+  return absl::OkStatus();
+}
+
+// --lease_ms, --wait_timeout_ms, --max_message_mb; InvalidArgument for a bad message limit.
+absl::Status ApplyLimitFlags(ClusterSpec* spec) {
+  if (auto v = absl::GetFlag(FLAGS_lease_ms)) spec->set_lease_ms(*v);
+  if (auto v = absl::GetFlag(FLAGS_wait_timeout_ms)) spec->set_wait_timeout_ms(*v);
   if (auto v = absl::GetFlag(FLAGS_max_message_mb)) {
     if (*v < 1 || *v > (kMaxMessageBytesLimit >> 20)) {
       return absl::InvalidArgumentError(absl::StrCat("--max_message_mb must be in [1, ",
                                                      kMaxMessageBytesLimit >> 20, "], got ", *v));
     }
-    spec.set_max_message_bytes(*v << 20);
+    spec->set_max_message_bytes(*v << 20);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
+  ClusterSpec spec;
+  const std::string file = absl::GetFlag(FLAGS_cluster_spec);
+  if (!file.empty()) {
+    ASSIGN_OR_RETURN(spec, ReadClusterSpecFile(file));
+  }
+  // Defaults first, so that an explicit flag (even a bad one such as --learning_rate=0) is what
+  // gets validated.
+  FillClusterSpecDefaults(&spec);
+  ApplyMembershipFlags(&spec);
+  RETURN_IF_ERROR(ApplyConsistencyFlags(&spec));
+  ApplyOptimizerFlags(spec.mutable_optimizer());
+  ApplyLrScheduleFlags(spec.mutable_lr_schedule());
+  RETURN_IF_ERROR(ApplyAdaptiveBatchFlags(&spec));
+  RETURN_IF_ERROR(ApplyLimitFlags(&spec));
   RETURN_IF_ERROR(ValidateClusterSpec(spec, need_servers));
   return spec;
 }

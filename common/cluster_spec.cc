@@ -123,7 +123,10 @@ absl::Status ValidateHostPort(absl::string_view address, absl::string_view field
   return absl::OkStatus();
 }
 
-absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
+namespace {
+
+// The addresses: allreduce's one per worker, and the servers' (needed unless allreduce).
+absl::Status ValidateAddresses(const ClusterSpec& spec, bool need_servers) {
   if (spec.consistency().mode() == ALLREDUCE) {
     need_servers = false;
     if (spec.workers_size() != spec.num_workers()) {
@@ -141,6 +144,11 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
   for (int i = 0; i < spec.servers_size(); ++i) {
     RETURN_IF_ERROR(ValidateHostPort(spec.servers(i), absl::StrCat("servers[", i, "]")));
   }
+  return absl::OkStatus();
+}
+
+// The job's sizes: workers, shards and the message limit within the system's limits.
+absl::Status ValidateSizes(const ClusterSpec& spec) {
   if (spec.num_workers() == 0) {
     return absl::InvalidArgumentError("num_workers is required (--num_workers or the spec file)");
   }
@@ -158,17 +166,21 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
                                                    kMaxMessageBytesLimit, "], got ",
                                                    spec.max_message_bytes()));
   }
-  const ConsistencyConfig& c = spec.consistency();
+  return absl::OkStatus();
+}
+
+// The consistency mode, its parameter, and staleness_aware_lr only where staleness exists.
+absl::Status ValidateConsistencyConfig(const ConsistencyConfig& c, int num_workers) {
   switch (c.mode()) {
     case BSP:
     case ASYNC:
     case ALLREDUCE:
       break;
     case BACKUP:
-      if (c.backup_workers() < 0 || c.backup_workers() >= spec.num_workers()) {
+      if (c.backup_workers() < 0 || c.backup_workers() >= num_workers) {
         return absl::InvalidArgumentError(
             absl::StrCat("consistency.backup_workers must be in [0, num_workers), got ",
-                         c.backup_workers(), " with ", spec.num_workers(), " workers"));
+                         c.backup_workers(), " with ", num_workers, " workers"));
       }
       break;
     case SSP:
@@ -184,32 +196,43 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "consistency.staleness_aware_lr applies to async and ssp, not ", FormatConsistency(c)));
   }
-  RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
-  RETURN_IF_ERROR(ValidateAdaptiveBatch(spec.adaptive_batch(), spec.num_workers()));
-  if (spec.adaptive_batch().max_global_batch() > 0) {
-    // The servers measure the noise scale only where every worker's gradient meets (bsp), and a
-    // decay horizon in steps has no meaning when the steps' batches change.
-    if (c.mode() != BSP) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "adaptive_batch needs the bsp consistency mode, not ", FormatConsistency(c)));
-    }
-    const std::string& decay = spec.lr_schedule().decay();
-    if (!decay.empty() && decay != "constant") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "adaptive_batch works with a constant learning rate after warmup (lr_schedule.decay "
-          "constant), not '",
-          decay, "': a decay horizon in steps moves when the batch changes"));
-    }
+  return absl::OkStatus();
+}
+
+// An adaptive batch (when on) with what it works with: bsp and no decay horizon in steps.
+absl::Status ValidateAdaptiveBatchPairing(const ClusterSpec& spec) {
+  if (spec.adaptive_batch().max_global_batch() <= 0) return absl::OkStatus();
+  // The servers measure the noise scale only where every worker's gradient meets (bsp), and a
+  // decay horizon in steps has no meaning when the steps' batches change.
+  const ConsistencyConfig& c = spec.consistency();
+  if (c.mode() != BSP) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adaptive_batch needs the bsp consistency mode, not ", FormatConsistency(c)));
   }
-  // The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for
-  // cosine decay) is checked again when the servers know the job (ParameterShard).
+  const std::string& decay = spec.lr_schedule().decay();
+  if (!decay.empty() && decay != "constant") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adaptive_batch works with a constant learning rate after warmup (lr_schedule.decay "
+        "constant), not '",
+        decay, "': a decay horizon in steps moves when the batch changes"));
+  }
+  return absl::OkStatus();
+}
+
+// The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for
+// cosine decay) is checked again when the servers know the job (ParameterShard).
+absl::Status ValidateScheduleFields(const ClusterSpec& spec) {
   ScheduleContext context;
   context.global_batch = 1;
   context.steps_per_epoch = 1;
   context.total_steps = int64_t{1} << 40;
-  RETURN_IF_ERROR(
-      LearningRateScheduler::Create(spec.optimizer().learning_rate(), spec.lr_schedule(), context)
-          .status());
+  return LearningRateScheduler::Create(spec.optimizer().learning_rate(), spec.lr_schedule(),
+                                       context)
+      .status();
+}
+
+// The lease and the pull wait: positive, and a day at most.
+absl::Status ValidateTimeouts(const ClusterSpec& spec) {
   // A day at most: longer would be a typo, and durations built from these must not overflow.
   constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
   if (spec.lease_ms() <= 0 || spec.lease_ms() > kMaxTimeoutMs) {
@@ -221,6 +244,19 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
                                                    "], got ", spec.wait_timeout_ms()));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
+  RETURN_IF_ERROR(ValidateAddresses(spec, need_servers));
+  RETURN_IF_ERROR(ValidateSizes(spec));
+  RETURN_IF_ERROR(ValidateConsistencyConfig(spec.consistency(), spec.num_workers()));
+  RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
+  RETURN_IF_ERROR(ValidateAdaptiveBatch(spec.adaptive_batch(), spec.num_workers()));
+  RETURN_IF_ERROR(ValidateAdaptiveBatchPairing(spec));
+  RETURN_IF_ERROR(ValidateScheduleFields(spec));
+  return ValidateTimeouts(spec);
 }
 
 }  // namespace rubato

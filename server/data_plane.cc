@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -225,138 +226,109 @@ std::string WriteResponse(int fd, const absl::Status& status, const grpc::ByteBu
   return WriteWithin(fd, iov.data(), static_cast<int>(iov.size()), absl::Now() + kWriteTimeout);
 }
 
+// The refusal of a request whose header is out of bounds (OK if it is within them): an unknown
+// method, a negative timeout, or a body over the job's message limit.
+absl::Status CheckRequestHeader(int32_t method, int64_t timeout_ms, int64_t bytes,
+                                int64_t max_message_bytes) {
+  if (method != static_cast<int32_t>(DataMethod::kPush) &&
+      method != static_cast<int32_t>(DataMethod::kPull)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown data method ", method));
+  }
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a negative timeout, ", timeout_ms, " ms"));
+  }
+  if (bytes < 0 || bytes > max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a ", bytes, "-byte request; this job's limit is ", max_message_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Counts a body of `bytes` in `used`, or refuses it when that would take every connection's
+// bodies together (held ones included) past `budget`.
+absl::Status ReserveBodyBytes(int64_t bytes, int64_t budget, std::atomic<int64_t>* used) {
+  if (used->fetch_add(bytes) + bytes > budget) {
+    used->fetch_sub(bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a ", bytes, "-byte request would take the server's data plane past its ",
+                     budget >> 20, " MiB memory budget (--memory_budget_mb); retry later"));
+  }
+  return absl::OkStatus();
+}
+
+// Parses a push and hands it to the shard, which then holds *body and answers into `answer`; a
+// malformed push, or one for another worker, is answered at once and *body left in place.
+void DispatchPush(ParameterShard* shard, std::shared_ptr<Body>* body, int worker,
+                  const std::string& who, const std::shared_ptr<Answer>& answer) {
+  const absl::string_view whole((*body)->bytes.get(), (*body)->size);
+  absl::Status s = ParsePushRequest(ByteChunks(whole), kMaxTensors, &(*body)->push);
+  if (s.ok() && (*body)->push.worker_id != worker) {
+    s = absl::PermissionDeniedError(absl::StrCat("a push for worker ", (*body)->push.worker_id,
+                                                 " on ", who, "; a worker can act only as itself"));
+  }
+  if (!s.ok()) {
+    answer->Set(s, grpc::ByteBuffer());
+    return;
+  }
+  WirePush push = std::move((*body)->push);  // Its bytes stay in `body`, which the shard holds.
+  shard->Push(std::move(push), std::move(*body), [answer](absl::StatusOr<PushResponse> result) {
+    if (result.ok()) {
+      answer->Set(absl::OkStatus(), SerializedMessage(*result));
+    } else {
+      answer->Set(result.status(), grpc::ByteBuffer());
+    }
+  });
+}
+
+// Parses a pull and hands it to the shard, which answers into `answer` by `deadline`; a malformed
+// pull, or one for another worker, is answered at once.
+void DispatchPull(ParameterShard* shard, absl::string_view whole, int worker,
+                  const std::string& who, absl::Time deadline,
+                  const std::shared_ptr<Answer>& answer) {
+  PullRequest pull;
+  if (!pull.ParseFromArray(whole.data(), static_cast<int>(whole.size()))) {
+    answer->Set(absl::InvalidArgumentError("malformed PullRequest"), grpc::ByteBuffer());
+  } else if (pull.worker_id() != worker) {
+    answer->Set(
+        absl::PermissionDeniedError(absl::StrCat("a pull for worker ", pull.worker_id(), " on ",
+                                                 who, "; a worker can act only as itself")),
+        grpc::ByteBuffer());
+  } else {
+    shard->Pull(pull, deadline,
+                ParameterShard::SharedPullDone(
+                    [answer](absl::Status status, std::vector<PulledTensor> tensors) {
+                      grpc::ByteBuffer b;
+                      if (status.ok()) b = EncodePullResponse(tensors);
+                      answer->Set(std::move(status), std::move(b));
+                    }));
+  }
+}
+
+// Waits for the shard's answer and moves it into *status and *body; false if the server stops
+// first. The shard answers every call (a parked pull by its deadline, capped by the job's wait
+// timeout), so this wait only gives up when the server stops.
+bool AwaitAnswer(Answer* answer, const std::atomic<bool>& stopping, absl::Status* status,
+                 grpc::ByteBuffer* body) {
+  absl::MutexLock lock(&answer->mu);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) {
+    return answer->done || stopping.load();
+  };
+  while (!answer->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200))) {
+  }
+  if (!answer->done) return false;
+  *status = answer->status;
+  *body = std::move(answer->body);
+  return true;
+}
+
 }  // namespace
 
 void DataPlaneServer::Serve(Connection* c) {
-  absl::StatusOr<int> worker = Hello(c);
-  {
-    char answer[16] = {};
-    const std::string text =
-        worker.ok() ? "" : std::string(worker.status().message().substr(0, kDataMaxTextBytes));
-    WireStore<int32_t>(answer, static_cast<int32_t>(worker.status().code()));
-    WireStore<int32_t>(answer + 4, static_cast<int32_t>(text.size()));
-    iovec iov[2] = {{answer, sizeof(answer)}, {const_cast<char*>(text.data()), text.size()}};
-    const std::string failed = WriteWithin(c->fd, iov, 2, absl::Now() + kHelloTimeout);
-    if (!worker.ok() || !failed.empty()) {
-      if (!worker.ok()) {
-        RUBATO_LOG(WARNING) << "refused a data connection from " << c->peer << ": "
-                            << worker.status().message();
-      }
-      if (worker.ok()) {
-        absl::MutexLock lock(&mu_);
-        --per_worker_[*worker];
-      }
-      ::shutdown(c->fd, SHUT_RDWR);  // The peer sees the end now; Reap closes the fd.
-      c->ended.store(true);
-      return;
-    }
-  }
+  const std::optional<int> worker = AnswerHello(c);
+  if (!worker.has_value()) return;
   c->worker = *worker;
   const std::string who = absl::StrCat("worker ", *worker, "'s data connection from ", c->peer);
-  for (;;) {
-    char header[kDataRequestHeaderBytes];
-    std::string why;
-    const ReadEnd end =
-        ReadWithin(c->fd, header, sizeof(header), absl::Now() + options_.idle_timeout, &why,
-                   options_.receive_spin);
-    if (end != ReadEnd::kDone) break;  // Closed by the worker, idle too long, or stopping.
-    const int32_t method = WireLoad<int32_t>(header);
-    const int64_t timeout_ms = WireLoad<int64_t>(header + 8);
-    const int64_t bytes = WireLoad<int64_t>(header + 16);
-    absl::Status bad;
-    if (method != static_cast<int32_t>(DataMethod::kPush) &&
-        method != static_cast<int32_t>(DataMethod::kPull)) {
-      bad = absl::InvalidArgumentError(absl::StrCat("unknown data method ", method));
-    } else if (timeout_ms < 0) {
-      bad = absl::InvalidArgumentError(absl::StrCat("a negative timeout, ", timeout_ms, " ms"));
-    } else if (bytes < 0 || bytes > options_.max_message_bytes) {
-      bad = absl::ResourceExhaustedError(absl::StrCat("a ", bytes,
-                                                      "-byte request; this job's limit is ",
-                                                      options_.max_message_bytes, " bytes"));
-    }
-    if (!bad.ok()) {
-      RUBATO_LOG(WARNING) << who << ": " << bad.message() << "; closing it";
-      WriteResponse(c->fd, bad, nullptr);
-      break;
-    }
-    // Every connection's bodies together stay within the memory budget, held ones included.
-    if (body_bytes_->fetch_add(bytes) + bytes > options_.memory_budget_bytes) {
-      body_bytes_->fetch_sub(bytes);
-      const absl::Status busy = absl::ResourceExhaustedError(
-          absl::StrCat("a ", bytes, "-byte request would take the server's data plane past its ",
-                       options_.memory_budget_bytes >> 20,
-                       " MiB memory budget (--memory_budget_mb); retry later"));
-      RUBATO_LOG(WARNING) << who << ": " << busy.message() << "; closing it";
-      WriteResponse(c->fd, busy, nullptr);
-      break;
-    }
-    auto body = std::make_shared<Body>(static_cast<size_t>(bytes), body_bytes_);
-    if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why,
-                   options_.receive_spin) != ReadEnd::kDone) {
-      break;
-    }
-    const absl::Time deadline =
-        absl::Now() + absl::Milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
-    auto answer = std::make_shared<Answer>();
-    const absl::string_view whole(body->bytes.get(), body->size);
-    if (method == static_cast<int32_t>(DataMethod::kPush)) {
-      absl::Status s = ParsePushRequest(ByteChunks(whole), kMaxTensors, &body->push);
-      if (s.ok() && body->push.worker_id != *worker) {
-        s = absl::PermissionDeniedError(absl::StrCat("a push for worker ", body->push.worker_id,
-                                                     " on ", who,
-                                                     "; a worker can act only as itself"));
-      }
-      if (!s.ok()) {
-        answer->Set(s, grpc::ByteBuffer());
-      } else {
-        WirePush push = std::move(body->push);  // Its bytes stay in `body`, which the shard holds.
-        shard_->Push(std::move(push), std::move(body),
-                     [answer](absl::StatusOr<PushResponse> result) {
-                       if (result.ok()) {
-                         answer->Set(absl::OkStatus(), SerializedMessage(*result));
-                       } else {
-                         answer->Set(result.status(), grpc::ByteBuffer());
-                       }
-                     });
-      }
-    } else {
-      PullRequest pull;
-      if (!pull.ParseFromArray(whole.data(), static_cast<int>(whole.size()))) {
-        answer->Set(absl::InvalidArgumentError("malformed PullRequest"), grpc::ByteBuffer());
-      } else if (pull.worker_id() != *worker) {
-        answer->Set(
-            absl::PermissionDeniedError(absl::StrCat("a pull for worker ", pull.worker_id(), " on ",
-                                                     who, "; a worker can act only as itself")),
-            grpc::ByteBuffer());
-      } else {
-        shard_->Pull(pull, deadline,
-                     ParameterShard::SharedPullDone(
-                         [answer](absl::Status status, std::vector<PulledTensor> tensors) {
-                           grpc::ByteBuffer b;
-                           if (status.ok()) b = EncodePullResponse(tensors);
-                           answer->Set(std::move(status), std::move(b));
-                         }));
-      }
-    }
-    // The shard answers every call (a parked pull by its deadline, capped by the job's wait
-    // timeout); this wait only gives up when the server stops.
-    absl::Status status;
-    grpc::ByteBuffer response;
-    {
-      absl::MutexLock lock(&answer->mu);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) {
-        return answer->done || stopping_.load();
-      };
-      while (!answer->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200))) {
-      }
-      if (!answer->done) break;
-      status = answer->status;
-      response = std::move(answer->body);
-    }
-    if (const std::string failed = WriteResponse(c->fd, status, &response); !failed.empty()) {
-      RUBATO_LOG(WARNING) << who << ": cannot send its answer: " << failed << "; closing it";
-      break;
-    }
+  while (ServeRequest(c, who)) {
   }
   {
     absl::MutexLock lock(&mu_);
@@ -364,6 +336,72 @@ void DataPlaneServer::Serve(Connection* c) {
   }
   ::shutdown(c->fd, SHUT_RDWR);
   c->ended.store(true);
+}
+
+std::optional<int> DataPlaneServer::AnswerHello(Connection* c) {
+  absl::StatusOr<int> worker = Hello(c);
+  char answer[16] = {};
+  const std::string text =
+      worker.ok() ? "" : std::string(worker.status().message().substr(0, kDataMaxTextBytes));
+  WireStore<int32_t>(answer, static_cast<int32_t>(worker.status().code()));
+  WireStore<int32_t>(answer + 4, static_cast<int32_t>(text.size()));
+  iovec iov[2] = {{answer, sizeof(answer)}, {const_cast<char*>(text.data()), text.size()}};
+  const std::string failed = WriteWithin(c->fd, iov, 2, absl::Now() + kHelloTimeout);
+  if (!worker.ok() || !failed.empty()) {
+    if (!worker.ok()) {
+      RUBATO_LOG(WARNING) << "refused a data connection from " << c->peer << ": "
+                          << worker.status().message();
+    }
+    if (worker.ok()) {
+      absl::MutexLock lock(&mu_);
+      --per_worker_[*worker];
+    }
+    ::shutdown(c->fd, SHUT_RDWR);  // The peer sees the end now; Reap closes the fd.
+    c->ended.store(true);
+    return std::nullopt;
+  }
+  return *worker;
+}
+
+bool DataPlaneServer::ServeRequest(Connection* c, const std::string& who) {
+  char header[kDataRequestHeaderBytes];
+  std::string why;
+  const ReadEnd end = ReadWithin(c->fd, header, sizeof(header), absl::Now() + options_.idle_timeout,
+                                 &why, options_.receive_spin);
+  if (end != ReadEnd::kDone) return false;  // Closed by the worker, idle too long, or stopping.
+  const int32_t method = WireLoad<int32_t>(header);
+  const int64_t timeout_ms = WireLoad<int64_t>(header + 8);
+  const int64_t bytes = WireLoad<int64_t>(header + 16);
+  absl::Status refused = CheckRequestHeader(method, timeout_ms, bytes, options_.max_message_bytes);
+  if (refused.ok()) {
+    refused = ReserveBodyBytes(bytes, options_.memory_budget_bytes, body_bytes_.get());
+  }
+  if (!refused.ok()) {
+    RUBATO_LOG(WARNING) << who << ": " << refused.message() << "; closing it";
+    WriteResponse(c->fd, refused, nullptr);
+    return false;
+  }
+  auto body = std::make_shared<Body>(static_cast<size_t>(bytes), body_bytes_);
+  if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why,
+                 options_.receive_spin) != ReadEnd::kDone) {
+    return false;
+  }
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
+  auto answer = std::make_shared<Answer>();
+  if (method == static_cast<int32_t>(DataMethod::kPush)) {
+    DispatchPush(shard_, &body, c->worker, who, answer);
+  } else {
+    DispatchPull(shard_, absl::string_view(body->bytes.get(), body->size), c->worker, who, deadline,
+                 answer);
+  }
+  absl::Status status;
+  grpc::ByteBuffer response;
+  if (!AwaitAnswer(answer.get(), stopping_, &status, &response)) return false;
+  if (const std::string failed = WriteResponse(c->fd, status, &response); !failed.empty()) {
+    RUBATO_LOG(WARNING) << who << ": cannot send its answer: " << failed << "; closing it";
+    return false;
+  }
+  return true;
 }
 
 }  // namespace rubato

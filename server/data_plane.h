@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -107,9 +108,16 @@ class DataPlaneServer {
   DataPlaneServer(const DataPlaneOptions& options, ParameterShard* shard, ServerSecurity security,
                   int listen_fd, int port);
   void AcceptLoop();
+  // Serves a connection until it ends: its hello, then one request after another.
   void Serve(Connection* connection);
   // Reads and checks the hello; the worker id, or the refusal sent back.
   absl::StatusOr<int> Hello(Connection* connection);
+  // Reads the hello (Hello) and writes its answer; the worker id, or nullopt once a refused
+  // connection, or one the answer could not reach, is ended.
+  std::optional<int> AnswerHello(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads one request, hands it to the shard, waits for and writes the answer; false when the
+  // connection is to close (the worker closed it, it idled or broke, a refusal, or stopping).
+  bool ServeRequest(Connection* connection, const std::string& who);
   // Removes the connections whose threads have ended (joins them).
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
 
