@@ -50,13 +50,15 @@ namespace {
 constexpr int kWorkers = 2;
 constexpr int kTensors = 8;
 
+// What Run measured.
 struct Measured {
   double step_ms = 0;
   CheckpointWriter::Counts counts;
 };
 
-Measured Run(int64_t mb, int steps, int every, const std::string& dir) {
-  const int64_t per_tensor = (mb << 20) / 4 / kTensors;
+// A shard of kWorkers workers in bsp with Adam, leases and waits of ten minutes, and no
+// checkpoints.
+ShardOptions BenchmarkShardOptions() {
   ShardOptions options;
   options.cluster.set_num_workers(kWorkers);
   options.cluster.mutable_consistency()->set_mode(BSP);
@@ -64,26 +66,21 @@ Measured Run(int64_t mb, int steps, int every, const std::string& dir) {
   options.cluster.mutable_optimizer()->set_learning_rate(1e-3);
   options.cluster.set_lease_ms(600000);
   options.cluster.set_wait_timeout_ms(600000);
-  std::unique_ptr<CheckpointWriter> writer;
-  CheckpointWriter* writer_ptr = nullptr;
-  if (every > 0) {
-    options.checkpoint_every_steps = every;
-    options.on_checkpoint = [&writer_ptr](std::shared_ptr<const CapturedCheckpoint> c) {
-      writer_ptr->Submit(std::move(c));
-    };
-  }
-  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(options);
-  if (every > 0) {
-    ParameterShard* raw = shard.get();
-    writer = std::make_unique<CheckpointWriter>(
-        dir, 2, [raw](const CapturedCheckpoint& c) { return raw->CheckpointProto(c); });
-    writer_ptr = writer.get();
-  }
+  return options;
+}
+
+// The bytes of one tensor of `per_tensor` floats: the initial values, and every step's gradient.
+std::string TensorBytes(int64_t per_tensor) {
   std::string values(per_tensor * 4, '\0');
   for (int64_t i = 0; i < per_tensor; ++i) {
     const float v = 0.001f * static_cast<float>(i % 1000);
     std::memcpy(values.data() + 4 * i, &v, 4);
   }
+  return values;
+}
+
+// Registers every worker with the model's kTensors tensors, worker 0 with their initial `values`.
+void RegisterWorkers(ParameterShard* shard, int64_t per_tensor, const std::string& values) {
   for (int w = 0; w < kWorkers; ++w) {
     RegisterRequest r;
     r.set_worker_id(w);
@@ -102,33 +99,59 @@ Measured Run(int64_t mb, int steps, int every, const std::string& dir) {
     }
     if (!shard->Register(r).ok()) std::abort();
   }
+}
+
+// Step `s`: every worker pushes `gradient` for every tensor, one worker after the other.
+void PushStep(ParameterShard* shard, int64_t s, const ByteChunks& gradient) {
+  for (int w = 0; w < kWorkers; ++w) {
+    WirePush push;
+    push.worker_id = w;
+    push.step = s;
+    for (int t = 0; t < kTensors; ++t) {
+      WireTensor g;
+      g.name = absl::StrCat("t", t);
+      g.data = gradient;
+      push.gradients.push_back(std::move(g));
+    }
+    absl::Notification done;
+    shard->Push(push, nullptr, [&](absl::StatusOr<PushResponse> r) {
+      if (!r.ok()) {
+        std::fprintf(stderr, "push failed: %s\n", r.status().ToString().c_str());
+        std::abort();
+      }
+      done.Notify();
+    });
+    done.WaitForNotification();
+  }
+}
+
+// `steps` steps of a model of `mb` MiB after a warm-up step, with a checkpoint every `every` steps
+// written into `dir` (0: none): the mean step time, and the writer's counts.
+Measured Run(int64_t mb, int steps, int every, const std::string& dir) {
+  const int64_t per_tensor = (mb << 20) / 4 / kTensors;
+  ShardOptions options = BenchmarkShardOptions();
+  std::unique_ptr<CheckpointWriter> writer;
+  CheckpointWriter* writer_ptr = nullptr;
+  if (every > 0) {
+    options.checkpoint_every_steps = every;
+    options.on_checkpoint = [&writer_ptr](std::shared_ptr<const CapturedCheckpoint> c) {
+      writer_ptr->Submit(std::move(c));
+    };
+  }
+  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(options);
+  if (every > 0) {
+    ParameterShard* raw = shard.get();
+    writer = std::make_unique<CheckpointWriter>(
+        dir, 2, [raw](const CapturedCheckpoint& c) { return raw->CheckpointProto(c); });
+    writer_ptr = writer.get();
+  }
+  const std::string values = TensorBytes(per_tensor);
+  RegisterWorkers(shard.get(), per_tensor, values);
   // The same gradient bytes every step, pushed as views.
   const ByteChunks gradient{absl::string_view(values)};
-  auto step = [&](int64_t s) {
-    for (int w = 0; w < kWorkers; ++w) {
-      WirePush push;
-      push.worker_id = w;
-      push.step = s;
-      for (int t = 0; t < kTensors; ++t) {
-        WireTensor g;
-        g.name = absl::StrCat("t", t);
-        g.data = gradient;
-        push.gradients.push_back(std::move(g));
-      }
-      absl::Notification done;
-      shard->Push(push, nullptr, [&](absl::StatusOr<PushResponse> r) {
-        if (!r.ok()) {
-          std::fprintf(stderr, "push failed: %s\n", r.status().ToString().c_str());
-          std::abort();
-        }
-        done.Notify();
-      });
-      done.WaitForNotification();
-    }
-  };
-  step(0);  // Warm-up: first touches.
+  PushStep(shard.get(), 0, gradient);  // Warm-up: first touches.
   const absl::Time start = absl::Now();
-  for (int64_t s = 1; s <= steps; ++s) step(s);
+  for (int64_t s = 1; s <= steps; ++s) PushStep(shard.get(), s, gradient);
   Measured m;
   m.step_ms = absl::ToDoubleMilliseconds(absl::Now() - start) / steps;
   if (writer != nullptr) {

@@ -71,121 +71,158 @@ std::string Burst(rubato::ParameterServer::Stub* stub, int count, int64_t bytes)
   return absl::StrCat(statuses[0].error_code(), " ", statuses[0].error_message().substr(0, 60));
 }
 
+constexpr int kTensors = 8;  // The training part's model: 8 tensors of equal size.
+
+// One job of the training part: its server and what every worker does.
+struct TrainingJob {
+  std::string address;
+  int workers = 0;
+  int steps = 0;
+  int64_t elements = 0;  // Per tensor.
+  int max_message_mb = 0;
+  bool pipelined = false;
+};
+
+// What the threads of a job share: the server's resident sizes and the workers' start line.
+struct TrainingRun {
+  TrainingRun(pid_t server_pid, int64_t idle) : pid(server_pid), peak(idle) {}
+  const pid_t pid;
+  std::atomic<bool> done{false};          // Every worker has ended.
+  std::atomic<int64_t> peak;              // Since the server was idle.
+  std::atomic<int> started{0};            // Workers that have registered and pulled step 0.
+  std::atomic<bool> go{false};            // The workers may train: `registered` is read.
+  std::atomic<int64_t> registered{-1};    // Once every worker has started.
+  std::atomic<int64_t> training_peak{0};  // Since then.
+};
+
+// Samples run->peak every 5 ms until run->done.
+void SamplePeak(TrainingRun* run) {
+  while (!run->done) {
+    run->peak = std::max<int64_t>(run->peak, rubato::ResidentBytes(run->pid));
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// Resident size once every worker has registered and pulled step 0 (the model is in place), and
+// the peak from then on: training alone, without registration's transient.
+// Workers wait after their first pull until every one has made it, and the size is read then.
+void SampleTraining(int workers, TrainingRun* run) {
+  while (!run->done && run->started < workers) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(200));
+  run->registered = rubato::ResidentBytes(run->pid);
+  run->training_peak = run->registered.load();
+  run->go = true;
+  while (!run->done) {
+    run->training_peak = std::max<int64_t>(run->training_peak, rubato::ResidentBytes(run->pid));
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// Worker `w`'s client options: the job's one server, bsp, the model's tensors t0...
+rubato::PsClientOptions TrainingClientOptions(const TrainingJob& job, int w) {
+  rubato::PsClientOptions options;
+  options.servers = {job.address};
+  options.worker_id = w;
+  options.num_workers = job.workers;
+  options.consistency.set_mode(rubato::BSP);
+  options.steps_per_epoch = job.steps;
+  options.total_steps = job.steps;
+  options.max_message_bytes = int64_t{job.max_message_mb} << 20;
+  for (int i = 0; i < kTensors; ++i) {
+    rubato::TensorSpec spec;
+    spec.set_name(absl::StrCat("t", i));
+    spec.add_shape(job.elements);
+    options.model.push_back(spec);
+  }
+  return options;
+}
+
+// One pipelined step: each tensor's push, last first, followed by its pull into `values`; every
+// push started is waited for. The first error.
+absl::Status PipelinedStep(rubato::PsClient* client, int step,
+                           const std::vector<std::vector<float>>& grads,
+                           std::vector<std::vector<float>>* values) {
+  absl::Status s;
+  std::vector<int64_t> tickets;
+  for (int i = kTensors - 1; i >= 0 && s.ok(); --i) {
+    const int tensor[] = {i};
+    absl::StatusOr<int64_t> ticket = client->StartPush(step, tensor, grads, values);
+    if (ticket.ok()) {
+      tickets.push_back(*ticket);
+    } else {
+      s = ticket.status();
+    }
+  }
+  for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
+    if (absl::Status e = client->WaitPush(t, nullptr); s.ok()) s = e;
+  }
+  return s;
+}
+
+// Worker `w` of the job: registers, pulls step 0, waits at the start line, trains and finishes.
+// Its error, or "".
+std::string TrainingWorker(const TrainingJob& job, int w, TrainingRun* run) {
+  auto client = rubato::CreateGrpcPsClient(TrainingClientOptions(job, w));
+  if (!client.ok()) return client.status().ToString();
+  std::vector<std::vector<float>> values(kTensors, std::vector<float>(job.elements, 0.5f));
+  std::vector<std::vector<float>> grads(kTensors, std::vector<float>(job.elements, 0.25f));
+  if (auto s = (*client)->Register(values, 1, 0); !s.ok()) return s.status().ToString();
+  absl::Status s = (*client)->Pull(0, absl::MakeSpan(values));
+  ++run->started;
+  while (!run->go) absl::SleepFor(absl::Milliseconds(1));
+  for (int step = 0; step < job.steps && s.ok(); ++step) {
+    if (job.pipelined) {
+      s = PipelinedStep(client->get(), step, grads, &values);
+      continue;
+    }
+    if (step > 0) s = (*client)->Pull(step, absl::MakeSpan(values));
+    if (s.ok()) s = (*client)->Push(step, grads);
+  }
+  if (!s.ok()) return s.ToString();
+  (void)(*client)->Finish(job.steps);
+  return "";
+}
+
 // One bsp job of `workers` threads on a fresh server; prints one row. `pipelined`: each worker
 // pushes tensor by tensor, last first, each push followed by its pull (a worker's --overlap, the
 // default), instead of one Pull and one Push per step.
 void Training(int workers, const std::string& optimizer, int slots, bool pipelined) {
   const int64_t model_bytes = int64_t{absl::GetFlag(FLAGS_model_mb)} << 20;
-  constexpr int kTensors = 8;
-  const int64_t elements = model_bytes / 4 / kTensors;
-  const int max_message_mb = static_cast<int>((model_bytes >> 20) + 16);
+  TrainingJob job;
+  job.workers = workers;
+  job.steps = absl::GetFlag(FLAGS_steps);
+  job.elements = model_bytes / 4 / kTensors;
+  job.max_message_mb = static_cast<int>((model_bytes >> 20) + 16);
+  job.pipelined = pipelined;
   absl::StatusOr<rubato::ServerProcess> server = rubato::StartServerProcess(
       absl::GetFlag(FLAGS_server),
       {absl::StrCat("--num_workers=", workers), "--mode=bsp", "--optimizer=" + optimizer,
-       "--learning_rate=0.000001", absl::StrCat("--max_message_mb=", max_message_mb),
+       "--learning_rate=0.000001", absl::StrCat("--max_message_mb=", job.max_message_mb),
        absl::StrCat("--memory_budget_mb=", absl::GetFlag(FLAGS_budget_mb))});
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
     return;
   }
-  const pid_t pid = server->pid;
-  const std::string address = server->address;
+  job.address = server->address;
   absl::SleepFor(absl::Milliseconds(500));
-  const int64_t idle = rubato::ResidentBytes(pid);
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> peak{idle};
-  std::thread sampler([&] {
-    while (!done) {
-      peak = std::max<int64_t>(peak, rubato::ResidentBytes(pid));
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  });
+  const int64_t idle = rubato::ResidentBytes(server->pid);
+  TrainingRun run(server->pid, idle);
+  std::thread sampler(SamplePeak, &run);
+  std::thread training_sampler(SampleTraining, workers, &run);
   std::vector<std::string> errors(workers);
   std::vector<std::thread> threads;
-  const int steps = absl::GetFlag(FLAGS_steps);
-  // Resident size once every worker has registered and pulled step 0 (the model is in place), and
-  // the peak from then on: training alone, without registration's transient.
-  // Workers wait after their first pull until every one has made it, and the size is read then.
-  std::atomic<int> started{0};
-  std::atomic<bool> go{false};
-  std::atomic<int64_t> registered{-1};
-  std::atomic<int64_t> training_peak{0};
-  std::thread training_sampler([&] {
-    while (!done && started < workers) absl::SleepFor(absl::Milliseconds(5));
-    absl::SleepFor(absl::Milliseconds(200));
-    registered = rubato::ResidentBytes(pid);
-    training_peak = registered.load();
-    go = true;
-    while (!done) {
-      training_peak = std::max<int64_t>(training_peak, rubato::ResidentBytes(pid));
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  });
   for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      rubato::PsClientOptions options;
-      options.servers = {address};
-      options.worker_id = w;
-      options.num_workers = workers;
-      options.consistency.set_mode(rubato::BSP);
-      options.steps_per_epoch = steps;
-      options.total_steps = steps;
-      options.max_message_bytes = int64_t{max_message_mb} << 20;
-      for (int i = 0; i < kTensors; ++i) {
-        rubato::TensorSpec spec;
-        spec.set_name(absl::StrCat("t", i));
-        spec.add_shape(elements);
-        options.model.push_back(spec);
-      }
-      auto client = rubato::CreateGrpcPsClient(options);
-      if (!client.ok()) {
-        errors[w] = client.status().ToString();
-        return;
-      }
-      std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
-      std::vector<std::vector<float>> grads(kTensors, std::vector<float>(elements, 0.25f));
-      if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
-        errors[w] = s.status().ToString();
-        return;
-      }
-      absl::Status s = (*client)->Pull(0, absl::MakeSpan(values));
-      ++started;
-      while (!go) absl::SleepFor(absl::Milliseconds(1));
-      for (int step = 0; step < steps && s.ok(); ++step) {
-        if (!pipelined) {
-          if (step > 0) s = (*client)->Pull(step, absl::MakeSpan(values));
-          if (s.ok()) s = (*client)->Push(step, grads);
-          continue;
-        }
-        std::vector<int64_t> tickets;
-        for (int i = kTensors - 1; i >= 0 && s.ok(); --i) {
-          const int tensor[] = {i};
-          absl::StatusOr<int64_t> ticket = (*client)->StartPush(step, tensor, grads, &values);
-          if (ticket.ok()) {
-            tickets.push_back(*ticket);
-          } else {
-            s = ticket.status();
-          }
-        }
-        for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
-          if (absl::Status e = (*client)->WaitPush(t, nullptr); s.ok()) s = e;
-        }
-      }
-      if (!s.ok()) {
-        errors[w] = s.ToString();
-        return;
-      }
-      (void)(*client)->Finish(steps);
-    });
+    threads.emplace_back([&, w] { errors[w] = TrainingWorker(job, w, &run); });
   }
   for (auto& t : threads) t.join();
-  done = true;
+  run.done = true;
   sampler.join();
   training_sampler.join();
   rubato::StopServerProcess(&*server);
   for (int w = 0; w < workers; ++w) {
     if (!errors[w].empty()) std::fprintf(stderr, "worker %d: %s\n", w, errors[w].c_str());
   }
+  const int64_t peak = run.peak, registered = run.registered, training_peak = run.training_peak;
   std::printf("%-8d %-10s %-10s %8.0f M %8.0f M %8.0f M %10.2f x %10.2f x %8d x\n", workers,
               optimizer.c_str(), pipelined ? "pipelined" : "serial", MiB(idle), MiB(registered),
               MiB(peak), static_cast<double>(peak - idle) / model_bytes,

@@ -164,16 +164,15 @@ def _flag(path, flags, key_node, value_node, key, known):
     flags[key] = value
 
 
-def load(path):
-    """The suite in `path` (a file, or a name under experiments/suites/). SuiteError if it is
-    missing, not YAML, or wrong in any way."""
+def _read(path):
+    """(the path, the file's text) of a suite file or a name under experiments/suites/."""
     if not os.path.exists(path) and os.sep not in path:
         candidate = os.path.join(SUITES_DIR, path + ".yaml")
         if os.path.exists(candidate):
             path = candidate
     try:
         with open(path) as f:
-            text = f.read()
+            return path, f.read()
     except OSError as e:
         try:
             names = sorted(n[:-5] for n in os.listdir(SUITES_DIR) if n.endswith(".yaml"))
@@ -181,6 +180,10 @@ def load(path):
             names = []
         raise SuiteError("%s: cannot read it (%s); the built-in suites are %s" % (
             path, e.strerror, ", ".join(names) or "missing (no %s)" % SUITES_DIR))
+
+
+def _top(path, text):
+    """The suite's top-level keys: {key: (key node, value node)}, every one of TOP_KEYS."""
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as e:
@@ -194,6 +197,11 @@ def load(path):
         if key not in TOP_KEYS:
             raise SuiteError("%s: unknown key %r (a suite has %s)" % (
                 _where(path, key_node), key, ", ".join(TOP_KEYS)))
+    return top
+
+
+def _header(path, top):
+    """(name, description, seeds, target accuracy), with their defaults."""
     if "name" not in top:
         raise SuiteError("%s: no name" % path)
     name = _scalar(path, top["name"][1], "name")
@@ -216,79 +224,103 @@ def load(path):
                 or not 0 < target < 1:
             raise SuiteError("%s: target_accuracy must be between 0 and 1, not %r" % (
                 _where(path, top["target_accuracy"][1]), target))
+    return name, description, seeds, target
 
-    known = _launch_flags()
+
+def _base(path, top, known):
+    """The flags every run gets: {flag: value}."""
     base = {}
     if "base" in top:
         for key, (key_node, value_node) in _mapping(path, top["base"][1], "base").items():
             _flag(path, base, key_node, value_node, key, known)
+    return base
 
-    cells = [("", {})]
-    if "cells" in top:
-        node = top["cells"][1]
-        if not isinstance(node, yaml.SequenceNode) or not node.value:
-            raise SuiteError("%s: cells must be a non-empty list" % _where(path, node))
-        cells, names = [], {}
-        for cell_node in node.value:
-            entries = _mapping(path, cell_node, "a cell")
-            if "name" not in entries:
-                raise SuiteError("%s: a cell without a name" % _where(path, cell_node))
-            cell_name = _scalar(path, entries["name"][1], "a cell's name")
-            if not isinstance(cell_name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.:=-]*",
-                                                                  cell_name):
-                raise SuiteError("%s: cell name %r: lowercase letters, digits and . : = - only"
-                                 % (_where(path, entries["name"][1]), cell_name))
-            if cell_name in names:
-                raise SuiteError("%s: cell %r again (first on line %d)" % (
-                    _where(path, cell_node), cell_name, names[cell_name]))
-            names[cell_name] = cell_node.start_mark.line + 1
-            flags = {}
-            for key, (key_node, value_node) in entries.items():
-                if key != "name":
-                    _flag(path, flags, key_node, value_node, key, known)
-            cells.append((cell_name, flags))
 
-    # Each axis: (its name, [(the value's name in cell names, {flag: value})]).
-    axes = []
-    if "axes" in top:
-        for key, (key_node, value_node) in _mapping(path, top["axes"][1], "axes").items():
-            if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
-                raise SuiteError("%s: axis %r must be a non-empty list of values" % (
-                    _where(path, value_node), key))
-            named = isinstance(value_node.value[0], yaml.MappingNode)
-            if named and not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", key):
-                raise SuiteError("%s: axis name %r: lowercase letters, digits, _ and - only" % (
-                    _where(path, key_node), key))
-            values, names = [], {}
-            for item in value_node.value:
-                if named != isinstance(item, yaml.MappingNode):
-                    raise SuiteError("%s: axis %r mixes single values and named flag sets" % (
-                        _where(path, item), key))
-                one = {}
-                if named:
-                    # A named set of flags: {name: sgd-linear, optimizer: sgd, lr_scaling: linear}.
-                    entries = _mapping(path, item, "a value of axis %r" % key)
-                    if "name" not in entries:
-                        raise SuiteError("%s: a value of axis %r without a name" % (
-                            _where(path, item), key))
-                    label = _scalar(path, entries["name"][1], "a value's name")
-                    if not isinstance(label, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.:=-]*",
-                                                                      label):
-                        raise SuiteError("%s: value name %r: lowercase letters, digits and "
-                                         ". : = - only" % (_where(path, entries["name"][1]), label))
-                    for flag, (flag_node, flag_value) in entries.items():
-                        if flag != "name":
-                            _flag(path, one, flag_node, flag_value, flag, known)
-                else:
-                    _flag(path, one, key_node, item, key, known)
-                    label = _text(one[key])
-                if label in names:
-                    raise SuiteError("%s: axis %r repeats %r (first on line %d)" % (
-                        _where(path, item), key, label, names[label]))
-                names[label] = item.start_mark.line + 1
-                values.append((label, one))
-            axes.append((key, values))
+def _cells(path, top, known):
+    """[(cell name, {flag: value})] in file order; [("", {})] when the suite has none."""
+    if "cells" not in top:
+        return [("", {})]
+    node = top["cells"][1]
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise SuiteError("%s: cells must be a non-empty list" % _where(path, node))
+    cells, names = [], {}
+    for cell_node in node.value:
+        entries = _mapping(path, cell_node, "a cell")
+        if "name" not in entries:
+            raise SuiteError("%s: a cell without a name" % _where(path, cell_node))
+        cell_name = _scalar(path, entries["name"][1], "a cell's name")
+        if not isinstance(cell_name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.:=-]*",
+                                                              cell_name):
+            raise SuiteError("%s: cell name %r: lowercase letters, digits and . : = - only"
+                             % (_where(path, entries["name"][1]), cell_name))
+        if cell_name in names:
+            raise SuiteError("%s: cell %r again (first on line %d)" % (
+                _where(path, cell_node), cell_name, names[cell_name]))
+        names[cell_name] = cell_node.start_mark.line + 1
+        flags = {}
+        for key, (key_node, value_node) in entries.items():
+            if key != "name":
+                _flag(path, flags, key_node, value_node, key, known)
+        cells.append((cell_name, flags))
+    return cells
 
+
+def _named_value(path, key, item, known):
+    """(name, {flag: value}) of a named set of flags on axis `key`:
+    {name: sgd-linear, optimizer: sgd, lr_scaling: linear}."""
+    entries = _mapping(path, item, "a value of axis %r" % key)
+    if "name" not in entries:
+        raise SuiteError("%s: a value of axis %r without a name" % (_where(path, item), key))
+    label = _scalar(path, entries["name"][1], "a value's name")
+    if not isinstance(label, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.:=-]*", label):
+        raise SuiteError("%s: value name %r: lowercase letters, digits and "
+                         ". : = - only" % (_where(path, entries["name"][1]), label))
+    one = {}
+    for flag, (flag_node, flag_value) in entries.items():
+        if flag != "name":
+            _flag(path, one, flag_node, flag_value, flag, known)
+    return label, one
+
+
+def _axis(path, key, key_node, value_node, known):
+    """Axis `key`'s values: [(the value's name in cell names, {flag: value})]."""
+    if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
+        raise SuiteError("%s: axis %r must be a non-empty list of values" % (
+            _where(path, value_node), key))
+    named = isinstance(value_node.value[0], yaml.MappingNode)
+    if named and not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", key):
+        raise SuiteError("%s: axis name %r: lowercase letters, digits, _ and - only" % (
+            _where(path, key_node), key))
+    values, names = [], {}
+    for item in value_node.value:
+        if named != isinstance(item, yaml.MappingNode):
+            raise SuiteError("%s: axis %r mixes single values and named flag sets" % (
+                _where(path, item), key))
+        if named:
+            label, one = _named_value(path, key, item, known)
+        else:
+            one = {}
+            _flag(path, one, key_node, item, key, known)
+            label = _text(one[key])
+        if label in names:
+            raise SuiteError("%s: axis %r repeats %r (first on line %d)" % (
+                _where(path, item), key, label, names[label]))
+        names[label] = item.start_mark.line + 1
+        values.append((label, one))
+    return values
+
+
+def _axes(path, top, known):
+    """Each axis: (its name, [(the value's name in cell names, {flag: value})])."""
+    if "axes" not in top:
+        return []
+    return [(key, _axis(path, key, key_node, value_node, known))
+            for key, (key_node, value_node) in _mapping(path, top["axes"][1], "axes").items()]
+
+
+def _expand(base, cells, axes):
+    """Every cell crossed with every combination of the axes: [(name, {flag: value})], a cell's
+    flags over the base's and an axis's over both."""
     expanded = []
     for cell_name, cell_flags in cells:
         for combination in itertools.product(*[values for _, values in axes]):
@@ -299,24 +331,47 @@ def load(path):
                 flags.update(value_flags)
                 parts.append("%s=%s" % (key, label))
             expanded.append((",".join(parts) or "base", flags))
+    return expanded
 
-    budget = None
-    if "budget_s" in top:
-        budget = _scalar(path, top["budget_s"][1], "budget_s")
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
-            raise SuiteError("%s: budget_s must be a number of seconds > 0, not %r" % (
-                _where(path, top["budget_s"][1]), budget))
-    timeline = None
-    if "timeline" in top:
-        node = top["timeline"][1]
-        if not isinstance(node, yaml.SequenceNode):
-            raise SuiteError("%s: timeline must be a list of cell names" % _where(path, node))
-        names = [c for c, _ in expanded]
-        timeline = []
-        for item in node.value:
-            cell = _scalar(path, item, "a timeline cell")
-            if cell not in names:
-                raise SuiteError("%s: timeline: no cell %r (cells: %s)" % (
-                    _where(path, item), cell, ", ".join(names)))
-            timeline.append(cell)
-    return Suite(path, name, description, seeds, target, expanded, budget, timeline)
+
+def _budget(path, top):
+    """budget_s, or None."""
+    if "budget_s" not in top:
+        return None
+    budget = _scalar(path, top["budget_s"][1], "budget_s")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+        raise SuiteError("%s: budget_s must be a number of seconds > 0, not %r" % (
+            _where(path, top["budget_s"][1]), budget))
+    return budget
+
+
+def _timeline(path, top, expanded):
+    """The timeline's cells, each one of `expanded`, or None."""
+    if "timeline" not in top:
+        return None
+    node = top["timeline"][1]
+    if not isinstance(node, yaml.SequenceNode):
+        raise SuiteError("%s: timeline must be a list of cell names" % _where(path, node))
+    names = [c for c, _ in expanded]
+    timeline = []
+    for item in node.value:
+        cell = _scalar(path, item, "a timeline cell")
+        if cell not in names:
+            raise SuiteError("%s: timeline: no cell %r (cells: %s)" % (
+                _where(path, item), cell, ", ".join(names)))
+        timeline.append(cell)
+    return timeline
+
+
+def load(path):
+    """The suite in `path` (a file, or a name under experiments/suites/). SuiteError if it is
+    missing, not YAML, or wrong in any way."""
+    path, text = _read(path)
+    top = _top(path, text)
+    name, description, seeds, target = _header(path, top)
+    known = _launch_flags()
+    base = _base(path, top, known)
+    cells = _cells(path, top, known)
+    expanded = _expand(base, cells, _axes(path, top, known))
+    return Suite(path, name, description, seeds, target, expanded, _budget(path, top),
+                 _timeline(path, top, expanded))

@@ -71,16 +71,12 @@ struct Server {
   std::string address;
 };
 
-// Returns bytes/s per worker (mean over workers), or a negative number on error.
 // Credentials for both ends; the defaults are plaintext without tokens.
 struct Security {
   ServerSecurity server;
   SecurityConfig client_config;  // ClientSecurity::Create(client_config, worker id).
 };
 
-// `cpu`, when given, receives what the measuring loops cost: from when every worker has registered
-// until the last one stops.
-//
 // How a worker drives the client: kSerial pulls every tensor, then pushes every tensor (a worker
 // with --overlap=false); kPipelined is the worker's default (--overlap): each tensor's push starts
 // on its own, last tensor first as a backward pass produces them, and each is followed by the pull
@@ -89,10 +85,19 @@ struct Security {
 // that many bytes, as rubato_worker --push_bucket_kb does (worker/push_buckets.h).
 enum class Loop { kSerial, kPipelined };
 
-double Measure(int64_t model_bytes, int shards, int workers, double seconds,
-               const Security& security = Security(), CpuUse* cpu = nullptr,
-               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0, bool server_process = false,
-               ConsistencyMode mode = ASYNC, int64_t push_budget_mb = 32) {
+// What every worker thread runs: its loop over a model of kTensors tensors, for `seconds`.
+struct WorkerLoop {
+  Loop loop = Loop::kSerial;
+  int64_t model_bytes = 0;
+  int64_t elements = 0;  // Per tensor.
+  int64_t bucket_bytes = 0;
+  double seconds = 0;
+  ConsistencyMode mode = ASYNC;
+};
+
+// The benchmark's job: `workers` workers in `mode`, SGD with a tiny step, leases and waits of a
+// minute.
+ClusterSpec BenchmarkCluster(int workers, ConsistencyMode mode) {
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(mode);
@@ -100,16 +105,15 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   cluster.mutable_optimizer()->set_learning_rate(1e-6);
   cluster.set_lease_ms(60000);
   cluster.set_wait_timeout_ms(60000);
-  std::vector<Server> servers(shards);
-  std::vector<ServerProcess> processes;
-  // Stops the server processes (if any) whatever the way out.
-  struct Stop {
-    std::vector<ServerProcess>* processes;
-    ~Stop() {
-      for (ServerProcess& p : *processes) StopServerProcess(&p);
-    }
-  } stop{&processes};
-  for (int s = 0; s < shards && server_process; ++s) {
+  return cluster;
+}
+
+// The shards as rubato_server processes (--server) of the same job, each added to `processes` and
+// its address to `servers`; false (and a message) on error.
+bool StartShardProcesses(int workers, ConsistencyMode mode, int64_t push_budget_mb,
+                         std::vector<Server>* servers, std::vector<ServerProcess>* processes) {
+  const int shards = static_cast<int>(servers->size());
+  for (int s = 0; s < shards; ++s) {
     absl::StatusOr<ServerProcess> p = StartServerProcess(
         absl::GetFlag(FLAGS_server),
         {absl::StrCat("--shard_id=", s), absl::StrCat("--num_shards=", shards),
@@ -120,13 +124,22 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
          absl::StrCat("--max_message_mb=", kMaxMessageBytesLimit >> 20)});
     if (!p.ok()) {
       std::fprintf(stderr, "server: %s\n", p.status().ToString().c_str());
-      return -1;
+      return false;
     }
-    servers[s].address = p->address;
-    processes.push_back(*p);
+    (*servers)[s].address = p->address;
+    processes->push_back(*p);
   }
-  const bool use_data_plane = absl::GetFlag(FLAGS_ps_transport) != "grpc";
-  for (int s = 0; s < shards && !server_process; ++s) {
+  return true;
+}
+
+// The shards in this process: each a ParameterShard behind gRPC on 127.0.0.1 and, with
+// `use_data_plane`, its data plane; false (and a message) on error.
+bool StartShardsInProcess(const ClusterSpec& cluster, int64_t push_budget_mb,
+                          const Security& security, bool use_data_plane,
+                          std::vector<Server>* servers) {
+  const int shards = static_cast<int>(servers->size());
+  for (int s = 0; s < shards; ++s) {
+    Server& server = (*servers)[s];
     ShardOptions options;
     options.shard_id = s;
     options.num_shards = shards;
@@ -135,36 +148,39 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
     auto shard = ParameterShard::Create(options);
     if (!shard.ok()) {
       std::fprintf(stderr, "shard: %s\n", shard.status().ToString().c_str());
-      return -1;
+      return false;
     }
-    servers[s].shard = std::move(*shard);
-    servers[s].service =
-        std::make_unique<ParameterService>(servers[s].shard.get(), security.server);
+    server.shard = std::move(*shard);
+    server.service = std::make_unique<ParameterService>(server.shard.get(), security.server);
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder, kMaxMessageBytesLimit);
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", security.server.credentials(), &port);
-    builder.RegisterService(servers[s].service.get());
-    servers[s].server = builder.BuildAndStart();
-    servers[s].address = absl::StrCat("127.0.0.1:", port);
-    if (use_data_plane) {
-      DataPlaneOptions data_options;
-      data_options.host = "127.0.0.1";
-      data_options.max_message_bytes = kMaxMessageBytesLimit;
-      auto data = DataPlaneServer::Start(data_options, servers[s].shard.get(), security.server);
-      if (!data.ok()) {
-        std::fprintf(stderr, "data plane: %s\n", data.status().ToString().c_str());
-        return -1;
-      }
-      servers[s].data_plane = std::move(*data);
-      servers[s].service->set_data_port(servers[s].data_plane->port());
+    builder.RegisterService(server.service.get());
+    server.server = builder.BuildAndStart();
+    server.address = absl::StrCat("127.0.0.1:", port);
+    if (!use_data_plane) continue;
+    DataPlaneOptions data_options;
+    data_options.host = "127.0.0.1";
+    data_options.max_message_bytes = kMaxMessageBytesLimit;
+    auto data = DataPlaneServer::Start(data_options, server.shard.get(), security.server);
+    if (!data.ok()) {
+      std::fprintf(stderr, "data plane: %s\n", data.status().ToString().c_str());
+      return false;
     }
+    server.data_plane = std::move(*data);
+    server.service->set_data_port(server.data_plane->port());
   }
-  const int64_t elements = model_bytes / 4 / kTensors;
+  return true;
+}
+
+// The client options every worker shares: the servers, the job, and the model's tensors t0...
+PsClientOptions BaseClientOptions(const std::vector<Server>& servers, const ClusterSpec& cluster,
+                                  int64_t elements, bool use_data_plane) {
   PsClientOptions base;
   base.use_data_plane = use_data_plane;
   for (const Server& s : servers) base.servers.push_back(s.address);
-  base.num_workers = workers;
+  base.num_workers = cluster.num_workers();
   base.consistency = cluster.consistency();
   for (int i = 0; i < kTensors; ++i) {
     TensorSpec spec;
@@ -172,113 +188,155 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
     spec.add_shape(elements);
     base.model.push_back(spec);
   }
+  return base;
+}
+
+// Worker `w`'s client, registered with `values`, or null with *error set.
+std::unique_ptr<PsClient> ConnectWorker(const PsClientOptions& base, const Security& security,
+                                        int w, const std::vector<std::vector<float>>& values,
+                                        std::string* error) {
+  PsClientOptions options = base;
+  options.worker_id = w;
+  options.max_message_bytes = kMaxMessageBytesLimit;
+  auto client_security = ClientSecurity::Create(security.client_config, w);
+  if (!client_security.ok()) {
+    *error = client_security.status().ToString();
+    return nullptr;
+  }
+  options.security = *client_security;
+  auto client = CreateGrpcPsClient(options);
+  if (!client.ok()) {
+    *error = client.status().ToString();
+    return nullptr;
+  }
+  if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
+    *error = s.status().ToString();
+    return nullptr;
+  }
+  return *std::move(client);
+}
+
+// When the workers stop. Under bsp every worker does the same number of steps: a worker that
+// stopped on its own clock while another began one more step would leave that one waiting at the
+// barrier until the shard's wait timeout (a run that printed 0.000 GB/s). The first worker to see
+// the time up at the top of a step sets the last step to the next one; a worker is at most one
+// step behind it. (Without a barrier each worker stops on its own clock.)
+class StopRule {
+ public:
+  StopRule(double seconds, ConsistencyMode mode) : seconds_(seconds), mode_(mode) {}
+
+  // Whether a worker whose loop began at `start` goes on with `step`. Thread-safe.
+  bool KeepGoing(absl::Time start, int64_t step) {
+    const bool over = absl::Now() - start >= absl::Seconds(seconds_);
+    if (mode_ != BSP) return !over;
+    if (over) {
+      int64_t unset = -1;
+      stop_step_.compare_exchange_strong(unset, step + 1);
+    }
+    const int64_t stop = stop_step_.load();
+    return stop < 0 || step < stop;
+  }
+
+ private:
+  const double seconds_;
+  const ConsistencyMode mode_;
+  std::atomic<int64_t> stop_step_{-1};
+};
+
+// Starts the pushes of one step's `ranges` of tensors, each followed by the pull of its tensors
+// into `values`, adding their tickets to `tickets`; stops at the first error, setting *error.
+void StartPushes(PsClient* client, int64_t step, const std::vector<PushBuckets::Range>& ranges,
+                 const std::vector<std::vector<float>>& grads,
+                 std::vector<std::vector<float>>* values, std::vector<int64_t>* tickets,
+                 std::string* error) {
+  for (const PushBuckets::Range& r : ranges) {
+    std::vector<int> tensors;
+    for (size_t k = 0; k < r.count; ++k) tensors.push_back(static_cast<int>(r.first + k));
+    absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads, values);
+    if (!ticket.ok()) {
+      *error = ticket.status().ToString();
+      return;
+    }
+    tickets->push_back(*ticket);
+  }
+}
+
+// Loop::kPipelined until `stop` says so: bytes/s pushed and pulled, or -1 with *error set.
+double PipelinedLoop(PsClient* client, const WorkerLoop& job, StopRule* stop,
+                     std::vector<std::vector<float>>* values, std::string* error) {
+  // The gradients are sent from `grads` while the pulls fill `values`, as in a worker.
+  const std::vector<std::vector<float>> grads = *values;
+  PushBuckets buckets(std::vector<int64_t>(kTensors, job.model_bytes / kTensors), job.bucket_bytes);
+  int64_t step = 0;
+  int64_t bytes = 0;
+  const absl::Time start = absl::Now();
+  if (absl::Status s = client->Pull(0, absl::MakeSpan(*values)); !s.ok()) {
+    *error = s.ToString();
+    return -1;
+  }
+  std::vector<int64_t> tickets;
+  while (stop->KeepGoing(start, step)) {
+    tickets.clear();
+    for (int i = kTensors - 1; i >= 0 && error->empty(); --i) {
+      StartPushes(client, step, buckets.Add(i, 1), grads, values, &tickets, error);
+    }
+    if (error->empty()) StartPushes(client, step, buckets.Flush(), grads, values, &tickets, error);
+    for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
+      if (absl::Status s = client->WaitPush(t, nullptr); !s.ok() && error->empty()) {
+        *error = s.ToString();
+      }
+    }
+    if (!error->empty()) return -1;
+    bytes += 2 * job.model_bytes;
+    ++step;
+  }
+  return bytes / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// Loop::kSerial until `stop` says so: bytes/s pushed and pulled, or -1 with *error set.
+double SerialLoop(PsClient* client, const WorkerLoop& job, StopRule* stop,
+                  std::vector<std::vector<float>>* values, std::string* error) {
+  int64_t step = 0;
+  int64_t bytes = 0;
+  const absl::Time start = absl::Now();
+  while (stop->KeepGoing(start, step)) {
+    // As a worker does: pull (which waits for the job to start), then push.
+    if (absl::Status s = client->Pull(step, absl::MakeSpan(*values)); !s.ok()) {
+      *error = s.ToString();
+      return -1;
+    }
+    if (absl::Status s = client->Push(step, *values); !s.ok()) {
+      *error = s.ToString();
+      return -1;
+    }
+    bytes += 2 * job.model_bytes;
+    ++step;
+  }
+  return bytes / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// Runs `workers` worker threads: each registers, and once every one has, runs `job`'s loop.
+// Returns each worker's bytes/s (-1 where it failed, with (*errors)[w] set). `cpu`, when given,
+// receives what the loops cost: from when every worker has registered until the last one stops.
+std::vector<double> RunWorkers(const PsClientOptions& base, const Security& security,
+                               const WorkerLoop& job, int workers, CpuUse* cpu,
+                               std::vector<std::string>* errors) {
   std::vector<double> rates(workers, -1);
-  std::vector<std::string> errors(workers);
   std::vector<std::thread> threads;
   absl::BlockingCounter registered(workers);
   absl::Notification go;
-  // Under bsp every worker does the same number of steps: a worker that stopped on its own clock
-  // while another began one more step would leave that one waiting at the barrier until the
-  // shard's wait timeout (a run that printed 0.000 GB/s). The first worker to see the time up at
-  // the top of a step sets the last step to the next one; a worker is at most one step behind it.
-  // (Without a barrier each worker stops on its own clock.)
-  std::atomic<int64_t> stop_step{-1};
-  auto keep_going = [&](absl::Time start, int64_t step) {
-    const bool over = absl::Now() - start >= absl::Seconds(seconds);
-    if (mode != BSP) return !over;
-    if (over) {
-      int64_t unset = -1;
-      stop_step.compare_exchange_strong(unset, step + 1);
-    }
-    const int64_t stop = stop_step.load();
-    return stop < 0 || step < stop;
-  };
+  StopRule stop(job.seconds, job.mode);
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      std::vector<std::vector<float>> values(kTensors, std::vector<float>(elements, 0.5f));
-      // A registered client, or null with errors[w] set.
-      auto connect = [&]() -> std::unique_ptr<PsClient> {
-        PsClientOptions options = base;
-        options.worker_id = w;
-        options.max_message_bytes = kMaxMessageBytesLimit;
-        auto client_security = ClientSecurity::Create(security.client_config, w);
-        if (!client_security.ok()) {
-          errors[w] = client_security.status().ToString();
-          return nullptr;
-        }
-        options.security = *client_security;
-        auto client = CreateGrpcPsClient(options);
-        if (!client.ok()) {
-          errors[w] = client.status().ToString();
-          return nullptr;
-        }
-        if (auto s = (*client)->Register(values, 1, 0); !s.ok()) {
-          errors[w] = s.status().ToString();
-          return nullptr;
-        }
-        return *std::move(client);
-      };
-      const std::unique_ptr<PsClient> client = connect();
+      std::string* error = &(*errors)[w];
+      std::vector<std::vector<float>> values(kTensors, std::vector<float>(job.elements, 0.5f));
+      const std::unique_ptr<PsClient> client = ConnectWorker(base, security, w, values, error);
       registered.DecrementCount();  // Failed or not, so that the main thread never waits for it.
       if (client == nullptr) return;
       go.WaitForNotification();
-      int64_t step = 0;
-      int64_t bytes = 0;
-      if (loop == Loop::kPipelined) {
-        // The gradients are sent from `grads` while the pulls fill `values`, as in a worker.
-        const std::vector<std::vector<float>> grads = values;
-        PushBuckets buckets(std::vector<int64_t>(kTensors, model_bytes / kTensors), bucket_bytes);
-        const absl::Time start = absl::Now();
-        if (absl::Status s = client->Pull(0, absl::MakeSpan(values)); !s.ok()) {
-          errors[w] = s.ToString();
-          return;
-        }
-        std::vector<int64_t> tickets;
-        while (keep_going(start, step)) {
-          tickets.clear();
-          auto start_pushes = [&](const std::vector<PushBuckets::Range>& ranges) {
-            for (const PushBuckets::Range& r : ranges) {
-              std::vector<int> tensors;
-              for (size_t k = 0; k < r.count; ++k) tensors.push_back(static_cast<int>(r.first + k));
-              absl::StatusOr<int64_t> ticket = client->StartPush(step, tensors, grads, &values);
-              if (!ticket.ok()) {
-                errors[w] = ticket.status().ToString();
-                return;
-              }
-              tickets.push_back(*ticket);
-            }
-          };
-          for (int i = kTensors - 1; i >= 0 && errors[w].empty(); --i) {
-            start_pushes(buckets.Add(i, 1));
-          }
-          if (errors[w].empty()) start_pushes(buckets.Flush());
-          for (int64_t t : tickets) {  // Every ticket is waited for, even after an error.
-            if (absl::Status s = client->WaitPush(t, nullptr); !s.ok() && errors[w].empty()) {
-              errors[w] = s.ToString();
-            }
-          }
-          if (!errors[w].empty()) return;
-          bytes += 2 * model_bytes;
-          ++step;
-        }
-        rates[w] = bytes / absl::ToDoubleSeconds(absl::Now() - start);
-        return;
-      }
-      const absl::Time start = absl::Now();
-      while (keep_going(start, step)) {
-        // As a worker does: pull (which waits for the job to start), then push.
-        if (absl::Status s = client->Pull(step, absl::MakeSpan(values)); !s.ok()) {
-          errors[w] = s.ToString();
-          return;
-        }
-        if (absl::Status s = client->Push(step, values); !s.ok()) {
-          errors[w] = s.ToString();
-          return;
-        }
-        bytes += 2 * model_bytes;
-        ++step;
-      }
-      rates[w] = bytes / absl::ToDoubleSeconds(absl::Now() - start);
+      rates[w] = job.loop == Loop::kPipelined
+                     ? PipelinedLoop(client.get(), job, &stop, &values, error)
+                     : SerialLoop(client.get(), job, &stop, &values, error);
     });
   }
   registered.Wait();
@@ -286,20 +344,62 @@ double Measure(int64_t model_bytes, int shards, int workers, double seconds,
   go.Notify();
   for (auto& t : threads) t.join();
   if (cpu != nullptr) *cpu = meter.Stop();
+  return rates;
+}
+
+// The mean of the workers' rates, or -1 (naming the first failed worker's error on stderr).
+double MeanRate(const std::vector<double>& rates, const std::vector<std::string>& errors) {
+  double sum = 0;
+  for (size_t w = 0; w < rates.size(); ++w) {
+    if (rates[w] < 0) {
+      std::fprintf(stderr, "worker %d: %s\n", static_cast<int>(w), errors[w].c_str());
+      return -1;
+    }
+    sum += rates[w];
+  }
+  return sum / rates.size();
+}
+
+// Push+pull bytes/s per worker (the mean over `workers`) against `shards` shards, in this process
+// or, with `server_process`, rubato_server processes; a negative number on error. `cpu`, when
+// given, receives what the measuring loops cost (RunWorkers).
+double Measure(int64_t model_bytes, int shards, int workers, double seconds,
+               const Security& security = Security(), CpuUse* cpu = nullptr,
+               Loop loop = Loop::kSerial, int64_t bucket_bytes = 0, bool server_process = false,
+               ConsistencyMode mode = ASYNC, int64_t push_budget_mb = 32) {
+  const ClusterSpec cluster = BenchmarkCluster(workers, mode);
+  std::vector<Server> servers(shards);
+  std::vector<ServerProcess> processes;
+  // Stops the server processes (if any) whatever the way out.
+  struct Stop {
+    std::vector<ServerProcess>* processes;
+    ~Stop() {
+      for (ServerProcess& p : *processes) StopServerProcess(&p);
+    }
+  } stop{&processes};
+  const bool use_data_plane = absl::GetFlag(FLAGS_ps_transport) != "grpc";
+  if (server_process
+          ? !StartShardProcesses(workers, mode, push_budget_mb, &servers, &processes)
+          : !StartShardsInProcess(cluster, push_budget_mb, security, use_data_plane, &servers)) {
+    return -1;
+  }
+  WorkerLoop job;
+  job.loop = loop;
+  job.model_bytes = model_bytes;
+  job.elements = model_bytes / 4 / kTensors;
+  job.bucket_bytes = bucket_bytes;
+  job.seconds = seconds;
+  job.mode = mode;
+  std::vector<std::string> errors(workers);
+  const std::vector<double> rates =
+      RunWorkers(BaseClientOptions(servers, cluster, job.elements, use_data_plane), security, job,
+                 workers, cpu, &errors);
   for (Server& s : servers) {
     if (s.shard == nullptr) continue;  // a process, stopped on the way out
     s.shard->Shutdown();
     s.server->Shutdown();
   }
-  double sum = 0;
-  for (int w = 0; w < workers; ++w) {
-    if (rates[w] < 0) {
-      std::fprintf(stderr, "worker %d: %s\n", w, errors[w].c_str());
-      return -1;
-    }
-    sum += rates[w];
-  }
-  return sum / workers;
+  return MeanRate(rates, errors);
 }
 
 // The same push+pull loop for one worker against one ParameterShard called directly: the wire
@@ -447,103 +547,103 @@ ABSL_FLAG(std::string, loop, "pipelined",
           "With --only: serial (pull every tensor, then push every tensor) or pipelined (each "
           "tensor's push followed by its pull, as a worker with --overlap does).");
 
-int main(int argc, char** argv) {
-  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
-  absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
-  rubato::SkipMutexDeadlockDetection();
-  const double seconds = absl::GetFlag(FLAGS_seconds);
-  using rubato::Loop;
-  if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
-    int mb = 0, shards = 0, workers = 0;
-    if (std::sscanf(only.c_str(), "%d,%d,%d", &mb, &shards, &workers) != 3 || mb < 1 ||
-        shards < 1 || workers < 1) {
-      std::fprintf(stderr, "--only wants MB,shards,workers (e.g. 64,1,1), got '%s'\n",
-                   only.c_str());
-      return 2;
-    }
-    const std::string loop_name = absl::GetFlag(FLAGS_loop);
-    if (loop_name != "serial" && loop_name != "pipelined") {
-      std::fprintf(stderr, "--loop wants serial or pipelined, got '%s'\n", loop_name.c_str());
-      return 2;
-    }
-    const Loop loop = loop_name == "serial" ? Loop::kSerial : Loop::kPipelined;
-    const std::string mode_name = absl::GetFlag(FLAGS_mode);
-    if (mode_name != "async" && mode_name != "bsp") {
-      std::fprintf(stderr, "--mode wants async or bsp, got '%s'\n", mode_name.c_str());
-      return 2;
-    }
-    rubato::CpuUse cpu;
-    const double rate = rubato::Measure(
-        int64_t{mb} << 20, shards, workers, seconds, rubato::Security(), &cpu, loop,
-        absl::GetFlag(FLAGS_bucket_kb) << 10, absl::GetFlag(FLAGS_server_process),
-        mode_name == "bsp" ? rubato::BSP : rubato::ASYNC, absl::GetFlag(FLAGS_push_budget_mb));
-    std::printf("%d MB, %d shard(s), %d worker(s), %s, %s%s: %.3f GB/s per worker; %s\n", mb,
-                shards, workers, mode_name.c_str(), loop_name.c_str(),
-                absl::GetFlag(FLAGS_server_process) ? ", server process" : "", rate / 1e9,
-                rubato::CpuText(cpu, rate * workers).c_str());
-    return rate < 0 ? 1 : 0;
+namespace rubato {
+namespace {
+
+// --only: one configuration with the loop, mode and shards the flags say, as one line; the exit
+// status (2 for a bad flag, 1 when the measurement failed).
+int MeasureOnly(const std::string& only, double seconds) {
+  int mb = 0, shards = 0, workers = 0;
+  if (std::sscanf(only.c_str(), "%d,%d,%d", &mb, &shards, &workers) != 3 || mb < 1 || shards < 1 ||
+      workers < 1) {
+    std::fprintf(stderr, "--only wants MB,shards,workers (e.g. 64,1,1), got '%s'\n", only.c_str());
+    return 2;
   }
-  rubato::CpuMeter stream_meter;
-  const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
-  const rubato::CpuUse stream_cpu = stream_meter.Stop();
-  std::printf("loopback TCP stream (1 connection): %.2f GB/s; %s\n\n", tcp / 1e9,
-              rubato::CpuText(stream_cpu, tcp).c_str());
+  const std::string loop_name = absl::GetFlag(FLAGS_loop);
+  if (loop_name != "serial" && loop_name != "pipelined") {
+    std::fprintf(stderr, "--loop wants serial or pipelined, got '%s'\n", loop_name.c_str());
+    return 2;
+  }
+  const Loop loop = loop_name == "serial" ? Loop::kSerial : Loop::kPipelined;
+  const std::string mode_name = absl::GetFlag(FLAGS_mode);
+  if (mode_name != "async" && mode_name != "bsp") {
+    std::fprintf(stderr, "--mode wants async or bsp, got '%s'\n", mode_name.c_str());
+    return 2;
+  }
+  CpuUse cpu;
+  const double rate =
+      Measure(int64_t{mb} << 20, shards, workers, seconds, Security(), &cpu, loop,
+              absl::GetFlag(FLAGS_bucket_kb) << 10, absl::GetFlag(FLAGS_server_process),
+              mode_name == "bsp" ? BSP : ASYNC, absl::GetFlag(FLAGS_push_budget_mb));
+  std::printf("%d MB, %d shard(s), %d worker(s), %s, %s%s: %.3f GB/s per worker; %s\n", mb, shards,
+              workers, mode_name.c_str(), loop_name.c_str(),
+              absl::GetFlag(FLAGS_server_process) ? ", server process" : "", rate / 1e9,
+              CpuText(cpu, rate * workers).c_str());
+  return rate < 0 ? 1 : 0;
+}
+
+// The shard alone at each model size, then the bound on push+pull those figures and the TCP
+// stream's (`tcp` bytes/s costing `stream_cpu`) set with every core busy.
+void PrintShardAloneAndBounds(double seconds, double tcp, const CpuUse& stream_cpu) {
   std::vector<std::string> bounds;
   for (int64_t mb : {1, 16, 64}) {
-    rubato::CpuMeter meter;
-    const double direct = rubato::MeasureInProcess(mb << 20, seconds);
-    const rubato::CpuUse cpu = meter.Stop();
+    CpuMeter meter;
+    const double direct = MeasureInProcess(mb << 20, seconds);
+    const CpuUse cpu = meter.Stop();
     std::printf(
         "shard alone (in process, zero-copy API), %2lld MB, 1 worker: %.3f GB/s (%.2f x "
         "TCP stream); %s\n",
-        static_cast<long long>(mb), direct / 1e9, direct / tcp,
-        rubato::CpuText(cpu, direct).c_str());
+        static_cast<long long>(mb), direct / 1e9, direct / tcp, CpuText(cpu, direct).c_str());
     // A byte pushed or pulled costs at least the stream's two kernel copies and the shard's (and
     // the client's) own passes: with every core busy, no transport does better than this.
-    const double per_gb =
-        rubato::CoreSecondsPerGb(stream_cpu, tcp) + rubato::CoreSecondsPerGb(cpu, direct);
+    const double per_gb = CoreSecondsPerGb(stream_cpu, tcp) + CoreSecondsPerGb(cpu, direct);
     if (per_gb > 0) {
       const double bound = stream_cpu.machine_core_count / per_gb * 1e9;
       bounds.push_back(absl::StrFormat(
           "%2lld MB: %.3f + %.3f core-s per GB on %d cores: at most %.3f GB/s (%.2f x TCP stream)",
-          static_cast<long long>(mb), rubato::CoreSecondsPerGb(stream_cpu, tcp),
-          rubato::CoreSecondsPerGb(cpu, direct), stream_cpu.machine_core_count, bound / 1e9,
-          bound / tcp));
+          static_cast<long long>(mb), CoreSecondsPerGb(stream_cpu, tcp),
+          CoreSecondsPerGb(cpu, direct), stream_cpu.machine_core_count, bound / 1e9, bound / tcp));
     }
   }
   std::printf(
       "\nBound for push+pull (all workers together), from the CPU cost per GB of the stream's "
       "kernel copies\nand of the shard alone, with every core of the machine busy:\n");
   for (const std::string& b : bounds) std::printf("  %s\n", b.c_str());
+}
+
+// One row of the transport tables: the serial and the pipelined loop of one configuration.
+void PrintLoopsRow(int64_t mb, int shards, int workers, bool server_process, double seconds,
+                   double tcp) {
+  std::string out = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), shards, workers);
+  for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
+    CpuUse cpu;
+    const double rate = Measure(mb << 20, shards, workers, seconds, Security(), &cpu, loop,
+                                kDefaultPushBucketKb << 10, server_process);
+    if (rate < 0) {
+      absl::StrAppend(&out, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
+      continue;
+    }
+    absl::StrAppend(&out,
+                    absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9, rate * workers / tcp,
+                                    cpu.machine_cores, CoreSecondsPerGb(cpu, rate * workers)));
+  }
+  std::printf("%s\n", out.c_str());
+  std::fflush(stdout);
+}
+
+// Push+pull per worker with the shards in this process, then with rubato_server processes.
+void PrintTransportTables(double seconds, double tcp) {
   std::printf(
       "\nPush+pull GB/s per worker, serial and pipelined loops (see Measure); 'x stream' is the\n"
       "workers' aggregate over the TCP stream; cores busy machine-wide, and core-seconds per GB\n"
       "moved (all workers)\n%-8s %-7s %-8s | %11s %9s %6s %9s | %11s %9s %6s %9s\n",
       "model", "shards", "workers", "serial", "x stream", "cores", "core-s/GB", "pipelined",
       "x stream", "cores", "core-s/GB");
-  // One row: the serial and the pipelined loop of one configuration.
-  auto row = [&](int64_t mb, int shards, int workers, bool server_process) {
-    std::string out = absl::StrFormat("%-8s %-7d %-8d", absl::StrCat(mb, " MB"), shards, workers);
-    for (Loop loop : {Loop::kSerial, Loop::kPipelined}) {
-      rubato::CpuUse cpu;
-      const double rate =
-          rubato::Measure(mb << 20, shards, workers, seconds, rubato::Security(), &cpu, loop,
-                          rubato::kDefaultPushBucketKb << 10, server_process);
-      if (rate < 0) {
-        absl::StrAppend(&out, absl::StrFormat(" | %11s %9s %6s %9s", "error", "", "", ""));
-        continue;
-      }
-      absl::StrAppend(
-          &out, absl::StrFormat(" | %11.3f %9.2f %6.2f %9.3f", rate / 1e9, rate * workers / tcp,
-                                cpu.machine_cores, rubato::CoreSecondsPerGb(cpu, rate * workers)));
-    }
-    std::printf("%s\n", out.c_str());
-    std::fflush(stdout);
-  };
   for (int64_t mb : {1, 16, 64}) {
     for (int shards : {1, 2}) {
-      for (int workers : {1, 3}) row(mb, shards, workers, /*server_process=*/false);
+      for (int workers : {1, 3}) {
+        PrintLoopsRow(mb, shards, workers, /*server_process=*/false, seconds, tcp);
+      }
     }
   }
   std::printf(
@@ -552,9 +652,14 @@ int main(int argc, char** argv) {
       "model", "shards", "workers", "serial", "x stream", "cores", "core-s/GB", "pipelined",
       "x stream", "cores", "core-s/GB");
   for (int64_t mb : {1, 16, 64}) {
-    for (int workers : {1, 3}) row(mb, 1, workers, /*server_process=*/true);
+    for (int workers : {1, 3}) PrintLoopsRow(mb, 1, workers, /*server_process=*/true, seconds, tcp);
   }
-  std::optional<rubato::Security> secure = rubato::MakeTlsAndTokens();
+}
+
+// The cost of security, 1 shard: plaintext without tokens next to mutual TLS with per-worker
+// tokens. The exit status: 1 if no TLS material could be made.
+int PrintSecurityCost(double seconds) {
+  std::optional<Security> secure = MakeTlsAndTokens();
   if (!secure.has_value()) return 1;
   std::printf(
       "\nsecurity cost, 1 shard: plaintext without tokens vs mutual TLS + per-worker "
@@ -562,12 +667,34 @@ int main(int argc, char** argv) {
       "model", "workers", "plain GB/s", "TLS+token GB/s", "ratio");
   for (int64_t mb : {1, 16}) {
     for (int workers : {1, 3}) {
-      const double plain = rubato::Measure(mb << 20, 1, workers, seconds);
-      const double tls = rubato::Measure(mb << 20, 1, workers, seconds, *secure);
+      const double plain = Measure(mb << 20, 1, workers, seconds);
+      const double tls = Measure(mb << 20, 1, workers, seconds, *secure);
       std::printf("%-8s %-8d %14.3f %14.3f %8.2f\n", absl::StrCat(mb, " MB").c_str(), workers,
                   plain / 1e9, tls / 1e9, tls / plain);
       std::fflush(stdout);
     }
   }
   return 0;
+}
+
+}  // namespace
+}  // namespace rubato
+
+int main(int argc, char** argv) {
+  rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_keep_freed_memory)) rubato::KeepFreedMemory();
+  rubato::SkipMutexDeadlockDetection();
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
+    return rubato::MeasureOnly(only, seconds);
+  }
+  rubato::CpuMeter stream_meter;
+  const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
+  const rubato::CpuUse stream_cpu = stream_meter.Stop();
+  std::printf("loopback TCP stream (1 connection): %.2f GB/s; %s\n\n", tcp / 1e9,
+              rubato::CpuText(stream_cpu, tcp).c_str());
+  rubato::PrintShardAloneAndBounds(seconds, tcp, stream_cpu);
+  rubato::PrintTransportTables(seconds, tcp);
+  return rubato::PrintSecurityCost(seconds);
 }

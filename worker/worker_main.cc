@@ -24,7 +24,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
@@ -40,7 +39,6 @@
 #include "common/security.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
-#include "proto/progress.pb.h"
 #include "worker/ring/allreduce_client.h"
 #include "worker/model/cuda/cuda_backend.h"
 #include "worker/model/cuda/cuda_device.h"
@@ -54,6 +52,7 @@
 #include "worker/model/sharpness.h"
 #include "worker/straggler_model.h"
 #include "worker/training_loop.h"
+#include "worker/worker_records.h"
 
 ABSL_FLAG(int, worker_id, -1, "This worker's rank in [0, num_workers). Required.");
 ABSL_FLAG(std::string, data_dir, rubato::kFashionMnistDefaultDir, "Fashion-MNIST IDX directory.");
@@ -163,16 +162,6 @@ namespace {
 
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
-
-// FNV-1a over the final weights' bytes: equal on workers that hold bit-identical parameters.
-uint64_t ParamsFingerprint(const std::vector<std::vector<float>>& params) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const std::vector<float>& t : params) {
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(t.data());
-    for (size_t i = 0; i < t.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ULL;
-  }
-  return h;
-}
 
 // Largest shard's bytes over the mean: 1 is a perfect balance.
 double MaxOverMean(const std::vector<int64_t>& bytes) {
@@ -285,18 +274,8 @@ int EvalModel(const std::string& path) {
   absl::StatusOr<rubato::EvalResult> r =
       backend->Evaluate(spans, test->features.data(), test->labels.data(), test->size);
   if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
-  rubato::ProgressRecord record;
-  rubato::EvalModelRecord* e = record.mutable_eval_model();
-  e->set_path(path);
-  e->set_model(loaded->file.model());
-  e->set_steps(loaded->file.steps());
-  e->set_mode(loaded->file.mode());
-  e->set_backend(backend->name());
-  e->set_test_loss(rubato::RoundDecimals(r->loss, 5));
-  e->set_test_accuracy(rubato::RoundDecimals(r->accuracy, 5));
-  e->set_examples(r->examples);
-  e->set_job_test_accuracy(rubato::RoundDecimals(loaded->file.test_accuracy(), 5));
-  rubato::WriteProgress(std::cout, record);
+  rubato::WriteProgress(std::cout,
+                        rubato::EvalModelProgress(path, loaded->file, backend->name(), *r));
   return 0;
 }
 
@@ -355,20 +334,8 @@ int Sharpness(const std::string& path) {
     absl::StatusOr<rubato::SharpnessResult> r =
         rubato::EpsilonSharpness(loaded->params, loss, {eps, steps});
     if (!r.ok()) return Fail(kExitRuntime, r.status().ToString());
-    rubato::ProgressRecord record;
-    rubato::SharpnessRecord* s = record.mutable_sharpness();
-    s->set_path(path);
-    s->set_model(loaded->file.model());
-    s->set_global_batch(loaded->file.global_batch());
-    s->set_optimizer(loaded->file.optimizer());
-    s->set_epsilon(rubato::RoundSignificant(eps, 6));
-    s->set_steps(steps);
-    s->set_examples(train->size);
-    s->set_loss(rubato::RoundDecimals(r->loss, 6));
-    s->set_max_loss(rubato::RoundDecimals(r->max_loss, 6));
-    s->set_sharpness(rubato::RoundDecimals(r->sharpness, 4));
-    s->set_best_step(r->best_step);
-    rubato::WriteProgress(std::cout, record);
+    rubato::WriteProgress(
+        std::cout, rubato::SharpnessProgress(path, loaded->file, eps, steps, train->size, *r));
   }
   return 0;
 }
@@ -461,16 +428,9 @@ absl::StatusOr<ModelChoice> ModelFromFlags() {
   return m;
 }
 
-// The job's length: every worker runs the same number of steps, so that no BSP barrier waits for
-// a finished worker.
-struct JobLength {
-  int64_t global_batch = 0;
-  int64_t steps_per_epoch = 0;
-  int64_t steps = 0;
-};
-
-JobLength LengthFromFlags(int batch_size, int num_workers, int64_t train_examples) {
-  JobLength j;
+// The job's length from --steps, or --epochs over `train_examples`.
+rubato::JobLength LengthFromFlags(int batch_size, int num_workers, int64_t train_examples) {
+  rubato::JobLength j;
   j.global_batch = int64_t{batch_size} * num_workers;
   j.steps_per_epoch = std::max<int64_t>(1, (train_examples + j.global_batch - 1) / j.global_batch);
   j.steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps)
@@ -479,7 +439,8 @@ JobLength LengthFromFlags(int batch_size, int num_workers, int64_t train_example
 }
 
 rubato::PsClientOptions ClientOptionsFromFlags(const rubato::ClusterSpec& cluster, int worker_id,
-                                               const JobLength& job, const rubato::ModelSpec& spec,
+                                               const rubato::JobLength& job,
+                                               const rubato::ModelSpec& spec,
                                                const rubato::ClientSecurity& security) {
   rubato::PsClientOptions o;
   o.servers.assign(cluster.servers().begin(), cluster.servers().end());
@@ -570,53 +531,10 @@ class Heartbeats {
   std::thread thread_;  // Last: started once stop_ exists.
 };
 
-rubato::ProgressRecord StartRecord(int worker_id, const JobLength& job, int batch_size,
-                                   const ModelChoice& model, const rubato::ModelBackend& backend,
-                                   bool overlap, const rubato::ClusterSpec& cluster,
-                                   int64_t shard_size) {
-  rubato::ProgressRecord r;
-  rubato::StartRecord* s = r.mutable_start();
-  s->set_worker(worker_id);
-  s->set_steps(job.steps);
-  s->set_steps_per_epoch(job.steps_per_epoch);
-  s->set_batch_size(batch_size);
-  s->set_global_batch(job.global_batch);
-  s->set_model(model.text);
-  s->set_parameters(rubato::ModelParamCount(model.spec));
-  s->set_backend(backend.name());
-  s->set_overlap(overlap);
-  s->set_mode(rubato::FormatConsistency(cluster.consistency()));
-  s->set_shard_examples(shard_size);
-  return r;
-}
-
-rubato::ProgressRecord DoneRecord(int worker_id, const rubato::TrainingResult& result,
-                                  const std::vector<std::vector<float>>& params, bool evaluated) {
-  rubato::ProgressRecord r;
-  rubato::DoneRecord* d = r.mutable_done();
-  d->set_worker(worker_id);
-  d->set_steps(result.steps);
-  d->set_computed_steps(result.computed_steps);
-  d->set_skipped_steps(result.skipped_steps);
-  d->set_redone_steps(result.redone_steps);
-  d->set_rejoins(result.rejoins);
-  d->set_wall_s(rubato::RoundDecimals(result.wall_seconds, 3));
-  d->set_params_fnv1a(absl::StrFormat("%016x", ParamsFingerprint(params)));
-  d->set_train_loss(rubato::RoundDecimals(result.final_loss, 5));
-  if (evaluated) {
-    d->set_test_loss(rubato::RoundDecimals(result.test.loss, 5));
-    d->set_test_accuracy(rubato::RoundDecimals(result.test.accuracy, 5));
-  }
-  d->set_final_batch(result.final_batch);
-  if (std::isfinite(result.noise_scale)) {
-    d->set_noise_scale(rubato::RoundSignificant(result.noise_scale, 6));
-  }
-  return r;
-}
-
 // --export_model (worker 0): the trained model and what it scored.
-absl::Status ExportIfAsked(int worker_id, const rubato::ClusterSpec& cluster, const JobLength& job,
-                           const ModelChoice& model, const rubato::TrainingResult& result,
+absl::Status ExportIfAsked(int worker_id, const rubato::ClusterSpec& cluster,
+                           const rubato::JobLength& job, const ModelChoice& model,
+                           const rubato::TrainingResult& result,
                            const std::vector<std::vector<float>>& params) {
   const std::string path = absl::GetFlag(FLAGS_export_model);
   if (path.empty() || worker_id != 0) return absl::OkStatus();
@@ -658,7 +576,7 @@ struct Setup {
   rubato::Dataset test;  // Empty when this worker does not evaluate.
   bool evaluates = false;
   std::optional<rubato::ShardedBatcher> batcher;
-  JobLength job;
+  rubato::JobLength job;
   std::unique_ptr<rubato::ModelBackend> backend;
   std::unique_ptr<rubato::PsClient> client;
 };
@@ -779,8 +697,10 @@ int Train(Setup* s) {
   const bool overlap = rubato::OverlapEnabled(options, *client, &no_overlap_reason);
   if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
   rubato::WriteProgress(
-      std::cout, StartRecord(s->worker_id, s->job, s->batch_size, s->model, *s->backend, overlap,
-                             s->cluster, s->batcher->shard_size()));
+      std::cout, rubato::StartProgress(s->worker_id, s->job, s->batch_size, s->model.text,
+                                       rubato::ModelParamCount(s->model.spec), s->backend->name(),
+                                       overlap, rubato::FormatConsistency(s->cluster.consistency()),
+                                       s->batcher->shard_size()));
   std::atomic<int64_t> current_step{*start_step};
   options.current_step = &current_step;
   absl::StatusOr<rubato::TrainingResult> result;
@@ -795,7 +715,8 @@ int Train(Setup* s) {
   if (absl::Status st = client->Finish(result->steps); !st.ok()) {
     RUBATO_LOG(WARNING) << "could not tell every shard that this worker finished: " << st;
   }
-  rubato::WriteProgress(std::cout, DoneRecord(s->worker_id, *result, params, s->evaluates));
+  rubato::WriteProgress(std::cout,
+                        rubato::DoneProgress(s->worker_id, *result, params, s->evaluates));
   if (absl::Status st = ExportIfAsked(s->worker_id, s->cluster, s->job, s->model, *result, params);
       !st.ok()) {
     return Fail(kExitRuntime, std::string(st.message()));
