@@ -47,6 +47,7 @@
 #include "worker/model/model_backend.h"
 #include "worker/model/model_file.h"
 #include "worker/model/model_spec.h"
+#include "worker/ps/heartbeats.h"
 #include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 #include "worker/model/sharpness.h"
@@ -506,31 +507,6 @@ absl::StatusOr<std::unique_ptr<rubato::PsClient>> CreateRingClient(
   return created;
 }
 
-// Keeps this worker's lease on every shard while it computes or waits at a barrier: a heartbeat
-// every lease / 4, from the construction to the destruction.
-class Heartbeats {
- public:
-  Heartbeats(rubato::PsClient* client, int64_t lease_ms, const std::atomic<int64_t>* step)
-      : thread_([this, client, lease_ms, step] {
-          const absl::Duration period = absl::Milliseconds(std::max<int64_t>(lease_ms / 4, 1));
-          bool failing = false;
-          while (!stop_.WaitForNotificationWithTimeout(period)) {
-            const absl::Status s = client->Heartbeat(step->load());
-            if (!s.ok() && !failing) RUBATO_LOG(WARNING) << "heartbeat failed: " << s;
-            if (s.ok() && failing) RUBATO_LOG(INFO) << "heartbeats answered again";
-            failing = !s.ok();
-          }
-        }) {}
-  ~Heartbeats() {
-    stop_.Notify();
-    thread_.join();
-  }
-
- private:
-  absl::Notification stop_;
-  std::thread thread_;  // Last: started once stop_ exists.
-};
-
 // --export_model (worker 0): the trained model and what it scored.
 absl::Status ExportIfAsked(int worker_id, const rubato::ClusterSpec& cluster,
                            const rubato::JobLength& job, const ModelChoice& model,
@@ -705,7 +681,7 @@ int Train(Setup* s) {
   options.current_step = &current_step;
   absl::StatusOr<rubato::TrainingResult> result;
   {
-    Heartbeats heartbeats(client, s->cluster.lease_ms(), &current_step);
+    rubato::Heartbeats heartbeats(client, s->cluster.lease_ms(), &current_step);
     result = rubato::RunTraining(options, s->model.spec, client, s->backend.get(), &*s->batcher,
                                  s->test, &params, &std::cout);
   }
