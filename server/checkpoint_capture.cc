@@ -10,6 +10,19 @@
 
 namespace rubato {
 
+void CheckpointAssembler::Attach(const std::vector<std::unique_ptr<TensorAggregator>>& tensors,
+                                 int64_t every_steps, int64_t versions_per_step) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i]->SetCheckpointing(
+        every_steps * versions_per_step,
+        [this, i, versions_per_step](int64_t version, TensorSnapshot weights,
+                                     TensorOptimizerState state) {
+          Add(static_cast<int>(i), version / versions_per_step, std::move(weights),
+              std::move(state));
+        });
+  }
+}
+
 void CheckpointAssembler::Add(int tensor, int64_t step, TensorSnapshot weights,
                               TensorOptimizerState state) {
   std::shared_ptr<CapturedCheckpoint> complete;

@@ -53,6 +53,11 @@ class CheckpointAssembler {
   // The step of the last complete capture (-1: none).
   int64_t last_step() const { return last_step_.load(); }
 
+  // Has each of `tensors` capture its state every `every_steps` job steps (`versions_per_step`
+  // versions each: the policy's VersionsPerStep) into this assembler, which must outlive them.
+  void Attach(const std::vector<std::unique_ptr<TensorAggregator>>& tensors, int64_t every_steps,
+              int64_t versions_per_step);
+
  private:
   struct Pending {
     std::vector<TensorSnapshot> weights;

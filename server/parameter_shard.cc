@@ -232,34 +232,15 @@ void ParameterShard::TensorsReady() {
   if (options_.checkpoint_every_steps <= 0 || !options_.on_checkpoint) return;
   checkpoints_ = std::make_unique<CheckpointAssembler>(static_cast<int>(tensors_.size()),
                                                        options_.on_checkpoint);
-  const int64_t per_step = policy_->VersionsPerStep(options_.cluster.num_workers());
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    tensors_[i]->SetCheckpointing(
-        options_.checkpoint_every_steps * per_step,
-        [this, i, per_step](int64_t version, TensorSnapshot weights, TensorOptimizerState state) {
-          checkpoints_->Add(static_cast<int>(i), version / per_step, std::move(weights),
-                            std::move(state));
-        });
-  }
+  checkpoints_->Attach(tensors_, options_.checkpoint_every_steps,
+                       policy_->VersionsPerStep(options_.cluster.num_workers()));
 }
 
 absl::Status ParameterShard::StartTrainingIfComplete() {
   if (schedule_.has_value() || members_.members() < options_.cluster.num_workers()) {
     return absl::OkStatus();
   }
-  ScheduleContext context;
-  for (int w = 0; w < members_.num_workers(); ++w) {
-    context.global_batch += members_.worker(w).batch_size;
-  }
-  context.steps_per_epoch = members_.worker(0).steps_per_epoch;
-  context.total_steps = members_.worker(0).total_steps;
-  absl::StatusOr<LearningRateScheduler> schedule = LearningRateScheduler::Create(
-      options_.cluster.optimizer().learning_rate(), options_.cluster.lr_schedule(), context);
-  if (!schedule.ok()) {
-    return absl::Status(schedule.status().code(),
-                        absl::StrCat("cannot start training: ", schedule.status().message()));
-  }
-  schedule_ = std::move(*schedule);
+  ASSIGN_OR_RETURN(schedule_, ScheduleFor(members_, options_.cluster));
   schedule_ptr_.store(&*schedule_, std::memory_order_release);
   batch_.Start(members_.num_workers(), members_.worker(0).batch_size);
   RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()

@@ -133,4 +133,21 @@ absl::Status ValidateRollbackRequest(const RollbackRequest& request, const Clust
   return absl::OkStatus();
 }
 
+absl::StatusOr<LearningRateScheduler> ScheduleFor(const Membership& members,
+                                                  const ClusterSpec& cluster) {
+  ScheduleContext context;
+  for (int w = 0; w < members.num_workers(); ++w) {
+    context.global_batch += members.worker(w).batch_size;
+  }
+  context.steps_per_epoch = members.worker(0).steps_per_epoch;
+  context.total_steps = members.worker(0).total_steps;
+  absl::StatusOr<LearningRateScheduler> schedule = LearningRateScheduler::Create(
+      cluster.optimizer().learning_rate(), cluster.lr_schedule(), context);
+  if (!schedule.ok()) {
+    return absl::Status(schedule.status().code(),
+                        absl::StrCat("cannot start training: ", schedule.status().message()));
+  }
+  return schedule;
+}
+
 }  // namespace rubato

@@ -13,7 +13,9 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/parameter_server.pb.h"
+#include "common/lr_schedule.h"
 #include "server/consistency_policy.h"
+#include "server/membership.h"
 #include "server/tensor_aggregator.h"
 
 namespace rubato {
@@ -53,6 +55,12 @@ class InitialValuesElection {
 // recovery 0 (a fresh start's); FAILED_PRECONDITION under a policy that does not roll back.
 absl::Status ValidateRollbackRequest(const RollbackRequest& request, const ClusterSpec& cluster,
                                      const ConsistencyPolicy& policy);
+
+// The job's learning-rate schedule once every worker has registered: over the sum of their
+// batches, their steps per epoch and total steps. The scheduler's error, prefixed "cannot start
+// training: ", for a schedule the job cannot run.
+absl::StatusOr<LearningRateScheduler> ScheduleFor(const Membership& members,
+                                                  const ClusterSpec& cluster);
 
 }  // namespace rubato
 
