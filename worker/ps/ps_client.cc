@@ -138,8 +138,11 @@ class ShardedPsClient final : public PsClient {
       std::vector<RegisterResponse> responses;
       absl::StatusOr<int64_t> resume = RegisterRound(initial, batch_size, resume_step, &responses);
       if (!resume.ok()) {
-        if (rollbacks > 0 && absl::IsUnavailable(resume.status()) && Now() < deadline) {
-          options_.clock->SleepFor(absl::Milliseconds(200));  // A shard restarting to roll back.
+        // A shard restarting to roll back, asked by this worker or by another (it answers
+        // "shutting down" until it exits, then cannot be reached until it is up again): its
+        // restarted self is waited for up to the connect timeout, as a shard not up yet is.
+        if (absl::IsUnavailable(resume.status()) && Now() < deadline) {
+          options_.clock->SleepFor(absl::Milliseconds(200));
           continue;
         }
         return resume.status();

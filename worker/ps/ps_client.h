@@ -49,7 +49,8 @@ class PsClient {
   virtual ~PsClient() = default;
 
   // Registers with every shard, offering `initial` values (one per tensor) for shards not yet
-  // initialised. Waits up to the connect timeout for servers that are not up yet. Returns the step
+  // initialised. Waits up to the connect timeout for servers that are not up yet, or that answer
+  // UNAVAILABLE (a shard shutting down to roll back, which another worker may have asked for). Returns the step
   // to compute next: the smallest tensor version over the shards (0 for a new job; later for a
   // worker that rejoins after being dropped).
   virtual absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial,
