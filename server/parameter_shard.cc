@@ -89,17 +89,20 @@ ParameterShard::~ParameterShard() {
   Shutdown();
 }
 
-void ParameterShard::Shutdown() {
+void ParameterShard::Shutdown(absl::Status why) {
   std::vector<PullStatePtr> failed;
   Released released;
+  absl::Status status;
   {
     absl::MutexLock lock(&mu_);
+    if (!shutdown_) shutdown_status_ = why.ok() ? ShuttingDown(options_.shard_id) : why;
     shutdown_ = true;
-    for (auto& t : tensors_) t->ReleaseHeld(ShuttingDown(options_.shard_id), &released);
+    status = shutdown_status_;
+    for (auto& t : tensors_) t->ReleaseHeld(status, &released);
     parked_.EndAll(&failed);
     parked_changed_.SignalAll();
   }
-  for (const PullStatePtr& p : failed) p->Answer(ShuttingDown(options_.shard_id), {});
+  for (const PullStatePtr& p : failed) p->Answer(status, {});
   Finish(&released);
 }
 
@@ -156,7 +159,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
-    if (shutdown_) return absl::UnavailableError("parameter server is shutting down");
+    if (shutdown_) return shutdown_status_;
     RETURN_IF_ERROR(members_.CheckSameJob(id, request.steps_per_epoch(), request.total_steps()));
     if (!initialised_ && request.initial_values().empty()) {
       // One registrant is asked for the values; the others come back once they are in.
@@ -409,7 +412,7 @@ void ParameterShard::Finish(Released* released) {
 // ---- Pulls ----
 
 absl::StatusOr<std::vector<int>> ParameterShard::CheckPull(const PullRequest& request) const {
-  if (shutdown_) return ShuttingDown(options_.shard_id);
+  if (shutdown_) return shutdown_status_;
   RETURN_IF_ERROR(members_.CheckMember(request.worker_id()));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
   return ResolvePull(request, index_, static_cast<int>(tensors_.size()), options_.shard_id);

@@ -187,8 +187,11 @@ class ParameterShard : private PushStages {
   // this shard's; INVALID_ARGUMENT for a bad worker, step or id.
   absl::StatusOr<RollbackResponse> Rollback(const RollbackRequest& request);
 
-  // Fails every waiting pull with UNAVAILABLE; later pulls fail at once. Idempotent.
-  void Shutdown();
+  // Fails every waiting pull, held gradient and later call with `why` (UNAVAILABLE "parameter
+  // server shard N is shutting down" if not given; workers do not retry that). A shard that stops
+  // to be started again (a roll-back) gives an UNAVAILABLE that does not say "shutting down", so
+  // that workers retry their calls until its restarted self answers. The first call decides.
+  void Shutdown(absl::Status why = absl::OkStatus());
 
  private:
   ParameterShard(const ShardOptions& options, std::unique_ptr<ConsistencyPolicy> policy,
@@ -253,6 +256,7 @@ class ParameterShard : private PushStages {
   mutable absl::Mutex mu_;
   bool initialised_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);  // What calls get once shut down.
   InitialValuesElection election_ ABSL_GUARDED_BY(mu_);
   // Set once, at the first registration or the restore, and constant after (read without the
   // lock by pushes that passed the checks made under it).

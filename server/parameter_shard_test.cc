@@ -778,6 +778,24 @@ TEST(ParameterShardTest, ShutdownFailsWaitingPulls) {
   shard->Shutdown();
   ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_EQ(r->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r->status.message(), "parameter server shard 0 is shutting down");
+}
+
+// A shard that stops to be started again (a roll-back) answers what workers retry, not "shutting
+// down" (which ends them): the waiting pull, a later pull and a later registration all get it.
+TEST(ParameterShardTest, AShutdownToRestartAnswersItsOwnRetryableStatus) {
+  auto shard = StartedShard(2);
+  auto r = StartPull(shard.get(), 0, 1);
+  const absl::Status restarting =
+      absl::UnavailableError("parameter server shard 0 is restarting to roll back");
+  shard->Shutdown(restarting);
+  shard->Shutdown();  // The first call decides.
+  ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(r->status, restarting);
+  auto later = StartPull(shard.get(), 1, 1);
+  ASSERT_TRUE(later->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(later->status, restarting);
+  EXPECT_EQ(shard->Register(Registration(0, 2)).status(), restarting);
 }
 
 TEST(ParameterShardTest, SilentWorkerIsDroppedAndTheStepCompletesWithoutIt) {

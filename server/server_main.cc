@@ -561,7 +561,12 @@ int main(int argc, char** argv) {
   front.StopServingHealth();
   checkpoints.Finish();
   const rubato::GetStatsResponse stats = (*shard)->Stats();
-  (*shard)->Shutdown();  // Answers parked pulls first, so that the server can drain.
+  // Answers parked pulls first, so that the server can drain. Rolling back, the shard comes back
+  // at once: its answer is one that workers retry until it does.
+  (*shard)->Shutdown(rolling_back ? absl::UnavailableError(absl::StrCat(
+                                        "parameter server shard ", config->shard_id,
+                                        " is restarting to roll back"))
+                                  : absl::OkStatus());
   front.Stop();
   checkpoints.StopWriter();
   ReportStats(stats);
