@@ -11,11 +11,6 @@
 
 namespace rubato {
 
-grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message) {
-  grpc::Slice slice(message.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 namespace {
 
 // Releases the reference to a version's weights that a pull answer's slice held.
@@ -75,9 +70,7 @@ absl::StatusOr<std::shared_ptr<ReceivedPush>> ReceivePush(const grpc::ByteBuffer
 
 absl::StatusOr<PullRequest> ReceivePull(const grpc::ByteBuffer& request) {
   PullRequest pull;
-  grpc::Slice whole;
-  if (!request.DumpToSingleSlice(&whole).ok() ||
-      !pull.ParseFromArray(whole.begin(), static_cast<int>(whole.size()))) {
+  if (!ParseSerializedMessage(request, &pull)) {
     return absl::InvalidArgumentError("malformed PullRequest");
   }
   return pull;

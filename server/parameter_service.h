@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/grpc_bytes.h"
 #include "common/security.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "server/parameter_shard.h"
@@ -33,8 +34,6 @@ using ParameterServiceBase =
             ParameterServer::WithCallbackMethod_Finish<ParameterServer::WithCallbackMethod_GetStats<
                 ParameterServer::WithCallbackMethod_Rollback<ParameterServer::Service>>>>>>>;
 
-// A small message as one slice.
-grpc::ByteBuffer SerializedMessage(const google::protobuf::MessageLite& message);
 // A PullResponse as slices: each tensor's framing, then its weights in place (the slices hold
 // references to the shared weights).
 grpc::ByteBuffer EncodePullResponse(const std::vector<PulledTensor>& tensors);

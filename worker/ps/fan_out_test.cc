@@ -9,40 +9,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "worker/ps/refusing_shard_channel.h"
 
 namespace rubato {
 namespace {
-
-// A channel that only names its shard: the calls under test are the tests' own StartCalls.
-class NamedChannel final : public ShardChannel {
- public:
-  explicit NamedChannel(std::string address) : address_(std::move(address)) {}
-  void Register(const RegisterRequest&, RegisterResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("x"));
-  }
-  void Rollback(const RollbackRequest&, RollbackResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("x"));
-  }
-  void Heartbeat(const HeartbeatRequest&, HeartbeatResponse*, const CallOptions&,
-                 Done d) override {
-    d(absl::UnimplementedError("x"));
-  }
-  void Finish(const FinishRequest&, FinishResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("x"));
-  }
-  void Push(const grpc::ByteBuffer*, grpc::ByteBuffer*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("x"));
-  }
-  void Pull(const grpc::ByteBuffer*, grpc::ByteBuffer*, PullSink*, const CallOptions&,
-            Done d) override {
-    d(absl::UnimplementedError("x"));
-  }
-  const std::string& address() const override { return address_; }
-  std::string Diagnose() const override { return "diagnosed " + address_; }
-
- private:
-  std::string address_;
-};
 
 // Calls whose answers the test gives: each started call waits in `held` until Answer.
 class Script {
@@ -97,7 +67,7 @@ class Script {
 struct Fixture {
   explicit Fixture(int shards) : timer(&clock) {
     for (int s = 0; s < shards; ++s) {
-      channels.push_back(std::make_unique<NamedChannel>("fake:" + std::to_string(s)));
+      channels.push_back(std::make_unique<RefusingShardChannel>("fake:" + std::to_string(s)));
       context.channels.push_back(channels.back().get());
     }
     context.timer = &timer;
@@ -105,7 +75,7 @@ struct Fixture {
   }
   SimulatedClock clock;
   RetryTimer timer;
-  std::vector<std::unique_ptr<NamedChannel>> channels;
+  std::vector<std::unique_ptr<RefusingShardChannel>> channels;
   FanOutContext context;
 };
 

@@ -7,19 +7,15 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "worker/ps/refusing_shard_channel.h"
 
 namespace rubato {
 namespace {
 
 // A shard that answers heartbeats at once and records the steps they report.
-class HeartbeatCounter final : public ShardChannel {
+class HeartbeatCounter final : public RefusingShardChannel {
  public:
-  void Register(const RegisterRequest&, RegisterResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Rollback(const RollbackRequest&, RollbackResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
+  HeartbeatCounter() : RefusingShardChannel("counter") {}
   void Heartbeat(const HeartbeatRequest& request, HeartbeatResponse*, const CallOptions&,
                  Done d) override {
     {
@@ -28,18 +24,6 @@ class HeartbeatCounter final : public ShardChannel {
     }
     d(absl::OkStatus());
   }
-  void Finish(const FinishRequest&, FinishResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Push(const grpc::ByteBuffer*, grpc::ByteBuffer*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Pull(const grpc::ByteBuffer*, grpc::ByteBuffer*, PullSink*, const CallOptions&,
-            Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  const std::string& address() const override { return address_; }
-  std::string Diagnose() const override { return ""; }
 
   std::vector<int64_t> steps() {
     absl::MutexLock lock(&mu_);
@@ -47,7 +31,6 @@ class HeartbeatCounter final : public ShardChannel {
   }
 
  private:
-  const std::string address_ = "counter";
   absl::Mutex mu_;
   std::vector<int64_t> steps_ ABSL_GUARDED_BY(mu_);
 };

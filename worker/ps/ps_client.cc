@@ -442,15 +442,22 @@ class ShardedPsClient final : public PsClient {
     t->pull_into = into;
   }
 
+  // Calls to `shards` that carry tensors: each with the call deadline, retried while a shard is
+  // unreachable.
+  FanOutSpec PushPullCalls(std::vector<int> shards) const {
+    FanOutSpec spec;
+    spec.shards = std::move(shards);
+    spec.timeout = options_.rpc_timeout;
+    spec.retry = Retry::kWhileUnavailable;
+    return spec;
+  }
+
   // The push's calls, through the shards' push gates, retried while a shard is unreachable; then
   // the pull, if any.
   void StartPushCalls(const std::shared_ptr<Ticket>& t) {
-    FanOutSpec spec;
-    spec.shards = t->push_shards;
+    FanOutSpec spec = PushPullCalls(t->push_shards);
     spec.weights = t->weights;
     spec.gates = gates_;
-    spec.timeout = options_.rpc_timeout;
-    spec.retry = Retry::kWhileUnavailable;
     StartFanOut(
         &context_, std::move(spec),
         [t](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
@@ -480,10 +487,7 @@ class ShardedPsClient final : public PsClient {
       t->sinks.push_back(codec_.SinkFor(t->pull_tensors[c], t->pull_into));
     }
     t->pulled.resize(calls);
-    FanOutSpec spec;
-    spec.shards = t->pull_shards;
-    spec.timeout = options_.rpc_timeout;
-    spec.retry = Retry::kWhileUnavailable;
+    FanOutSpec spec = PushPullCalls(t->pull_shards);
     StartFanOut(
         &context_, std::move(spec),
         [t](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,

@@ -6,16 +6,21 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "worker/ps/ps_client.h"
+#include "worker/ps/refusing_shard_channel.h"
 
 namespace rubato {
 namespace {
 
 // A shard whose first `refusals` Register calls answer UNAVAILABLE "shutting down" (a shard
 // exiting to roll back), and later ones register the worker at `resume_step`.
-class RestartingShard final : public ShardChannel {
+class RestartingShard final : public RefusingShardChannel {
  public:
   RestartingShard(int shard, int shards, int refusals, int64_t resume_step)
-      : shard_(shard), shards_(shards), refusals_(refusals), resume_step_(resume_step) {}
+      : RefusingShardChannel("scripted:" + std::to_string(shard)),
+        shard_(shard),
+        shards_(shards),
+        refusals_(refusals),
+        resume_step_(resume_step) {}
 
   void Register(const RegisterRequest&, RegisterResponse* response, const CallOptions&,
                 Done d) override {
@@ -32,25 +37,6 @@ class RestartingShard final : public ShardChannel {
     response->set_resume_step(resume_step_);
     d(absl::OkStatus());
   }
-  void Rollback(const RollbackRequest&, RollbackResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Heartbeat(const HeartbeatRequest&, HeartbeatResponse*, const CallOptions&,
-                 Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Finish(const FinishRequest&, FinishResponse*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Push(const grpc::ByteBuffer*, grpc::ByteBuffer*, const CallOptions&, Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  void Pull(const grpc::ByteBuffer*, grpc::ByteBuffer*, PullSink*, const CallOptions&,
-            Done d) override {
-    d(absl::UnimplementedError("not in this test"));
-  }
-  const std::string& address() const override { return address_; }
-  std::string Diagnose() const override { return "scripted"; }
 
   int calls() {
     absl::MutexLock lock(&mu_);
@@ -62,7 +48,6 @@ class RestartingShard final : public ShardChannel {
   const int shards_;
   const int refusals_;
   const int64_t resume_step_;
-  const std::string address_ = "scripted:" + std::to_string(shard_);
   absl::Mutex mu_;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
 };

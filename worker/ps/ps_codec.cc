@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_bytes.h"
 #include "common/log.h"
 #include "common/tensor_wire.h"
 
@@ -42,16 +43,9 @@ void BorrowedSlices::Release(void* self) {
   --b->out_;
 }
 
-grpc::ByteBuffer MessageBytes(const google::protobuf::MessageLite& message) {
-  grpc::Slice slice(message.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 absl::Status ParseMessageBytes(const std::string& address, const grpc::ByteBuffer& raw,
                                google::protobuf::MessageLite* message) {
-  grpc::Slice whole;
-  if (!raw.DumpToSingleSlice(&whole).ok() ||
-      !message->ParseFromArray(whole.begin(), static_cast<int>(whole.size()))) {
+  if (!ParseSerializedMessage(raw, message)) {
     return absl::InternalError(
         absl::StrCat("server ", address, " sent a malformed ", message->GetTypeName()));
   }
@@ -63,7 +57,7 @@ grpc::ByteBuffer PsCodec::PullRequestFor(int64_t step, const std::vector<int>& t
   request.set_worker_id(worker_id_);
   request.set_step(step);
   for (int i : tensors) request.add_names(model_[i].name());
-  return MessageBytes(request);
+  return SerializedMessage(request);
 }
 
 grpc::ByteBuffer PsCodec::PushRequestFor(int64_t step, const std::vector<PushPiece>& pieces,

@@ -43,9 +43,6 @@ class BorrowedSlices {
   int out_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A small message as one slice.
-grpc::ByteBuffer MessageBytes(const google::protobuf::MessageLite& message);
-
 // A small answer (a PushResponse) from its bytes; INTERNAL naming the server if malformed.
 absl::Status ParseMessageBytes(const std::string& address, const grpc::ByteBuffer& raw,
                                google::protobuf::MessageLite* message);
