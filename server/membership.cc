@@ -43,6 +43,25 @@ void Membership::SetMember(int id, bool member) {
   min_clock_valid_ = false;
 }
 
+Membership::Worker Membership::Enroll(int id, int32_t batch_size, int64_t steps_per_epoch,
+                                      int64_t total_steps, int64_t resume_step, absl::Time now) {
+  const Worker before = workers_[id];
+  SetMember(id, true);
+  Worker& w = workers_[id];
+  w.finished = false;
+  w.batch_size = batch_size;
+  w.steps_per_epoch = steps_per_epoch;
+  w.total_steps = total_steps;
+  w.last_step = resume_step - 1;
+  w.last_seen = now;
+  return before;
+}
+
+void Membership::Unenroll(int id, const Worker& before) {
+  SetMember(id, before.registered);
+  workers_[id] = before;
+}
+
 absl::Time Membership::ExpireLeases(absl::Time now, std::vector<int>* dropped) {
   const absl::Duration lease = absl::Milliseconds(lease_ms_);
   absl::Time next = absl::InfiniteFuture();

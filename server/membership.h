@@ -50,6 +50,12 @@ class Membership {
   // FAILED_PRECONDITION for an unknown one.
   absl::Status CheckMember(int id) const;
   void SetMember(int id, bool member);
+  // Worker `id` registers (again): a member, not finished, with this batch and job, going on from
+  // `resume_step`, seen at `now`. Returns what it was before, for Unenroll.
+  Worker Enroll(int id, int32_t batch_size, int64_t steps_per_epoch, int64_t total_steps,
+                int64_t resume_step, absl::Time now);
+  // Puts worker `id` back as it was before Enroll (a registration refused after all).
+  void Unenroll(int id, const Worker& before);
 
   // Drops members silent for longer than the lease (into *dropped) and returns the earliest time
   // another member's lease can run out. `shard_id` names the shard in the log.

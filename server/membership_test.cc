@@ -86,6 +86,35 @@ TEST(MembershipTest, SilentMembersAreDroppedAndFinishedOnesAreNot) {
   EXPECT_EQ(m.CheckMember(7).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(MembershipTest, EnrollMakesAMemberAndUnenrollPutsItBackAsItWas) {
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  Membership m(0, 2, 1000);
+  m.SetMember(1, true);
+  ASSERT_TRUE(m.Finish(1, 7, t0).ok());
+  const Membership::Worker before = m.Enroll(1, 32, 100, 500, 40, t0 + absl::Seconds(1));
+  EXPECT_TRUE(before.registered);
+  EXPECT_TRUE(before.finished);
+  EXPECT_EQ(before.last_step, 6);
+  const Membership::Worker& w = m.worker(1);
+  EXPECT_FALSE(w.finished) << "registering again makes it live";
+  EXPECT_EQ(w.batch_size, 32);
+  EXPECT_EQ(w.steps_per_epoch, 100);
+  EXPECT_EQ(w.total_steps, 500);
+  EXPECT_EQ(w.last_step, 39);
+  EXPECT_EQ(w.last_seen, t0 + absl::Seconds(1));
+  EXPECT_EQ(m.Enroll(0, 16, 100, 500, 0, t0).registered, false);
+  EXPECT_EQ(m.members(), 2);
+  m.Unenroll(0, Membership::Worker());
+  EXPECT_EQ(m.members(), 1);
+  EXPECT_FALSE(m.worker(0).registered);
+  EXPECT_EQ(m.worker(0).batch_size, 0);
+  EXPECT_FALSE(m.CheckMember(0).ok());
+  m.Unenroll(1, before);
+  EXPECT_TRUE(m.worker(1).finished);
+  EXPECT_EQ(m.worker(1).last_step, 6);
+  EXPECT_EQ(m.members(), 1);
+}
+
 TEST(MembershipTest, AWorkerOfAnotherJobLengthIsRefusedNamingBoth) {
   Membership m(0, 2, 1000);
   m.SetMember(0, true);

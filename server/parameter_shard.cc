@@ -73,10 +73,8 @@ ParameterShard::ParameterShard(const ShardOptions& options,
       noise_(options.shard_id, options.noise_ema_decay),
       batch_(options.shard_id, options.cluster.adaptive_batch(), &noise_),
       last_live_(clock_->Now()),
-      pushes_(options.shard_id, &tensors_, &index_, this) {
-  auto view = std::make_shared<TensorAggregator::Members>();
-  view->member.assign(options.cluster.num_workers(), 0);
-  member_view_ = std::move(view);
+      tensors_(options.cluster.num_workers()),
+      pushes_(options.shard_id, &tensors_.all(), &tensors_.index(), this) {
   if (options.update_threads > 1) pool_ = std::make_unique<ThreadPool>(options.update_threads);
   update_pool_ = std::make_unique<UpdatePool>(options.apply_threads);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
@@ -98,7 +96,7 @@ void ParameterShard::Shutdown(absl::Status why) {
     if (!shutdown_) shutdown_status_ = why.ok() ? ShuttingDown(options_.shard_id) : why;
     shutdown_ = true;
     status = shutdown_status_;
-    for (auto& t : tensors_) t->ReleaseHeld(status, &released);
+    tensors_.ReleaseHeld(status, &released);
     parked_.EndAll(&failed);
     parked_changed_.SignalAll();
   }
@@ -111,7 +109,7 @@ TensorAggregator::Context ParameterShard::Context() const {
   ctx.policy = policy_.get();
   ctx.optimizer = optimizer_.get();
   ctx.pool = pool_.get();
-  ctx.members = &member_view_;
+  ctx.members = tensors_.member_view();
   ctx.schedule = schedule_ptr_.load(std::memory_order_acquire);
   ctx.noise = &noise_;
   ctx.plan = batch_.view();
@@ -120,23 +118,12 @@ TensorAggregator::Context ParameterShard::Context() const {
 }
 
 void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready, Released* released) {
-  auto view = std::make_shared<TensorAggregator::Members>();
-  view->member = members_.member();
-  view->count = members_.members();
-  std::atomic_store(&member_view_, std::shared_ptr<const TensorAggregator::Members>(view));
+  tensors_.PublishMembers(members_);
   if (schedule_ptr_.load() == nullptr) return;
-  const TensorAggregator::Context ctx = Context();
-  for (auto& t : tensors_) {
-    double lr = 0;
-    if (t->ApplyIfComplete(ctx, released, &lr)) counters_.SetLearningRate(lr);
+  if (std::optional<double> lr = tensors_.ApplyCompleted(Context(), released); lr.has_value()) {
+    counters_.SetLearningRate(*lr);
   }
   ArmParked(ready);
-}
-
-int64_t ParameterShard::MinVersion() const {
-  int64_t v = kMaxStep;
-  for (const auto& t : tensors_) v = std::min(v, t->version());
-  return tensors_.empty() ? 0 : v;
 }
 
 // ---- Registration ----
@@ -172,24 +159,19 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
       return response;
     }
     if (!initialised_) {
-      AdoptModel(request);
+      tensors_.Adopt(request, *optimizer_, part_elements_);
+      TensorsReady();
     } else {
-      RETURN_IF_ERROR(CheckModelMatches(tensors_, index_, request, model_index, options_.shard_id));
+      RETURN_IF_ERROR(CheckModelMatches(tensors_.all(), tensors_.index(), request, model_index,
+                                        options_.shard_id));
     }
     RETURN_IF_ERROR(batch_.CheckRegistration(id, request.batch_size(), members_));
-    Membership::Worker& w = members_.worker(id);
-    const Membership::Worker before = w;
-    members_.SetMember(id, true);
-    w.finished = false;
-    w.batch_size = request.batch_size();
+    const Membership::Worker before =
+        members_.Enroll(id, request.batch_size(), request.steps_per_epoch(),
+                        request.total_steps(), request.resume_step(), clock_->Now());
     noise_.SetBatch(request.batch_size());
-    w.steps_per_epoch = request.steps_per_epoch();
-    w.total_steps = request.total_steps();
-    w.last_step = request.resume_step() - 1;
-    w.last_seen = clock_->Now();
     if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
-      members_.SetMember(id, before.registered);
-      w = before;
+      members_.Unenroll(id, before);
       return s;
     }
     // Where clocks are kept, a worker goes on from its own step, so the steps before it count as
@@ -199,8 +181,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     MembersChanged(&ready, &released);  // The last registrant may release the step-0 pulls.
     parked_changed_.Signal();           // Leases may start (or restart) running.
     DescribeJob(&response);
-    response.set_min_version(MinVersion());
-    response.set_resume_step(policy_->ResumeStep(MinVersion(), members_.Clock(id)));
+    response.set_min_version(tensors_.MinVersion());
+    response.set_resume_step(policy_->ResumeStep(tensors_.MinVersion(), members_.Clock(id)));
     response.set_restored_step(members_.restored_step());
     response.set_recovery_id(recovery_id_.load());
     response.set_part_elements(part_elements_);
@@ -213,21 +195,6 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
   return response;
 }
 
-void ParameterShard::AdoptModel(const RegisterRequest& request) {
-  for (int i = 0; i < request.model_size(); ++i) {
-    const TensorSpec& spec = request.model(i);
-    std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
-    std::vector<float> values(ElementCount(shape));
-    BytesToFloats(request.initial_values(i).data(), absl::MakeSpan(values));
-    const TensorRole role = optimizer_->RoleOf(spec.name(), shape);
-    tensors_.push_back(
-        std::make_unique<TensorAggregator>(spec.name(), std::move(shape), std::move(values), role,
-                                           options_.cluster.num_workers(), part_elements_));
-    index_[spec.name()] = i;
-  }
-  TensorsReady();
-}
-
 void ParameterShard::TensorsReady() {
   members_.SetTensorCount(static_cast<int>(tensors_.size()));
   noise_.SetTensors(static_cast<int>(tensors_.size()));
@@ -235,7 +202,7 @@ void ParameterShard::TensorsReady() {
   if (options_.checkpoint_every_steps <= 0 || !options_.on_checkpoint) return;
   checkpoints_ = std::make_unique<CheckpointAssembler>(static_cast<int>(tensors_.size()),
                                                        options_.on_checkpoint);
-  checkpoints_->Attach(tensors_, options_.checkpoint_every_steps,
+  checkpoints_->Attach(tensors_.all(), options_.checkpoint_every_steps,
                        policy_->VersionsPerStep(options_.cluster.num_workers()));
 }
 
@@ -259,7 +226,7 @@ ShardCheckpoint ParameterShard::CheckpointProto(const CapturedCheckpoint& captur
   const ShardJob job{options_.shard_id, options_.num_shards, &options_.cluster,
                      &optimizer_->config()};
   absl::MutexLock lock(&mu_);
-  return MakeCheckpointProto(capture, job, tensors_, members_, clock_->Now());
+  return MakeCheckpointProto(capture, job, tensors_.all(), members_, clock_->Now());
 }
 
 absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
@@ -271,12 +238,12 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   if (initialised_) {
     return absl::FailedPreconditionError("the shard has weights already; restore before training");
   }
-  tensors_ = std::move(restored.tensors);
-  index_ = std::move(restored.index);
+  const int64_t versions = restored.versions;
+  tensors_.Adopt(std::move(restored));
   TensorsReady();
   if (policy_->KeepsClocks()) members_.RestoreClocks(c.step());
   members_.SetRestored(c.step());
-  restored_versions_ = restored.versions;
+  restored_versions_ = versions;
   return absl::OkStatus();
 }
 
@@ -286,15 +253,15 @@ absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest&
   if (request.recovery_id() == recovery_id_.load()) return response;  // Done already.
   {
     absl::MutexLock lock(&mu_);
-    if (initialised_ && request.step() > MinVersion()) {
+    if (initialised_ && request.step() > tensors_.MinVersion()) {
       return absl::FailedPreconditionError(
           absl::StrCat("Rollback to step ", request.step(), ": this shard stands at step ",
-                       MinVersion(), ", and a roll-back cannot go forward"));
+                       tensors_.MinVersion(), ", and a roll-back cannot go forward"));
     }
     // Restored from that very step and nothing applied since (a whole job resumed): restarting
     // would restore the same state, so the shard joins the recovery as it stands.
     bool untouched = initialised_ && members_.restored_step() == request.step();
-    for (const auto& t : tensors_) untouched = untouched && t->version() == request.step();
+    for (const auto& t : tensors_.all()) untouched = untouched && t->version() == request.step();
     if (untouched) {
       recovery_id_.store(request.recovery_id());
       return response;
@@ -340,7 +307,7 @@ absl::Status ParameterShard::CheckState(const WirePush& request) {
   }
   RETURN_IF_ERROR(CheckStep("step", request.step));
   RETURN_IF_ERROR(batch_.CheckPush(request, members_.worker(id).batch_size));
-  if (request.gradients.size() > tensors_.size()) {
+  if (static_cast<int64_t>(request.gradients.size()) > tensors_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a push of ", request.gradients.size(),
                                                    " gradients to a shard of ", tensors_.size(),
                                                    " tensors"));
@@ -366,7 +333,7 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
   Released released;
   TensorAggregator::Gradient gradient{data, std::move(keepalive), std::move(on_added)};
   gradient.part = target.part;
-  const double lr = tensors_[target.tensor]->Add(Context(), worker, step, std::move(gradient),
+  const double lr = tensors_[target.tensor].Add(Context(), worker, step, std::move(gradient),
                                                  outcome, &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
     counters_.CountDuplicate();
@@ -415,7 +382,7 @@ absl::StatusOr<std::vector<int>> ParameterShard::CheckPull(const PullRequest& re
   if (shutdown_) return shutdown_status_;
   RETURN_IF_ERROR(members_.CheckMember(request.worker_id()));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
-  return ResolvePull(request, index_, static_cast<int>(tensors_.size()), options_.shard_id);
+  return ResolvePull(request, tensors_.index(), tensors_.size(), options_.shard_id);
 }
 
 bool ParameterShard::MayStart(const PullState& pull) const {
@@ -423,15 +390,7 @@ bool ParameterShard::MayStart(const PullState& pull) const {
 }
 
 bool ParameterShard::Arm(const PullStatePtr& pull) {
-  pull->armed = true;
-  const int64_t need = policy_->NeededVersion(pull->step());
-  bool complete = false;
-  for (size_t k = 0; k < pull->tensors().size(); ++k) {
-    complete =
-        tensors_[pull->tensors()[k]]->Pull(pull->worker(), need, pull, static_cast<int>(k)) ||
-        complete;
-  }
-  return complete;
+  return tensors_.Arm(pull, policy_->NeededVersion(pull->step()));
 }
 
 void ParameterShard::ArmParked(std::vector<PullStatePtr>* ready) {
@@ -442,7 +401,7 @@ void ParameterShard::ArmParked(std::vector<PullStatePtr>* ready) {
 }
 
 std::string ParameterShard::DescribeWait(const PullState& pull) const {
-  return DescribePullWait(pull, schedule_.has_value(), members_, *policy_, tensors_);
+  return DescribePullWait(pull, schedule_.has_value(), members_, *policy_, tensors_.all());
 }
 
 void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
@@ -491,13 +450,7 @@ void ParameterShard::Complete(const PullStatePtr& pull) {
     Membership::Worker& w = members_.worker(pull->worker());
     w.pulled_step = std::max(w.pulled_step, pull->step());
   }
-  std::vector<TensorSnapshot> got = pull->TakeSnapshots();
-  std::vector<PulledTensor> answer;
-  answer.reserve(got.size());
-  for (size_t k = 0; k < got.size(); ++k) {
-    answer.push_back({&tensors_[pull->tensors()[k]]->name(), std::move(got[k])});
-  }
-  pull->Answer(absl::OkStatus(), std::move(answer));
+  pull->Answer(absl::OkStatus(), tensors_.Answer(*pull));
 }
 
 // ---- Deadlines, leases, liveness ----
@@ -516,20 +469,9 @@ absl::Time ParameterShard::ExpireDue(std::vector<PullStatePtr>* ready, Released*
     }
   }
   const absl::Time now = clock_->Now();
-  // Gradients held for their turn wait at most max_wait_ for their acknowledgement, like a pull;
-  // checked at least every second.
+  // Gradients held for their turn wait at most max_wait_ for their acknowledgement, like a pull.
   if (policy_->SumsInWorkerOrder() && initialised_) {
-    if (now >= next_held_check_) {
-      absl::Time earliest = absl::InfiniteFuture();
-      const std::shared_ptr<const TensorAggregator::Members> view = std::atomic_load(&member_view_);
-      for (auto& t : tensors_) {
-        earliest = std::min(
-            earliest,
-            t->ExpireHeld(now - max_wait_, *view, absl::ToInt64Milliseconds(max_wait_), released));
-      }
-      next_held_check_ = std::min(now + absl::Seconds(1), earliest + max_wait_);
-    }
-    next = std::min(next, next_held_check_);
+    next = std::min(next, tensors_.ExpireHeld(now, max_wait_, released));
   }
   auto why = [this](const PullState& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return absl::DeadlineExceededError(absl::StrCat("pull for step ", p.step(), " by worker ",
@@ -566,7 +508,7 @@ absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatReque
   RETURN_IF_ERROR(CheckStep("step", request.step()));
   members_.Heard(id, request.step(), clock_->Now());
   HeartbeatResponse response;
-  response.set_min_version(MinVersion());
+  response.set_min_version(tensors_.MinVersion());
   return response;
 }
 
@@ -591,7 +533,7 @@ GetStatsResponse ParameterShard::Stats() const {
   s.set_shard_id(options_.shard_id);
   *s.mutable_consistency() = options_.cluster.consistency();
   s.set_num_workers(options_.cluster.num_workers());
-  FillTensorStats(tensors_, restored_versions_, &s);
+  FillTensorStats(tensors_.all(), restored_versions_, &s);
   counters_.Fill(&s);
   FillWorkerStats(members_, clock_->Now(), &s);
   s.set_last_checkpoint_step(checkpoints_ != nullptr ? checkpoints_->last_step() : -1);

@@ -7,6 +7,7 @@
 //   server/membership.h          who is a member, leases, clocks;
 //   server/consistency_policy.h  what the consistency mode decides (one class per mode; the modes
 //                                are defined in docs/consistency.md);
+//   server/shard_tensors.h       the tensors, their names, the member set they read;
 //   server/tensor_aggregator.h   one tensor: its lock, the gradients of its step, the optimizer
 //                                step, copy-on-write weights that pulls share;
 //   server/push_pipeline.h       a push: validate, admit, apply (on server/update_pool.h);
@@ -59,6 +60,7 @@
 #include "server/push_pipeline.h"
 #include "server/registration.h"
 #include "server/shard_stats.h"
+#include "server/shard_tensors.h"
 #include "server/tensor_aggregator.h"
 #include "server/update_pool.h"
 
@@ -208,8 +210,6 @@ class ParameterShard : private PushStages {
   void Count(bool accepted) override { counters_.CountPush(accepted); }
   void Post(std::function<void()> task) override { update_pool_->Post(std::move(task)); }
 
-  // The first registrant's model and values become the shard's tensors.
-  void AdoptModel(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tensors are in place (adopted or restored): set up what depends on them.
   void TensorsReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's fields of a RegisterResponse.
@@ -227,7 +227,6 @@ class ParameterShard : private PushStages {
   void ArmParked(std::vector<PullStatePtr>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a pull whose every tensor is filled. No lock held.
   void Complete(const PullStatePtr& pull) ABSL_LOCKS_EXCLUDED(mu_);
-  int64_t MinVersion() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the schedule once every worker has registered. An error here (e.g. a warmup longer than
   // the job) refuses the last registration.
   absl::Status StartTrainingIfComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -258,16 +257,9 @@ class ParameterShard : private PushStages {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);  // What calls get once shut down.
   InitialValuesElection election_ ABSL_GUARDED_BY(mu_);
-  // Set once, at the first registration or the restore, and constant after (read without the
-  // lock by pushes that passed the checks made under it).
-  std::vector<std::unique_ptr<TensorAggregator>> tensors_;
-  absl::flat_hash_map<std::string, int> index_;  // name -> tensors_ slot
   Membership members_ ABSL_GUARDED_BY(mu_);
-  // members_'s member set, published for the tensors (std::atomic_load / atomic_store).
-  std::shared_ptr<const TensorAggregator::Members> member_view_;
   ParkedPulls parked_ ABSL_GUARDED_BY(mu_);
   absl::CondVar parked_changed_;
-  absl::Time next_held_check_ ABSL_GUARDED_BY(mu_);  // When held gradients are next checked
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
   std::atomic<const LearningRateScheduler*> schedule_ptr_{nullptr};  // &*schedule_ once built
   // bsp, backup: the gradient noise scale's terms, fed by every synchronous update (through
@@ -281,6 +273,10 @@ class ParameterShard : private PushStages {
   std::unique_ptr<CheckpointAssembler> checkpoints_;  // Set with the tensors, if checkpointing.
   std::atomic<uint64_t> recovery_id_{0};
   int64_t restored_versions_ = 0;  // Their sum at the restore (set before training).
+  // Set once, at the first registration or the restore, under mu_, and constant after (used
+  // without the lock by pushes and pulls that passed the checks made under it), but for the
+  // member view it publishes and the held gradients' check, under mu_.
+  ShardTensors tensors_;
   PushPipeline pushes_;
 
   std::unique_ptr<UpdatePool> update_pool_;
