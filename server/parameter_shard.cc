@@ -26,31 +26,11 @@ absl::Status ShuttingDown(int shard_id) {
       absl::StrCat("parameter server shard ", shard_id, " is shutting down"));
 }
 
-// The policy's part size, or the options' where they set one and the policy pushes in parts.
-int64_t PartElementsFor(const ShardOptions& options, const ConsistencyPolicy& policy) {
-  const int64_t parts =
-      policy.PartElements(options.cluster.num_workers(), options.push_budget_bytes);
-  return options.part_elements >= 0 && parts > 0 ? options.part_elements : parts;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
     const ShardOptions& options) {
-  if (options.num_shards < 1 || options.shard_id < 0 || options.shard_id >= options.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard_id ", options.shard_id, " is not in [0, num_shards=", options.num_shards, ")"));
-  }
-  RETURN_IF_ERROR(ValidateClusterSpec(options.cluster, /*need_servers=*/false));
-  if (options.update_threads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("update_threads must be >= 1, got ", options.update_threads));
-  }
-  if (options.apply_threads < 1 || options.apply_threads > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("apply_threads must be in [1, 256], got ", options.apply_threads));
-  }
-  if (options.clock == nullptr) return absl::InvalidArgumentError("a shard needs a clock");
+  RETURN_IF_ERROR(ValidateShardOptions(options));
   ASSIGN_OR_RETURN(std::unique_ptr<ConsistencyPolicy> policy,
                    ConsistencyPolicy::Create(options.cluster.consistency()));
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
@@ -70,6 +50,7 @@ ParameterShard::ParameterShard(const ShardOptions& options,
       part_elements_(PartElementsFor(options, *policy_)),
       election_(kInitialValuesGrant),
       members_(options.shard_id, options.cluster.num_workers(), options.cluster.lease_ms()),
+      pulls_(options.shard_id, max_wait_, policy_.get(), &tensors_, &members_),
       noise_(options.shard_id, options.noise_ema_decay),
       batch_(options.shard_id, options.cluster.adaptive_batch(), &noise_),
       last_live_(clock_->Now()),
@@ -97,7 +78,7 @@ void ParameterShard::Shutdown(absl::Status why) {
     shutdown_ = true;
     status = shutdown_status_;
     tensors_.ReleaseHeld(status, &released);
-    parked_.EndAll(&failed);
+    pulls_.EndAll(&failed);
     parked_changed_.SignalAll();
   }
   for (const PullStatePtr& p : failed) p->Answer(status, {});
@@ -123,7 +104,7 @@ void ParameterShard::MembersChanged(std::vector<PullStatePtr>* ready, Released* 
   if (std::optional<double> lr = tensors_.ApplyCompleted(Context(), released); lr.has_value()) {
     counters_.SetLearningRate(*lr);
   }
-  ArmParked(ready);
+  pulls_.ArmParked(ready);
 }
 
 // ---- Registration ----
@@ -212,6 +193,7 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
   }
   ASSIGN_OR_RETURN(schedule_, ScheduleFor(members_, options_.cluster));
   schedule_ptr_.store(&*schedule_, std::memory_order_release);
+  pulls_.StartTraining();
   batch_.Start(members_.num_workers(), members_.worker(0).batch_size);
   RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()
                    << " workers registered; optimizer " << optimizer_->config().type()
@@ -349,7 +331,7 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
     // Policies without clocks skip the shard's lock here.
     absl::MutexLock lock(&mu_);
     if (members_.Pushed(worker, target.tensor, step) && policy_->ClockReleasesPulls()) {
-      ArmParked(&ready);
+      pulls_.ArmParked(&ready);
     }
   }
   for (const PullStatePtr& p : ready) Complete(p);
@@ -385,25 +367,6 @@ absl::StatusOr<std::vector<int>> ParameterShard::CheckPull(const PullRequest& re
   return ResolvePull(request, tensors_.index(), tensors_.size(), options_.shard_id);
 }
 
-bool ParameterShard::MayStart(const PullState& pull) const {
-  return schedule_.has_value() && policy_->MayStartPull(pull.step(), members_);
-}
-
-bool ParameterShard::Arm(const PullStatePtr& pull) {
-  return tensors_.Arm(pull, policy_->NeededVersion(pull->step()));
-}
-
-void ParameterShard::ArmParked(std::vector<PullStatePtr>* ready) {
-  if (!schedule_.has_value()) return;
-  parked_.ArmWhere(
-      [this](const PullState& p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return MayStart(p); },
-      [this](const PullStatePtr& p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return Arm(p); }, ready);
-}
-
-std::string ParameterShard::DescribeWait(const PullState& pull) const {
-  return DescribePullWait(pull, schedule_.has_value(), members_, *policy_, tensors_.all());
-}
-
 void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, PullDone done) {
   Pull(request, deadline,
        SharedPullDone(
@@ -424,16 +387,9 @@ void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, Share
     } else {
       const absl::Time now = clock_->Now();
       members_.worker(request.worker_id()).last_seen = now;
-      auto pull =
-          std::make_shared<PullState>(request.worker_id(), request.step(), std::move(*which),
-                                      std::min(deadline, now + max_wait_), std::move(done));
-      parked_.Supersede(*pull, &superseded);
-      if (MayStart(*pull) && Arm(pull)) {
-        complete = std::move(pull);
-      } else {
-        parked_.Park(std::move(pull));
-        parked_changed_.Signal();
-      }
+      complete = pulls_.Take(request.worker_id(), request.step(), std::move(*which), deadline, now,
+                             std::move(done), &superseded);
+      if (complete == nullptr) parked_changed_.Signal();  // A new deadline to keep.
     }
   }
   if (!refused.ok()) {
@@ -473,12 +429,7 @@ absl::Time ParameterShard::ExpireDue(std::vector<PullStatePtr>* ready, Released*
   if (policy_->SumsInWorkerOrder() && initialised_) {
     next = std::min(next, tensors_.ExpireHeld(now, max_wait_, released));
   }
-  auto why = [this](const PullState& p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return absl::DeadlineExceededError(absl::StrCat("pull for step ", p.step(), " by worker ",
-                                                    p.worker(), " timed out on shard ",
-                                                    options_.shard_id, ": ", DescribeWait(p)));
-  };
-  return std::min(next, parked_.Expire(now, why, expired));
+  return std::min(next, pulls_.Expire(now, expired));
 }
 
 void ParameterShard::DeadlineLoop() {
@@ -542,7 +493,7 @@ GetStatsResponse ParameterShard::Stats() const {
     for (const BatchChange& c : plan->changes()) *s.add_batch_plan() = c;
   }
   if (policy_->MeasuresNoiseScale()) *s.mutable_noise_scale() = noise_.Stats();
-  s.set_pending_pulls(parked_.Pending());
+  s.set_pending_pulls(pulls_.Pending());
   return s;
 }
 

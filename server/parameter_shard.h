@@ -11,7 +11,8 @@
 //   server/tensor_aggregator.h   one tensor: its lock, the gradients of its step, the optimizer
 //                                step, copy-on-write weights that pulls share;
 //   server/push_pipeline.h       a push: validate, admit, apply (on server/update_pool.h);
-//   server/parked_pulls.h        pulls not answered yet, their deadlines;
+//   server/pull_router.h         pulls: when they may start, parked until answered
+//                                (server/parked_pulls.h), their deadlines;
 //   server/registration.h        checks of a registration, the initial values' election;
 //   server/batch_coordinator.h   an adaptive batch's decisions;
 //   server/checkpoint_capture.h  checkpoints taken, and restored;
@@ -57,46 +58,16 @@
 #include "server/membership.h"
 #include "server/noise_scale.h"
 #include "server/parked_pulls.h"
+#include "server/pull_router.h"
 #include "server/push_pipeline.h"
 #include "server/registration.h"
+#include "server/shard_options.h"
 #include "server/shard_stats.h"
 #include "server/shard_tensors.h"
 #include "server/tensor_aggregator.h"
 #include "server/update_pool.h"
 
 namespace rubato {
-
-struct ShardOptions {
-  int shard_id = 0;
-  int num_shards = 1;
-  // num_workers, consistency, optimizer, lr_schedule, lease_ms and wait_timeout_ms are used;
-  // servers is not.
-  ClusterSpec cluster;
-  // Threads that share one tensor's update (large tensors only); 1 = the calling thread alone.
-  int update_threads = 1;
-  // Threads that apply pushed gradients, one tensor each at a time (>= 1).
-  int apply_threads = 2;
-  // Checkpoints every this many job steps (0: none), handed to on_checkpoint (see
-  // CapturedCheckpoint), which must return quickly: it runs on the thread that applied the last
-  // update of the step, with that tensor's lock held.
-  int64_t checkpoint_every_steps = 0;
-  std::function<void(std::shared_ptr<const CapturedCheckpoint>)> on_checkpoint;
-  // Rolls this shard back to its checkpoint of `step`, as recovery `recovery_id` (see Rollback):
-  // OK once that is arranged (the server restarts from it), an error naming why it cannot be.
-  // Null: the shard keeps no checkpoints and refuses roll-backs.
-  std::function<absl::Status(int64_t step, uint64_t recovery_id)> on_rollback;
-  // bsp, backup: decay of the noise scale's moving averages, in [0, 1) (server/noise_scale.h).
-  double noise_ema_decay = 0.95;
-  // bsp: what all the workers together should have in flight to this shard. Each worker's share
-  // holds two calls (a client's limit), so tensors larger than share / 2 are pushed in parts of
-  // that size (RegisterResponse.part_elements; ConsistencyPolicy::PartElements).
-  int64_t push_budget_bytes = int64_t{32} << 20;
-  // >= 0: this bsp part size (elements; 0 whole tensors) instead of the policy's (tests and
-  // fuzzing, which use tensors far smaller than a 1 MiB part).
-  int64_t part_elements = -1;
-  // What every lease, deadline and idle timeout reads; must outlive the shard.
-  Clock* clock = Clock::Real();
-};
 
 class ParameterShard : private PushStages {
  public:
@@ -217,14 +188,6 @@ class ParameterShard : private PushStages {
   // The tensors a pull names (all of them for none), after checking names and the worker.
   absl::StatusOr<std::vector<int>> CheckPull(const PullRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string DescribeWait(const PullState& pull) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool MayStart(const PullState& pull) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Asks each tensor of `pull` for its snapshot (queueing where the version is not there yet);
-  // true if that completed it.
-  bool Arm(const PullStatePtr& pull) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Arms the parked pulls that may start now (training started, the policy allows); completed
-  // ones go to *ready.
-  void ArmParked(std::vector<PullStatePtr>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a pull whose every tensor is filled. No lock held.
   void Complete(const PullStatePtr& pull) ABSL_LOCKS_EXCLUDED(mu_);
   // Builds the schedule once every worker has registered. An error here (e.g. a warmup longer than
@@ -258,7 +221,7 @@ class ParameterShard : private PushStages {
   absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);  // What calls get once shut down.
   InitialValuesElection election_ ABSL_GUARDED_BY(mu_);
   Membership members_ ABSL_GUARDED_BY(mu_);
-  ParkedPulls parked_ ABSL_GUARDED_BY(mu_);
+  PullRouter pulls_ ABSL_GUARDED_BY(mu_);
   absl::CondVar parked_changed_;
   std::optional<LearningRateScheduler> schedule_ ABSL_GUARDED_BY(mu_);
   std::atomic<const LearningRateScheduler*> schedule_ptr_{nullptr};  // &*schedule_ once built
