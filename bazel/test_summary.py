@@ -17,6 +17,7 @@ a timeout, a build failure) counts as one failure. Exit status: 0 only if nothin
 least one case ran.
 """
 
+import glob
 import os
 import re
 import sys
@@ -45,6 +46,33 @@ def count_cases(xml_path):
         elif case.get("status", "run") == "run":
             passed += 1
     return passed, failed, skipped
+
+
+def target_cases(target_dir):
+    """(passed, failed, skipped) cases of one target's newest run, or None if unreadable: its
+    test.xml, or the sum over its shards' (shard_K_of_N/test.xml) where they are newer. Stale
+    files of an earlier run with another shard count are left out."""
+    def mtime(path):
+        try:
+            return os.path.getmtime(path)
+        except OSError:
+            return -1.0
+    top = os.path.join(target_dir, "test.xml")
+    groups = {}  # N -> its shards' test.xml files
+    for path in glob.glob(os.path.join(target_dir, "shard_*_of_*", "test.xml")):
+        groups.setdefault(path.rsplit("_of_", 1)[1].split(os.sep)[0], []).append(path)
+    if not groups:
+        return count_cases(top)
+    newest = max(groups.values(), key=lambda paths: max(map(mtime, paths)))
+    if mtime(top) > max(map(mtime, newest)):
+        return count_cases(top)
+    total = [0, 0, 0]
+    for path in newest:
+        counts = count_cases(path)
+        if counts is None:
+            return None
+        total = [a + b for a, b in zip(total, counts)]
+    return tuple(total)
 
 
 def read_results(log_path):
@@ -102,7 +130,7 @@ def main(argv):
             failed += 1
         for target, status in sorted(results.items()):
             pkg, name = target[2:].split(":", 1)
-            counts = count_cases(os.path.join(run["testlogs"], pkg, name, "test.xml"))
+            counts = target_cases(os.path.join(run["testlogs"], pkg, name))
             p, f_, s = counts if counts else (0, 0, 0)
             if status in ("PASSED", "FLAKY"):
                 if counts is None:
