@@ -20,7 +20,7 @@ absl::Status ValidateShardOptions(const ShardOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("apply_threads must be in [1, 256], got ", options.apply_threads));
   }
-  if (options.clock == nullptr) return absl::InvalidArgumentError("a shard needs a clock");
+  if (options.clock == nullptr) return absl::InvalidArgumentError("a parameter shard needs a clock");
   return absl::OkStatus();
 }
 
