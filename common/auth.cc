@@ -12,9 +12,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/limits.h"
+#include "common/status_macros.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
 #include "openssl/hmac.h"
+#include "openssl/rand.h"
 
 namespace rubato {
 
@@ -22,16 +24,73 @@ std::string AuthIdentity::ToString() const {
   return worker_id.has_value() ? absl::StrCat("worker ", *worker_id) : "the operator";
 }
 
-absl::StatusOr<JobAuth> JobAuth::FromSecret(std::string secret) {
+namespace {
+
+std::string Hex(const unsigned char* bytes, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    hex[2 * i] = kHex[bytes[i] >> 4];
+    hex[2 * i + 1] = kHex[bytes[i] & 15];
+  }
+  return hex;
+}
+
+// HMAC-SHA256(key, message), raw.
+std::string RawMac(absl::string_view key, absl::string_view message) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
+  return std::string(reinterpret_cast<const char*>(mac), length);
+}
+
+bool SameMac(absl::string_view mac, absl::string_view expected) {
+  // The length of a MAC is public; its content is compared in constant time.
+  return mac.size() == expected.size() &&
+         CRYPTO_memcmp(mac.data(), expected.data(), expected.size()) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> NewChallenge() {
+  std::string challenge(kChallengeBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(challenge.data()),
+                 static_cast<int>(challenge.size())) != 1) {
+    return absl::InternalError("the system's random generator gave no challenge");
+  }
+  return challenge;
+}
+
+absl::Status CheckJobId(absl::string_view job_id) {
+  const bool ok = !job_id.empty() && job_id.size() <= kMaxJobIdBytes &&
+                  std::all_of(job_id.begin(), job_id.end(), [](char c) {
+                    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+                  });
+  if (ok) return absl::OkStatus();
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth_secret_file needs --job_id: the job's identity (a name and a fresh nonce, e.g. "
+        "mnist-$(openssl rand -hex 8)), the same for every process of the job and new for each "
+        "job, so that no token of another job is accepted (./rubato launch makes one)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--job_id must be 1 to ", kMaxJobIdBytes,
+      " letters, digits, '.', '_' or '-'; got ", job_id.size(), " bytes"));
+}
+
+absl::StatusOr<JobAuth> JobAuth::FromSecret(const std::string& secret,
+                                            const std::string& job_id) {
   if (secret.size() < kMinSecretBytes || secret.size() > kMaxSecretBytes) {
     return absl::InvalidArgumentError(absl::StrCat("the job secret must be ", kMinSecretBytes,
                                                    " to ", kMaxSecretBytes, " bytes, got ",
                                                    secret.size()));
   }
-  return JobAuth(std::move(secret));
+  RETURN_IF_ERROR(CheckJobId(job_id));
+  return JobAuth(RawMac(secret, absl::StrCat("rubato job ", job_id)), job_id);
 }
 
-absl::StatusOr<JobAuth> JobAuth::FromFile(const std::string& path) {
+absl::StatusOr<JobAuth> JobAuth::FromFile(const std::string& path, const std::string& job_id) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::NotFoundError(absl::StrCat("--auth_secret_file ", path, ": no such file"));
@@ -55,7 +114,8 @@ absl::StatusOr<JobAuth> JobAuth::FromFile(const std::string& path) {
   content << in.rdbuf();
   std::string secret = content.str();
   secret.erase(secret.find_last_not_of(" \t\r\n") + 1);
-  absl::StatusOr<JobAuth> auth = FromSecret(std::move(secret));
+  RETURN_IF_ERROR(CheckJobId(job_id));
+  absl::StatusOr<JobAuth> auth = FromSecret(secret, job_id);
   if (!auth.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--auth_secret_file ", path, ": ", auth.status().message()));
@@ -64,17 +124,22 @@ absl::StatusOr<JobAuth> JobAuth::FromFile(const std::string& path) {
 }
 
 std::string JobAuth::Mac(absl::string_view message) const {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex(2 * length, '0');
-  for (unsigned int i = 0; i < length; ++i) {
-    hex[2 * i] = kHex[mac[i] >> 4];
-    hex[2 * i + 1] = kHex[mac[i] & 15];
-  }
-  return hex;
+  const std::string mac = RawMac(key_, message);
+  return Hex(reinterpret_cast<const unsigned char*>(mac.data()), mac.size());
+}
+
+std::string JobAuth::HelloAnswer(int worker_id, absl::string_view challenge) const {
+  return Mac(absl::StrCat("rubato data hello worker ", worker_id, " ",
+                          Hex(reinterpret_cast<const unsigned char*>(challenge.data()),
+                              challenge.size())));
+}
+
+absl::Status JobAuth::VerifyHelloAnswer(int worker_id, absl::string_view challenge,
+                                        absl::string_view answer) const {
+  if (SameMac(answer, HelloAnswer(worker_id, challenge))) return absl::OkStatus();
+  return absl::UnauthenticatedError(absl::StrCat(
+      "wrong hello answer for worker ", worker_id,
+      " (not made from this job's secret and --job_id, or not for this connection)"));
 }
 
 std::string JobAuth::WorkerToken(int worker_id) const {
@@ -109,12 +174,10 @@ absl::StatusOr<AuthIdentity> JobAuth::Verify(absl::string_view token) const {
     return absl::UnauthenticatedError(
         "malformed rubato-auth token (expected worker/<id>/<mac> or operator/<mac>)");
   }
-  // The length of a MAC is public; its content is compared in constant time.
-  if (mac.size() != expected.size() ||
-      CRYPTO_memcmp(mac.data(), expected.data(), expected.size()) != 0) {
+  if (!SameMac(mac, expected)) {
     return absl::UnauthenticatedError(
         absl::StrCat("wrong rubato-auth token for ", identity.ToString(),
-                     " (not made from this job's secret)"));
+                     " (not made from this job's secret and --job_id)"));
   }
   return identity;
 }

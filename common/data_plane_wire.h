@@ -8,8 +8,12 @@
 
 namespace rubato {
 
-inline constexpr char kDataHelloMagic[8] = {'R', 'B', 'P', 'S', 'D', 'A', 'T', '1'};
-inline constexpr int kDataMaxTokenBytes = 1024;
+// The server's first bytes on a connection: this magic and a fresh challenge (common/auth.h).
+inline constexpr char kDataChallengeMagic[8] = {'R', 'B', 'P', 'S', 'C', 'H', 'L', '1'};
+inline constexpr int kDataChallengeBytes = 32;
+// The client's hello: this magic, its worker id and its answer to the challenge.
+inline constexpr char kDataHelloMagic[8] = {'R', 'B', 'P', 'S', 'D', 'A', 'T', '2'};
+inline constexpr int kDataMaxAnswerBytes = 1024;
 inline constexpr int kDataMaxTextBytes = 1024;
 inline constexpr int kDataRequestHeaderBytes = 24;
 inline constexpr int kDataResponseHeaderBytes = 16;

@@ -36,7 +36,7 @@ absl::Status CheckTlsFiles(const TlsFiles& tls) {
 
 absl::StatusOr<std::shared_ptr<const JobAuth>> LoadAuth(const SecurityConfig& config) {
   if (config.auth_secret_file.empty()) return std::shared_ptr<const JobAuth>();
-  ASSIGN_OR_RETURN(JobAuth auth, JobAuth::FromFile(config.auth_secret_file));
+  ASSIGN_OR_RETURN(JobAuth auth, JobAuth::FromFile(config.auth_secret_file, config.job_id));
   return std::make_shared<const JobAuth>(std::move(auth));
 }
 
@@ -110,6 +110,17 @@ absl::Status ServerSecurity::CheckToken(absl::string_view token,
   return absl::OkStatus();
 }
 
+absl::Status ServerSecurity::CheckHello(int worker_id, absl::string_view challenge,
+                                        absl::string_view answer) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  if (answer.empty()) {
+    return absl::UnauthenticatedError(
+        "this job's servers authenticate every call: a data-connection hello without an answer "
+        "(start the client with the job's --auth_secret_file and --job_id)");
+  }
+  return auth_->VerifyHelloAnswer(worker_id, challenge, answer);
+}
+
 absl::Status ServerSecurity::CheckListenAddress(absl::string_view listen) const {
   if (auth_ != nullptr || insecure_ || IsLoopbackHost(listen)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
@@ -121,19 +132,28 @@ absl::Status ServerSecurity::CheckListenAddress(absl::string_view listen) const 
 
 std::string ServerSecurity::Describe() const {
   std::string transport = tls_.empty() ? "plaintext" : tls_;
-  if (auth_ != nullptr) return absl::StrCat(transport, ", every call authenticated by the job secret");
+  if (auth_ != nullptr) {
+    return absl::StrCat(transport, ", every call authenticated by the job secret (job ",
+                        auth_->job_id(), ")");
+  }
   return absl::StrCat(transport, ", calls NOT authenticated (",
                       insecure_ ? "--insecure" : "no --auth_secret_file: loopback only", ")");
 }
 
 ClientSecurity::ClientSecurity() : credentials_(grpc::InsecureChannelCredentials()) {}
 
+std::string ClientSecurity::HelloAnswer(absl::string_view challenge) const {
+  if (auth_ == nullptr || !worker_id_.has_value()) return "";
+  return auth_->HelloAnswer(*worker_id_, challenge);
+}
+
 absl::StatusOr<ClientSecurity> ClientSecurity::Create(const SecurityConfig& config,
                                                       std::optional<int> worker_id) {
   ClientSecurity c;
-  ASSIGN_OR_RETURN(std::shared_ptr<const JobAuth> auth, LoadAuth(config));
-  if (auth != nullptr) {
-    c.token_ = worker_id.has_value() ? auth->WorkerToken(*worker_id) : auth->OperatorToken();
+  ASSIGN_OR_RETURN(c.auth_, LoadAuth(config));
+  c.worker_id_ = worker_id;
+  if (c.auth_ != nullptr) {
+    c.token_ = worker_id.has_value() ? c.auth_->WorkerToken(*worker_id) : c.auth_->OperatorToken();
   }
   RETURN_IF_ERROR(CheckTlsFiles(config.tls));
   if (config.tls.enabled()) {

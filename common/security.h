@@ -35,9 +35,12 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
-// What every binary is given: --auth_secret_file, --tls_cert/--tls_key/--tls_ca, --insecure.
+// What every binary is given: --auth_secret_file, --job_id, --tls_cert/--tls_key/--tls_ca,
+// --insecure.
 struct SecurityConfig {
   std::string auth_secret_file;
+  // The job's identity (common/auth.h): required with auth_secret_file, mixed into every token.
+  std::string job_id;
   TlsFiles tls;
   bool insecure = false;
 };
@@ -59,9 +62,13 @@ class ServerSecurity {
   // a missing or wrong token, PERMISSION_DENIED for a valid token of another identity.
   absl::Status CheckCall(const grpc::CallbackServerContext& context,
                          std::optional<int> worker_id) const;
-  // The same check for a token that came another way (the hello of a plain-TCP data connection,
-  // server/data_plane.h); an empty token is a missing one.
+  // The same check for a token that came another way; an empty token is a missing one.
   absl::Status CheckToken(absl::string_view token, std::optional<int> worker_id) const;
+  // A plain-TCP data connection's hello (server/data_plane.h): OK if `answer` is worker
+  // `worker_id`'s answer to this connection's `challenge` (or authentication is off);
+  // UNAUTHENTICATED otherwise, an empty answer being a missing one.
+  absl::Status CheckHello(int worker_id, absl::string_view challenge,
+                          absl::string_view answer) const;
 
   // OK for a loopback address, or when calls are authenticated, or with --insecure; otherwise
   // FAILED_PRECONDITION naming the address and the two ways out.
@@ -88,13 +95,15 @@ class ClientSecurity {
   const std::shared_ptr<grpc::ChannelCredentials>& credentials() const { return credentials_; }
   // Adds this process's token to a call, if it has one.
   void Attach(grpc::ClientContext* context) const;
-  // That token ("" without one), for a data connection's hello.
-  const std::string& token() const { return token_; }
+  // This worker's answer to a data connection's `challenge` ("" without authentication).
+  std::string HelloAnswer(absl::string_view challenge) const;
   // True with TLS: what this client sends is encrypted.
   bool encrypts() const { return encrypts_; }
 
  private:
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::shared_ptr<const JobAuth> auth_;
+  std::optional<int> worker_id_;
   std::string token_;
   bool encrypts_ = false;
 };

@@ -382,11 +382,14 @@ class JobTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         secret = os.path.join(os.path.abspath(self.run_dir), "job.secret")
         self.assertEqual(stat.S_IMODE(os.stat(secret).st_mode), 0o600)
+        job_ids = set()
         for name in ("server-0", "worker-0", "worker-1"):
             argv = self.argv(name)
             self.assertIn("--auth_secret_file=" + secret, argv, name)
             self.assertIn("--max_message_mb=97", argv, name)
             self.assertNotIn("--insecure", argv, name)
+            job_ids |= {a for a in argv if a.startswith("--job_id=rubato-")}
+        self.assertEqual(len(job_ids), 1, job_ids)  # One job id, the same for every process.
         self.assertEqual(summary["max_message_mb"], 97)
 
     def test_given_secret_and_message_limit(self):
@@ -400,6 +403,14 @@ class JobTest(unittest.TestCase):
         for name in ("server-0", "worker-0"):
             self.assertIn("--auth_secret_file=" + given, self.argv(name))
             self.assertIn("--max_message_mb=64", self.argv(name))
+        first = [a for a in self.argv("worker-0") if a.startswith("--job_id=")]
+        # The same secret file again: a new job id, so the first job's tokens are worthless here.
+        rc, out, err, summary = self.launch(["--workers", "1", "--auth_secret_file", given,
+                                             "--max_message_mb", "64"])
+        self.assertEqual(rc, 0, err)
+        second = [a for a in self.argv("worker-0") if a.startswith("--job_id=")]
+        self.assertEqual((len(first), len(second)), (1, 1))
+        self.assertNotEqual(first, second)
 
     def test_insecure(self):
         rc, out, err, summary = self.launch(["--workers", "1", "--mode", "allreduce",
@@ -408,7 +419,7 @@ class JobTest(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.run_dir, "job.secret")))
         argv = self.argv("worker-0")
         self.assertIn("--insecure", argv)
-        self.assertFalse([a for a in argv if a.startswith("--auth_secret_file")])
+        self.assertFalse([a for a in argv if a.startswith(("--auth_secret_file", "--job_id"))])
 
 
 def _alive(pid):

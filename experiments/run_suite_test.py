@@ -121,7 +121,9 @@ class RunSuiteTest(unittest.TestCase):
         # Accuracy at an equal budget: the fastest cell's median wall time, for every finished run.
         budget = float(rows[0]["budget_s"])
         medians = [(float(rows[k]["wall_s"]) + float(rows[k + 1]["wall_s"])) / 2 for k in (0, 2)]
-        self.assertAlmostEqual(budget, min(medians), places=3)  # Two runs: their mean.
+        # Two runs: their mean, which results.csv rounds to 3 decimals (2.1275 may be written
+        # 2.127 or 2.128), so within half a unit of the last place.
+        self.assertLessEqual(abs(budget - min(medians)), 0.0005 + 1e-9)
         for r in rows[:4]:
             self.assertEqual(float(r["budget_s"]), budget, r)
             if float(r["wall_s"]) <= budget:  # Finished by then: its last evaluation counts.

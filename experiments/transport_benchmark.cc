@@ -509,6 +509,7 @@ std::optional<Security> MakeTlsAndTokens() {
   const std::string d(dir);
   SecurityConfig server;
   server.auth_secret_file = d + "/job.secret";
+  server.job_id = "transport-benchmark";
   server.tls = {d + "/server.pem", d + "/server.key", d + "/ca.pem"};
   Security security;
   auto s = ServerSecurity::Create(server);

@@ -1,12 +1,12 @@
 // data_plane_fuzzer: a libFuzzer harness over the parameter servers' plain-TCP data plane
 // (server/data_plane.h) as a hostile client on the network sees it.
 //
-// Each input is the whole byte stream a client sends on one connection: a hello (or anything
-// else), then request headers and bodies (or anything else). The harness sends it to a live
+// Each input is the whole byte stream a client sends on one connection after the server's
+// challenge: a hello (or anything else), then request headers and bodies (or anything else). The harness sends it to a live
 // DataPlaneServer on 127.0.0.1, in front of a real async shard of two registered workers, closes
 // its side, and reads what comes back until the server closes. It checks what the wire format
 // promises (server/data_plane.h) and that no client can hold the server:
-//   - the hello's answer is a status code 0..16 with at most 1024 bytes of text, and after a
+//   - the server opens with its challenge; the hello's answer is a status code 0..16 with at most 1024 bytes of text, and after a
 //     refusal the server closes;
 //   - every response is a status code 0..16 with its reserved field 0, a body within the job's
 //     message limit, and an error's text within 1024 bytes;
@@ -113,6 +113,11 @@ bool Read(int fd, char* data, size_t n, absl::Time deadline) {
 // Reads the server's side of the connection until it closes, checking each header.
 void ReadAnswers(int fd) {
   const absl::Time deadline = absl::Now() + kAnswerWithin;
+  // The server speaks first: its challenge.
+  char challenge[sizeof(kDataChallengeMagic) + kDataChallengeBytes];
+  if (!Read(fd, challenge, sizeof(challenge), deadline)) return;
+  FUZZ_CHECK(std::memcmp(challenge, kDataChallengeMagic, sizeof(kDataChallengeMagic)) == 0,
+             "a connection that does not open with the challenge");
   char hello[16];
   if (!Read(fd, hello, sizeof(hello), deadline)) return;
   const int32_t code = WireLoad<int32_t>(hello);

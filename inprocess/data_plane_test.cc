@@ -56,7 +56,10 @@ class DataPlaneTest : public ::testing::Test {
     auto shard = ParameterShard::Create(o);
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = std::move(*shard);
-    if (authenticate) config_.auth_secret_file = WriteSecret();
+    if (authenticate) {
+      config_.auth_secret_file = WriteSecret();
+      config_.job_id = "data-plane-test-1";
+    }
     auto security = ServerSecurity::Create(config_);
     ASSERT_TRUE(security.ok()) << security.status();
     service_ = std::make_unique<ParameterService>(shard_.get(), *security);
@@ -85,6 +88,10 @@ class DataPlaneTest : public ::testing::Test {
   }
 
   std::unique_ptr<PsClient> Client(int worker, bool use_data_plane = true) {
+    return ClientOf(config_, worker, use_data_plane);
+  }
+  std::unique_ptr<PsClient> ClientOf(const SecurityConfig& config, int worker,
+                                     bool use_data_plane = true) {
     PsClientOptions options;
     options.servers = {address_};
     options.worker_id = worker;
@@ -96,7 +103,7 @@ class DataPlaneTest : public ::testing::Test {
     t.set_name("w");
     t.add_shape(kElements);
     options.model = {t};
-    auto security = ClientSecurity::Create(config_, worker);
+    auto security = ClientSecurity::Create(config, worker);
     EXPECT_TRUE(security.ok()) << security.status();
     options.security = *security;
     auto client = CreateGrpcPsClient(options);
@@ -104,19 +111,33 @@ class DataPlaneTest : public ::testing::Test {
     return std::move(*client);
   }
 
-  // A raw connection to the data port, after `hello` (as the server expects: magic, worker,
-  // token bytes, token).
+  // A raw connection to the data port, its challenge read into challenge_.
   int Connect() {
     absl::StatusOr<int> fd = ConnectTcp("127.0.0.1", data_->port(), absl::Seconds(2));
     EXPECT_TRUE(fd.ok()) << fd.status();
+    char opening[sizeof(kDataChallengeMagic) + kDataChallengeBytes];
+    std::string why;
+    EXPECT_EQ(ReadWithin(*fd, opening, sizeof(opening), absl::Now() + absl::Seconds(5), &why),
+              ReadEnd::kDone)
+        << why;
+    EXPECT_EQ(std::string(opening, sizeof(kDataChallengeMagic)),
+              std::string(kDataChallengeMagic, sizeof(kDataChallengeMagic)));
+    challenge_.assign(opening + sizeof(kDataChallengeMagic), kDataChallengeBytes);
     return *fd;
   }
-  static std::string Hello(int worker, const std::string& token) {
+  // A hello as the server expects it: magic, worker, answer bytes, the answer.
+  static std::string Hello(int worker, const std::string& answer) {
     std::string h(kDataHelloMagic, sizeof(kDataHelloMagic));
-    const int32_t w = worker, n = static_cast<int32_t>(token.size());
+    const int32_t w = worker, n = static_cast<int32_t>(answer.size());
     h.append(reinterpret_cast<const char*>(&w), 4);
     h.append(reinterpret_cast<const char*>(&n), 4);
-    return h + token;
+    return h + answer;
+  }
+  // `config`'s answer for `worker` to the last connection's challenge.
+  std::string AnswerOf(const SecurityConfig& config, int worker) const {
+    absl::StatusOr<ClientSecurity> security = ClientSecurity::Create(config, worker);
+    EXPECT_TRUE(security.ok()) << security.status();
+    return security->HelloAnswer(challenge_);
   }
   static void Send(int fd, const std::string& bytes) {
     iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
@@ -181,6 +202,7 @@ class DataPlaneTest : public ::testing::Test {
   int workers_ = 1;
   int64_t memory_budget_ = int64_t{1} << 30;
   SecurityConfig config_;
+  std::string challenge_;  // The last Connect()'s.
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<ParameterService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -205,7 +227,13 @@ TEST_F(DataPlaneTest, WithGrpcChosenNoDataConnectionIsOpened) {
 
 TEST_F(DataPlaneTest, AHelloWithoutTheJobsTokenIsRefusedNamingWhy) {
   Start(1, /*authenticate=*/true);
-  for (const std::string& token : {std::string(), std::string("worker/0/abcd")}) {
+  std::string a_token;
+  {
+    absl::StatusOr<ClientSecurity> security = ClientSecurity::Create(config_, 0);
+    ASSERT_TRUE(security.ok()) << security.status();
+    a_token = security->HelloAnswer(std::string(kDataChallengeBytes, 'x'));
+  }
+  for (const std::string& token : {std::string(), std::string("worker/0/abcd"), a_token}) {
     const int fd = Connect();
     Send(fd, Hello(0, token));
     auto [code, text] = Answer(fd, /*hello=*/true);
@@ -225,6 +253,47 @@ TEST_F(DataPlaneTest, AHelloWithoutTheJobsTokenIsRefusedNamingWhy) {
     ::close(fd);
   }
   std::unique_ptr<PsClient> client = Client(0);  // The shard still serves.
+  TrainTwoSteps(client.get());
+}
+
+TEST_F(DataPlaneTest, ACapturedHelloReplayedOnAnotherConnectionIsRefused) {
+  Start(1, /*authenticate=*/true);
+  int fd = Connect();
+  const std::string captured = Hello(0, AnswerOf(config_, 0));
+  Send(fd, captured);
+  ASSERT_EQ(Answer(fd, /*hello=*/true).first, 0) << "the genuine hello";
+  ::close(fd);
+  fd = Connect();
+  Send(fd, captured);  // Byte for byte, on a connection with a new challenge.
+  auto [code, text] = Answer(fd, /*hello=*/true);
+  EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) << text;
+  EXPECT_NE(text.find("not for this connection"), std::string::npos) << text;
+  EXPECT_TRUE(Closed(fd));
+  ::close(fd);
+  std::unique_ptr<PsClient> client = Client(0);
+  TrainTwoSteps(client.get());
+}
+
+// The same secret file, another job: what a job started later from a kept Kubernetes Secret
+// sees. Nothing of the other job is accepted, over gRPC or the data plane, and nothing changes.
+TEST_F(DataPlaneTest, AnotherJobWithTheSameSecretIsRefusedAndChangesNothing) {
+  Start(1, /*authenticate=*/true);
+  SecurityConfig other = config_;
+  other.job_id = "data-plane-test-2";
+  std::unique_ptr<PsClient> intruder = ClientOf(other, 0);
+  const std::vector<std::vector<float>> chosen = {std::vector<float>(kElements, 42.0f)};
+  absl::StatusOr<int64_t> registered = intruder->Register(chosen, 4, 0);
+  EXPECT_TRUE(absl::IsUnauthenticated(registered.status())) << registered.status();
+  EXPECT_NE(registered.status().message().find("--job_id"), std::string::npos)
+      << registered.status();
+  const int fd = Connect();
+  Send(fd, Hello(0, AnswerOf(other, 0)));
+  auto [code, text] = Answer(fd, /*hello=*/true);
+  EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) << text;
+  ::close(fd);
+  EXPECT_EQ(shard_->Stats().workers_size(), 0) << "nobody registered";
+  // This job's own worker trains from its own initial values (1.0), not the intruder's.
+  std::unique_ptr<PsClient> client = Client(0);
   TrainTwoSteps(client.get());
 }
 

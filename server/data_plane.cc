@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/socket_io.h"
@@ -164,31 +165,40 @@ void DataPlaneServer::AcceptLoop() {
 }
 
 absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
+  const absl::Time deadline = absl::Now() + kHelloTimeout;
+  ASSIGN_OR_RETURN(const std::string challenge, NewChallenge());
+  char opening[sizeof(kDataChallengeMagic)];
+  std::memcpy(opening, kDataChallengeMagic, sizeof(opening));
+  iovec out[2] = {{opening, sizeof(opening)},
+                  {const_cast<char*>(challenge.data()), challenge.size()}};
+  if (std::string failed = WriteWithin(c->fd, out, 2, deadline); !failed.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no challenge sent: ", failed));
+  }
   char hello[16];
   std::string why;
-  const absl::Time deadline = absl::Now() + kHelloTimeout;
   ReadEnd end = ReadWithin(c->fd, hello, sizeof(hello), deadline, &why);
   if (end != ReadEnd::kDone) {
     return absl::InvalidArgumentError(absl::StrCat("no hello: ", DescribeReadEnd(end, why)));
   }
   if (std::memcmp(hello, kDataHelloMagic, sizeof(kDataHelloMagic)) != 0) {
-    return absl::InvalidArgumentError("it is not a Rubato data connection");
+    return absl::InvalidArgumentError(
+        "it is not a Rubato data connection (or a worker of another Rubato version)");
   }
   const int32_t worker = WireLoad<int32_t>(hello + 8);
-  const int32_t token_bytes = WireLoad<int32_t>(hello + 12);
-  if (token_bytes < 0 || token_bytes > kDataMaxTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a hello with a token of ", token_bytes,
-                                                   " bytes (at most ", kDataMaxTokenBytes, ")"));
+  const int32_t answer_bytes = WireLoad<int32_t>(hello + 12);
+  if (answer_bytes < 0 || answer_bytes > kDataMaxAnswerBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a hello with an answer of ", answer_bytes,
+                                                   " bytes (at most ", kDataMaxAnswerBytes, ")"));
   }
   if (worker < 0 || worker >= kMaxWorkers) {
     return absl::InvalidArgumentError(absl::StrCat("a hello from worker ", worker));
   }
-  std::string token(static_cast<size_t>(token_bytes), '\0');
-  end = ReadWithin(c->fd, token.data(), token.size(), deadline, &why);
+  std::string answer(static_cast<size_t>(answer_bytes), '\0');
+  end = ReadWithin(c->fd, answer.data(), answer.size(), deadline, &why);
   if (end != ReadEnd::kDone) {
-    return absl::InvalidArgumentError(absl::StrCat("no token: ", DescribeReadEnd(end, why)));
+    return absl::InvalidArgumentError(absl::StrCat("no answer: ", DescribeReadEnd(end, why)));
   }
-  RETURN_IF_ERROR(security_.CheckToken(token, worker));
+  RETURN_IF_ERROR(security_.CheckHello(worker, challenge, answer));
   absl::MutexLock lock(&mu_);
   int& open = per_worker_[worker];
   if (open >= kMaxConnectionsPerWorker) {

@@ -7,15 +7,19 @@
 // request, hands it to the shard (the same ParameterShard calls, the same zero-copy parse and
 // shared-snapshot answer as server/parameter_service.h), and writes the answer with one sendmsg.
 //
-// Who may connect: a connection's first bytes are a hello with the worker id and the worker's
-// job token (common/auth.h), checked exactly as the gRPC metadata is (ServerSecurity::CheckToken);
-// every request on it must then be that worker's. The bytes are not encrypted, so a server with
+// Who may connect: the server opens each connection with a fresh random challenge, and the
+// client's hello gives its worker id and its answer, an HMAC of the challenge under the job's key
+// (common/auth.h, ServerSecurity::CheckHello): no credential crosses the wire that would be
+// accepted on another connection, or by another job. Every request on it must then be that
+// worker's. The bytes are not encrypted, so a server with
 // TLS runs no data plane (server_main.cc): its workers stay on gRPC. A worker learns the port from
 // RegisterResponse.data_port and dials it on the host of the shard's gRPC address; where that
 // fails (a firewall, a proxy in front of the gRPC port) it uses gRPC (worker/ps/ps_data_channel.h).
 //
 // Wire format (little-endian, as the floats):
-//   hello     "RBPSDAT1", worker id (int32), token bytes n (int32, at most 1024), the token;
+//   challenge "RBPSCHL1", 32 random bytes (the server's first bytes on every connection);
+//   hello     "RBPSDAT2", worker id (int32), answer bytes n (int32, at most 1024), the answer
+//             (64 hex digits; none without authentication);
 //   answer    status code (int32, 0 = OK, else absl's code), text bytes (int32, at most 1024),
 //             0 (int64), the text (why it was refused); after a refusal the server closes;
 //   request   method (int32: 1 Push, 2 Pull), 0 (int32), timeout in ms (int64, >= 0),

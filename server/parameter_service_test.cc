@@ -199,15 +199,20 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
   ASSERT_EQ(chmod(path.c_str(), 0600), 0);
   SecurityConfig config;
   config.auth_secret_file = path;
+  config.job_id = "service-test";
   absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
   ASSERT_TRUE(security.ok()) << security.status();
   Start(2, *security);
-  const JobAuth auth = *JobAuth::FromFile(path);
-  const JobAuth wrong = *JobAuth::FromSecret("not the job secret at all");
+  const JobAuth auth = *JobAuth::FromFile(path, "service-test");
+  const JobAuth wrong = *JobAuth::FromSecret("not the job secret at all", "service-test");
 
   // No token, a token from another secret, another worker's token: nothing registers.
   EXPECT_EQ(Register(0, 8).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   token_for_ = [&](int w) { return wrong.WorkerToken(w); };
+  EXPECT_EQ(Register(0, 8).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The same secret, another job: what a job started later from a kept secret file holds.
+  const JobAuth other_job = *JobAuth::FromFile(path, "service-test-2");
+  token_for_ = [&](int w) { return other_job.WorkerToken(w); };
   EXPECT_EQ(Register(0, 8).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   token_for_ = [&](int w) { return auth.WorkerToken(1 - w); };
   grpc::Status impostor = Register(0, 8);

@@ -99,10 +99,15 @@ TEST_F(HardeningTest, NonLoopbackListenNeedsASecretOrInsecure) {
             std::string::npos)
       << refused.stderr_text;
   // With a secret (or --insecure) it starts and serves; Run kills it at its deadline.
-  for (const std::string& flag :
-       {absl::StrCat("--auth_secret_file=", WriteSecret("s", "0123456789abcdef0123")),
-        std::string("--insecure")}) {
-    ProcessResult served = RunServer({"--listen=0.0.0.0:0", flag});
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{
+            absl::StrCat("--auth_secret_file=", WriteSecret("s", "0123456789abcdef0123")),
+            "--job_id=hardening-listen"},
+        {"--insecure"}}) {
+    std::vector<std::string> args = {"--listen=0.0.0.0:0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    ProcessResult served = RunServer(args);
+    const std::string flag = flags[0];
     EXPECT_NE(served.stderr_text.find("serving on 0.0.0.0:"), std::string::npos)
         << flag << ": " << served.stderr_text;
   }
@@ -113,15 +118,25 @@ TEST_F(HardeningTest, OnlyWorkersWithTheJobSecretTakePart) {
   const std::string secret = WriteSecret("job.secret", "correct horse battery staple 42");
   const std::string other = WriteSecret("other.secret", "some other job's secret, 31 bytes");
   TestServerOptions options;
-  options.extra_flags = {absl::StrCat("--auth_secret_file=", secret)};
+  const std::string job = "--job_id=hardening-7f3a9c0e11d2b456";
+  options.extra_flags = {absl::StrCat("--auth_secret_file=", secret), job};
   ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  // No secret; another secret; this job's secret with another job's id (a job started later
+  // from the same secret file).
   for (const std::vector<std::string>& wrong :
-       {std::vector<std::string>{}, {absl::StrCat("--auth_secret_file=", other)}}) {
+       {std::vector<std::string>{},
+        {absl::StrCat("--auth_secret_file=", other), job},
+        {absl::StrCat("--auth_secret_file=", secret), "--job_id=hardening-0000000000000000"}}) {
     ProcessResult r = RunWorker(wrong);
     EXPECT_EQ(r.exit_status, 1) << r.stderr_text;
     EXPECT_NE(r.stderr_text.find("UNAUTHENTICATED"), std::string::npos) << r.stderr_text;
   }
-  ProcessResult good = RunWorker({absl::StrCat("--auth_secret_file=", secret)});
+  // A secret without a job id is a usage error, named.
+  ProcessResult no_id = RunWorker({absl::StrCat("--auth_secret_file=", secret)});
+  EXPECT_EQ(no_id.exit_status, 2) << no_id.stderr_text;
+  EXPECT_NE(no_id.stderr_text.find("--auth_secret_file needs --job_id"), std::string::npos)
+      << no_id.stderr_text;
+  ProcessResult good = RunWorker({absl::StrCat("--auth_secret_file=", secret), job});
   EXPECT_EQ(good.exit_status, 0) << good.stderr_text;
   EXPECT_TRUE(FinalTestAccuracy(good.stdout_text).ok()) << good.stdout_text;
   EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(10))));
@@ -143,23 +158,24 @@ TEST_F(HardeningTest, MutualTlsJobTrainsAndPlaintextOrCertlessClientsAreRefused)
   ASSERT_EQ(std::system(script.c_str()), 0) << "openssl could not make the test certificates";
   const std::string secret = WriteSecret("job.secret", "a secret for the TLS job, 30+ bytes");
   TestServerOptions options;
-  options.extra_flags = {absl::StrCat("--auth_secret_file=", secret),
+  options.extra_flags = {absl::StrCat("--auth_secret_file=", secret), "--job_id=hardening-tls",
                          absl::StrCat("--tls_cert=", d, "/server.pem"),
                          absl::StrCat("--tls_key=", d, "/server.key"),
                          absl::StrCat("--tls_ca=", d, "/ca.pem")};
   ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
   const std::string auth = absl::StrCat("--auth_secret_file=", secret);
+  const std::string job = "--job_id=hardening-tls";
   const std::string ca = absl::StrCat("--tls_ca=", d, "/ca.pem");
   // Plaintext, and TLS without a client certificate: the handshake fails, the worker cannot reach
   // the server and says so within its connect timeout.
   for (const std::vector<std::string>& refused :
-       {std::vector<std::string>{auth}, {auth, ca}}) {
+       {std::vector<std::string>{auth, job}, {auth, job, ca}}) {
     ProcessResult r = RunWorker(refused);
     EXPECT_EQ(r.exit_status, 1) << r.stderr_text;
     EXPECT_NE(r.stderr_text.find("cannot reach parameter server shard 0"), std::string::npos)
         << r.stderr_text;
   }
-  ProcessResult good = RunWorker({auth, ca, absl::StrCat("--tls_cert=", d, "/client.pem"),
+  ProcessResult good = RunWorker({auth, job, ca, absl::StrCat("--tls_cert=", d, "/client.pem"),
                                   absl::StrCat("--tls_key=", d, "/client.key")});
   EXPECT_EQ(good.exit_status, 0) << good.stderr_text;
   EXPECT_TRUE(FinalTestAccuracy(good.stdout_text).ok()) << good.stdout_text;

@@ -6,6 +6,10 @@
 #       base/job.secret: 32 random bytes as 64 hex digits, mode 0600. Every process of a job shares
 #       it (each worker's token is an HMAC under it). An existing one is kept unless --force is
 #       given (a new secret gives the Secret a new name; a running job keeps the old one).
+#       base/job.id: this run's job id, rubato-<UTC time>-<16 random hex digits>, written afresh
+#       every time (the ConfigMap rubato-job-id). Every token is made from the secret and the job
+#       id, so a job started later with the kept secret accepts nothing of an earlier one: run
+#       this script before each `kubectl apply -k`.
 #   deploy/k8s/make-secret.sh --tls SHARDS WORKERS [NAMESPACE]
 #       also components/tls/{ca.crt,tls.crt,tls.key} for the tls component (mutual TLS): a fresh
 #       CA (its key is discarded once it has signed) and one certificate for the whole job whose
@@ -48,6 +52,14 @@ else
   trap - EXIT
   echo "make-secret: wrote $(pwd)/$secret (mode 0600, gitignored)" >&2
 fi
+
+job_id="rubato-$(date -u +%Y%m%d%H%M%S)-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+if ! [[ "$job_id" =~ ^rubato-[0-9]{14}-[0-9a-f]{16}$ ]]; then
+  echo "make-secret: could not make a job id (got '$job_id')" >&2
+  exit 1
+fi
+printf '%s' "$job_id" > base/job.id
+echo "make-secret: wrote $(pwd)/base/job.id ($job_id, gitignored)" >&2
 
 [ -n "$tls" ] || exit 0
 case "$shards$workers" in

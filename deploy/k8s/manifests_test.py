@@ -86,6 +86,12 @@ class ManifestsTest(unittest.TestCase):
         self.assertIn("--health_listen=0.0.0.0:8081", c["args"])
         self.assertIn("--cluster_spec=/opt/rubato/config/cluster.pbtxt", c["args"])
         self.assertIn("--auth_secret_file=/opt/rubato/secret/job.secret", c["args"])
+        # Every process of the run gets the same job id, from the ConfigMap make-secret.sh's
+        # base/job.id makes (renamed by its content, so a new id is a new ConfigMap).
+        self.assertIn("--job_id=$(RUBATO_JOB_ID)", c["args"])
+        job_id = {e["name"]: e for e in c["env"]}["RUBATO_JOB_ID"]["valueFrom"]["configMapKeyRef"]
+        self.assertTrue(job_id["name"].startswith("rubato-job-id-"), job_id)
+        self.assertEqual(job_id["key"], "job.id")
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
         config = volumes[mounts["/opt/rubato/config"]["name"]]
@@ -169,7 +175,8 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(sorted((o["kind"], o["metadata"]["name"].rsplit("-", 1)[0]
                                  if o["kind"] in ("ConfigMap", "Secret") else o["metadata"]["name"])
                                 for o in objects),
-                         [("ConfigMap", "rubato-cluster"), ("Job", "rubato-ps"),
+                         [("ConfigMap", "rubato-cluster"), ("ConfigMap", "rubato-job-id"),
+                          ("Job", "rubato-ps"),
                           ("Job", "rubato-worker"),
                           ("PersistentVolumeClaim", "rubato-checkpoints"),
                           ("Secret", "rubato-job"), ("Service", "rubato-ps")])

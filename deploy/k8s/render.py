@@ -68,8 +68,8 @@ class Tools:
 
 class Checkout:
     """A temporary copy of deploy/k8s (base, components, overlays, make-secret.sh) with
-    base/job.secret made up for the occasion (the real one, and any TLS files, are never read), so
-    that the secretGenerator has a file to read."""
+    base/job.secret and base/job.id made up for the occasion (the real ones, and any TLS files, are
+    never read), so that the generators have files to read."""
 
     def __init__(self, kubectl=None):
         self.kubectl = kubectl or shutil.which("kubectl")
@@ -77,13 +77,17 @@ class Checkout:
         try:
             for part in ("base", "components", "overlays"):
                 shutil.copytree(os.path.join(K8S, part), os.path.join(self.dir, part),
-                                ignore=shutil.ignore_patterns("job.secret", "*.crt", "*.key"))
+                                ignore=shutil.ignore_patterns("job.secret", "job.id", "*.crt",
+                                                              "*.key"))
             shutil.copy(os.path.join(K8S, "make-secret.sh"), self.dir)
             self.secret = secrets.token_hex(32).encode()
             path = os.path.join(self.dir, "base", "job.secret")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(self.secret)
+            self.job_id = "rubato-render-" + secrets.token_hex(8)
+            with open(os.path.join(self.dir, "base", "job.id"), "w") as f:
+                f.write(self.job_id)
         except Exception:
             self.close()
             raise

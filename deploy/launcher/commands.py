@@ -73,13 +73,23 @@ def write_job_secret(run_dir):
     return path
 
 
+def new_job_id(run_dir):
+    """A fresh identity for one job (common/auth.h): "rubato-", the run directory's name where it
+    is a valid one, and 16 random hex digits. Every token of the job is made from it and the
+    secret, so a secret file kept across jobs (--auth_secret_file) never lets one job's tokens
+    into another."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "", os.path.basename(os.path.abspath(run_dir)))[:64]
+    return "-".join(p for p in ("rubato", name, secrets.token_hex(8)) if p)
+
+
 def auth_flags(args, run_dir):
-    """The flags that give every server and worker the job's secret, or --insecure."""
+    """The flags that give every server and worker the job's secret and its fresh job id, or
+    --insecure."""
     if args.insecure:
         return ["--insecure"]
     path = os.path.abspath(args.auth_secret_file) if args.auth_secret_file else \
         write_job_secret(run_dir)
-    return ["--auth_secret_file=" + path]
+    return ["--auth_secret_file=" + path, "--job_id=" + new_job_id(run_dir)]
 
 
 def cluster_flags(args, auth):

@@ -52,13 +52,26 @@ class SecretTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             self.assertEqual(commands.auth_flags(args_of("--insecure"), d), ["--insecure"])
             self.assertFalse(os.path.exists(os.path.join(d, "job.secret")))
-            self.assertEqual(commands.auth_flags(args_of(), d),
-                             ["--auth_secret_file=" + os.path.join(os.path.abspath(d),
-                                                                  "job.secret")])
+            made = commands.auth_flags(args_of(), d)
+            self.assertEqual(made[0], "--auth_secret_file=" + os.path.join(os.path.abspath(d),
+                                                                          "job.secret"))
+            self.assertEqual(len(made), 2)
+            self.assertRegex(made[1], r"^--job_id=rubato-[A-Za-z0-9._-]*-[0-9a-f]{16}$")
             given = os.path.join(d, "given")
             open(given, "w").close()
-            self.assertEqual(commands.auth_flags(args_of("--auth_secret_file", given), d),
-                             ["--auth_secret_file=" + os.path.abspath(given)])
+            kept = commands.auth_flags(args_of("--auth_secret_file", given), d)
+            self.assertEqual(kept[0], "--auth_secret_file=" + os.path.abspath(given))
+            # A kept secret file, and still a fresh job id each time: no token of one job is
+            # accepted by the next.
+            again = commands.auth_flags(args_of("--auth_secret_file", given), d)
+            self.assertEqual(again[0], kept[0])
+            self.assertNotEqual(again[1], kept[1])
+
+    def test_new_job_id_is_a_valid_one(self):
+        for run_dir in ("runs/20261203-041207", "/tmp/a b/ü+x", "/"):
+            job_id = commands.new_job_id(run_dir)
+            self.assertRegex(job_id, r"^rubato-([A-Za-z0-9._-]+-)?[0-9a-f]{16}$")
+            self.assertLessEqual(len(job_id), 128)
 
 
 class CommandLineTest(unittest.TestCase):

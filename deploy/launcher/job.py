@@ -42,7 +42,9 @@ class Job:
         if self.plan and not args.insecure:
             with open(auth[0].partition("=")[2], "rb") as f:
                 self.secret = f.read()
-            auth = []  # The remote wrapper adds --auth_secret_file, naming its own copy.
+            # The remote wrapper adds --auth_secret_file, naming its own copy; the job id is no
+            # secret.
+            auth = [a for a in auth if a.startswith("--job_id=")]
         self.cluster = commands.cluster_flags(args, auth)
         self.procs, self.servers, self.workers, self.views, self.readers = [], [], [], [], []
         self.server_argv = []  # Local servers: the argv of each, for --restart_servers.

@@ -61,7 +61,7 @@ void DataPlaneShardChannel::Registered(const RegisterResponse& response) {
   o.host = host;
   o.port = port;
   o.worker_id = options_.worker_id;
-  o.token = options_.token;
+  o.answer_challenge = options_.answer_challenge;
   o.description = options_.description;
   o.max_message_bytes = options_.max_message_bytes;
   Retire();

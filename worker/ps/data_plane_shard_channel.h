@@ -29,7 +29,8 @@ class DataPlaneShardChannel final : public ShardChannel {
  public:
   struct Options {
     int worker_id = 0;
-    std::string token;        // The worker's job token ("" without authentication).
+    // The worker's answer to a data connection's challenge (PsDataChannel::Options).
+    std::function<std::string(absl::string_view challenge)> answer_challenge;
     std::string description;  // "shard 1 at host:port", for messages.
     int64_t max_message_bytes = kDefaultMaxMessageBytes;
   };

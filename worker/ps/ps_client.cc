@@ -570,7 +570,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
     }
     DataPlaneShardChannel::Options o;
     o.worker_id = options.worker_id;
-    o.token = options.security.token();
+    o.answer_challenge = [security = options.security](absl::string_view challenge) {
+      return security.HelloAnswer(challenge);
+    };
     o.description = absl::StrCat("shard ", s, " at ", options.servers[s]);
     o.max_message_bytes = options.max_message_bytes;
     channels.push_back(std::make_unique<DataPlaneShardChannel>(std::move(grpc_channel), o));

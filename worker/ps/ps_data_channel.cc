@@ -164,16 +164,31 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
   }
   SetDataSocketOptions(*fd);
   WatchPeerLiveness(*fd, options_.peer_dead_after);
+  // The server speaks first: its challenge, which the hello answers.
+  char challenge[sizeof(kDataChallengeMagic) + kDataChallengeBytes];
+  std::string why;
+  ReadEnd end = ReadWithin(*fd, challenge, sizeof(challenge), deadline, &why);
+  std::string failed = end == ReadEnd::kDone ? "" : DescribeReadEnd(end, why);
+  if (failed.empty() &&
+      std::memcmp(challenge, kDataChallengeMagic, sizeof(kDataChallengeMagic)) != 0) {
+    ::close(*fd);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("port ", options_.port, " of ", options_.description,
+                                     " does not answer as a Rubato data plane"));
+  }
+  const std::string proof =
+      !failed.empty() || !options_.answer_challenge
+          ? ""
+          : options_.answer_challenge(absl::string_view(
+                challenge + sizeof(kDataChallengeMagic), kDataChallengeBytes));
   char hello[16];
   std::memcpy(hello, kDataHelloMagic, sizeof(kDataHelloMagic));
   WireStore<int32_t>(hello + 8, options_.worker_id);
-  WireStore<int32_t>(hello + 12, static_cast<int32_t>(options_.token.size()));
-  iovec iov[2] = {{hello, sizeof(hello)},
-                  {const_cast<char*>(options_.token.data()), options_.token.size()}};
-  std::string failed = WriteWithin(*fd, iov, 2, deadline);
+  WireStore<int32_t>(hello + 12, static_cast<int32_t>(proof.size()));
+  iovec iov[2] = {{hello, sizeof(hello)}, {const_cast<char*>(proof.data()), proof.size()}};
+  if (failed.empty()) failed = WriteWithin(*fd, iov, 2, deadline);
   char answer[16];
-  std::string why;
-  ReadEnd end = ReadEnd::kError;
+  end = ReadEnd::kError;
   if (failed.empty()) {
     end = ReadWithin(*fd, answer, sizeof(answer), deadline, &why);
     if (end != ReadEnd::kDone) failed = DescribeReadEnd(end, why);

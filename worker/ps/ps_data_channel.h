@@ -44,7 +44,9 @@ class PsDataChannel {
     std::string host;  // The host of the shard's gRPC address.
     int port = 0;      // RegisterResponse.data_port.
     int worker_id = 0;
-    std::string token;        // The worker's job token ("" without authentication).
+    // The worker's answer to a connection's challenge (ClientSecurity::HelloAnswer); null or ""
+    // without authentication.
+    std::function<std::string(absl::string_view challenge)> answer_challenge;
     std::string description;  // "shard 1 at host:port", for messages.
     int64_t max_message_bytes = kDefaultMaxMessageBytes;  // A larger answer is refused.
     absl::Duration connect_timeout = absl::Seconds(3);

@@ -38,7 +38,8 @@ std::string ShardLayout(const std::vector<std::pair<std::string, std::vector<flo
   return out;
 }
 
-// Accepts one connection, accepts its hello, reads one request and answers it with `body`.
+// Accepts one connection, sends a challenge, accepts the hello, reads one request and answers it
+// with `body`.
 class ScriptedShard {
  public:
   explicit ScriptedShard(std::string body) : body_(std::move(body)) {
@@ -61,6 +62,10 @@ class ScriptedShard {
     if (fd < 0) return;
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     std::string why;
+    char challenge[sizeof(kDataChallengeMagic) + kDataChallengeBytes] = {};
+    std::memcpy(challenge, kDataChallengeMagic, sizeof(kDataChallengeMagic));
+    iovec opening{challenge, sizeof(challenge)};
+    WriteWithin(fd, &opening, 1, deadline);
     char hello[16];
     char header[kDataRequestHeaderBytes];
     if (ReadWithin(fd, hello, sizeof(hello), deadline, &why) == ReadEnd::kDone) {

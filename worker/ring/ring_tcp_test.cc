@@ -231,6 +231,7 @@ TEST(TcpRingTest, OnlyThePreviousRanksTokenGetsATicket) {
   ASSERT_EQ(chmod(path.c_str(), 0600), 0);
   SecurityConfig config;
   config.auth_secret_file = path;
+  config.job_id = "ring-test";
   absl::StatusOr<ServerSecurity> server_security = ServerSecurity::Create(config);
   ASSERT_TRUE(server_security.ok()) << server_security.status();
   Peer receiver(/*from_rank=*/0, *server_security);  // Rank 1: its previous rank is 0.
