@@ -194,6 +194,12 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
   ASSIGN_OR_RETURN(schedule_, ScheduleFor(members_, options_.cluster));
   schedule_ptr_.store(&*schedule_, std::memory_order_release);
   pulls_.StartTraining();
+  // A fresh job's first checkpoint, of step 0 (nothing can be applied before this), so that a
+  // shard killed before its first interval's checkpoint has one to restore, and the others one to
+  // roll back to.
+  if (checkpoints_ != nullptr && members_.restored_step() < 0) {
+    for (const auto& t : tensors_.all()) t->CaptureNow();
+  }
   batch_.Start(members_.num_workers(), members_.worker(0).batch_size);
   RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()
                    << " workers registered; optimizer " << optimizer_->config().type()

@@ -159,7 +159,8 @@ TEST(ShardCheckpointTest, RestoredShardContinuesBitIdenticallyForEveryOptimizer)
     }
     ASSERT_NO_FATAL_FAILURE(Train(reference.get(), 0, 20));
 
-    // The same job checkpointing every 4 steps, stopped after 10: the newest checkpoint is step 8.
+    // The same job checkpointing every 4 steps, stopped after 10: checkpoints of steps 0 (when
+    // training started), 4 and 8.
     const std::string dir = absl::StrCat(::testing::TempDir(), "/shard_ckpt_", c.name);
     ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir, "'; mkdir -p '", dir, "'").c_str()), 0);
     absl::Mutex mu;
@@ -181,9 +182,10 @@ TEST(ShardCheckpointTest, RestoredShardContinuesBitIdenticallyForEveryOptimizer)
     }
     // Not under `mu`: on_checkpoint takes it under a tensor's lock, and CheckpointProto takes
     // the shard's, which comes before a tensor's.
-    ASSERT_EQ(taken.size(), 2u);
-    EXPECT_EQ(taken[0]->step, 4);
-    EXPECT_EQ(taken[1]->step, 8);
+    ASSERT_EQ(taken.size(), 3u);
+    EXPECT_EQ(taken[0]->step, 0);
+    EXPECT_EQ(taken[1]->step, 4);
+    EXPECT_EQ(taken[2]->step, 8);
     for (const auto& capture : taken) {
       ASSERT_TRUE(WriteCheckpoint(dir, first->CheckpointProto(*capture), 3).ok());
     }
@@ -217,6 +219,34 @@ TEST(ShardCheckpointTest, RestoredShardContinuesBitIdenticallyForEveryOptimizer)
       }
     }
     EXPECT_EQ(restored->Stats().learning_rate(), reference->Stats().learning_rate());
+
+    // From the checkpoint of step 0, taken before any update: a shard killed before its first
+    // interval's checkpoint has it to restore, and trains to the same weights.
+    absl::StatusOr<std::optional<LoadedCheckpoint>> start = LoadNewestCheckpoint(dir, 0, 0);
+    ASSERT_TRUE(start.ok()) << start.status();
+    ASSERT_TRUE(start->has_value());
+    {
+      absl::MutexLock lock(&mu);
+      captured.clear();
+    }
+    std::unique_ptr<ParameterShard> from_zero = NewShard(options);
+    ASSERT_TRUE(from_zero->Restore((*start)->checkpoint).ok());
+    for (int w = 0; w < kWorkers; ++w) {
+      absl::StatusOr<RegisterResponse> r = from_zero->Register(Registration(w, c.mode, false));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->resume_step(), 0) << "worker " << w;
+    }
+    EXPECT_EQ(from_zero->Stats().restored_step(), 0);
+    ASSERT_NO_FATAL_FAILURE(Train(from_zero.get(), 0, 20));
+    const auto again = Weights(from_zero.get());
+    for (size_t t = 0; t < want.size(); ++t) {
+      ASSERT_EQ(again[t], want[t]) << "tensor " << t;
+    }
+    {
+      absl::MutexLock lock(&mu);
+      ASSERT_FALSE(captured.empty());
+      EXPECT_EQ(captured[0]->step, 4) << "a restored shard takes no second step-0 checkpoint";
+    }
   }
 }
 
@@ -235,7 +265,7 @@ TEST(ShardCheckpointTest, WorkersRejoinARestoredSspShardAtTheirOwnStep) {
   std::shared_ptr<const CapturedCheckpoint> last;
   options.on_checkpoint = [&](std::shared_ptr<const CapturedCheckpoint> c) {
     absl::MutexLock lock(&mu);
-    if (last == nullptr) last = std::move(c);  // The first: step 4.
+    if (last == nullptr && c->step == 4) last = std::move(c);
   };
   auto registration = [](int w, bool with_values) {
     RegisterRequest r = Registration(w, SSP, with_values);

@@ -25,7 +25,8 @@ struct ShardOptions {
   int update_threads = 1;
   // Threads that apply pushed gradients, one tensor each at a time (>= 1).
   int apply_threads = 2;
-  // Checkpoints every this many job steps (0: none), handed to on_checkpoint (see
+  // Checkpoints every this many job steps (0: none), and at step 0 when a fresh job's training
+  // starts, handed to on_checkpoint (see
   // CapturedCheckpoint), which must return quickly: it runs on the thread that applied the last
   // update of the step, with that tensor's lock held.
   int64_t checkpoint_every_steps = 0;

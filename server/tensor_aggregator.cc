@@ -46,6 +46,13 @@ void TensorAggregator::SetCheckpointing(int64_t every_versions, CaptureSink sink
   checkpoint_sink_ = std::move(sink);
 }
 
+void TensorAggregator::CaptureNow() {
+  absl::MutexLock lock(&mu_);
+  if (checkpoint_every_ > 0 && version_ % checkpoint_every_ == 0 && checkpoint_sink_) {
+    checkpoint_sink_(version_, {weights_, version_}, optimizer_state_);
+  }
+}
+
 void TensorAggregator::Restore(int64_t version, TensorOptimizerState optimizer_state) {
   absl::MutexLock lock(&mu_);
   version_ = version;

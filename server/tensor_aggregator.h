@@ -180,6 +180,9 @@ class TensorAggregator {
   using CaptureSink = std::function<void(int64_t version, TensorSnapshot weights,
                                          TensorOptimizerState optimizer_state)>;
   void SetCheckpointing(int64_t every_versions, CaptureSink sink);
+  // Hands the current version to the sink now, if it is a multiple of every_versions (version 0
+  // always is): a fresh job's first checkpoint, taken when training starts.
+  void CaptureNow();
   // Puts back a checkpointed version and optimizer state (the weights were given to the
   // constructor), before training.
   void Restore(int64_t version, TensorOptimizerState optimizer_state);

@@ -87,21 +87,24 @@ std::string DescribeJob(TestCluster* cluster) {
 
 absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint_dir,
                                                    const std::string& export_model = "",
-                                                   int64_t restore_step = -1) {
+                                                   int64_t restore_step = -1,
+                                                   const std::string& mode = "bsp",
+                                                   int every = kEvery) {
   ASSIGN_OR_RETURN(std::unique_ptr<TestCluster> cluster, TestCluster::Create());
   TestServerOptions options;
   options.num_shards = kShards;
   options.num_workers = kWorkers;
-  options.extra_flags = {"--learning_rate=0.05", "--optimizer=adam"};
+  options.extra_flags = {"--learning_rate=0.05", "--optimizer=adam", "--mode=" + mode};
   if (!checkpoint_dir.empty()) {
     options.extra_flags.push_back("--checkpoint_dir=" + checkpoint_dir);
-    options.extra_flags.push_back(absl::StrCat("--checkpoint_every_steps=", kEvery));
+    options.extra_flags.push_back(absl::StrCat("--checkpoint_every_steps=", every));
   }
   if (restore_step >= 0) {
     options.extra_flags.push_back(absl::StrCat("--restore_step=", restore_step));
   }
   RETURN_IF_ERROR(cluster->StartServers(options));
   std::vector<std::string> flags = WorkerFlags();
+  flags.push_back("--mode=" + mode);
   if (!export_model.empty()) flags.push_back("--export_model=" + export_model);
   for (int w = 0; w < kWorkers; ++w) RETURN_IF_ERROR(cluster->StartWorker(w, flags).status());
   return cluster;
@@ -295,6 +298,92 @@ TEST(RecoveryIntegrationTest, AKilledBspShardRollsTheJobBackToItsCheckpointBitId
   EXPECT_GE(redone, 0);
   EXPECT_LE(redone, kEvery + 1) << "more than one checkpoint interval was redone";
 }
+
+// A shard killed before its first interval's checkpoint (every 100 steps here, as by default):
+// the checkpoint of step 0, taken when training started, is what it restores. Under bsp the
+// workers roll the other shard back to it too and the job ends bit-identical to an uninterrupted
+// one; under ssp:2 the workers rejoin the restored shard at their own steps and the job
+// completes. Kills from step 0 (as soon as that checkpoint is on disk) to a worker's step 20.
+struct EarlyKill {
+  std::string mode;
+  int64_t at_step;
+};
+
+class EarlyKillTest : public ::testing::TestWithParam<EarlyKill> {};
+
+TEST_P(EarlyKillTest, AShardKilledBeforeItsFirstIntervalRecoversFromStep0) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
+  const EarlyKill kill = GetParam();
+  const bool bsp = kill.mode == "bsp";
+  std::string want;
+  if (bsp) {
+    absl::StatusOr<std::unique_ptr<TestCluster>> reference = Start("");
+    ASSERT_TRUE(IsOk(reference));
+    ASSERT_TRUE(IsOk((*reference)->WaitForWorkers(absl::Seconds(120))));
+    want = ParamsFingerprint((*reference)->worker(0)->ReadStdout());
+    ASSERT_EQ(want.size(), 16u) << (*reference)->worker(0)->ReadStdout();
+  }
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/early_kill_", bsp ? "bsp" : "ssp",
+                                       "_", kill.at_step);
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir, "'").c_str()), 0);
+  absl::StatusOr<std::unique_ptr<TestCluster>> job = Start(dir, "", -1, kill.mode, 100);
+  ASSERT_TRUE(IsOk(job));
+  auto step0_written = [&]() {
+    absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, 1);
+    return files.ok() && !files->empty() && files->back().step == 0;
+  };
+  auto reached = [&]() {
+    int64_t last = -1;
+    for (int w = 0; w < kWorkers; ++w) {
+      last = std::max(last, LastStep((*job)->worker(w)->ReadStdout()));
+    }
+    return last;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while ((!step0_written() || reached() < kill.at_step) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_TRUE(step0_written()) << "no checkpoint of step 0 from shard 1" << DescribeJob(job->get());
+  ASSERT_TRUE(IsOk((*job)->server(1)->Signal(SIGKILL)));
+  ASSERT_TRUE(IsOk((*job)->server(1)->Wait(absl::Seconds(10))));
+  const int64_t killed_at = reached();
+  ASSERT_LT(killed_at, 100) << "past the first interval's checkpoint";
+  ASSERT_TRUE(IsOk((*job)->RestartServer(1)));
+  int rollbacks = 0;
+  absl::StatusOr<std::map<int, int>> exits =
+      SuperviseUntilWorkersEnd(job->get(), absl::Seconds(120), &rollbacks);
+  ASSERT_TRUE(IsOk(exits)) << DescribeJob(job->get());
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_EQ(exits->at(w), 0) << "worker " << w << DescribeJob(job->get());
+  }
+  const std::string err = (*job)->server(1)->ReadStderr();
+  EXPECT_TRUE(HasLineContaining(err, "step 0 (recovery ")) << err;
+  if (bsp) {
+    for (int w = 0; w < kWorkers; ++w) {
+      EXPECT_EQ(ParamsFingerprint((*job)->worker(w)->ReadStdout()), want)
+          << "worker " << w << "'s final parameters differ from the uninterrupted run's";
+    }
+  } else {
+    for (int w = 0; w < kWorkers; ++w) {
+      EXPECT_TRUE(HasLineContaining((*job)->worker(w)->ReadStdout(), "\"event\":\"rejoin\""))
+          << "worker " << w << " never registered with the restarted shard";
+    }
+  }
+  EXPECT_TRUE(IsOk((*job)->WaitForServers(absl::Seconds(30))));
+  std::printf("%s: shard 1 killed near step %lld (before any interval checkpoint); restored "
+              "step 0; %d roll-back restart(s) of the other shard\n",
+              kill.mode.c_str(), static_cast<long long>(killed_at), rollbacks);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    KillPoints, EarlyKillTest,
+    ::testing::Values(EarlyKill{"bsp", 0}, EarlyKill{"bsp", 3}, EarlyKill{"bsp", 6},
+                      EarlyKill{"bsp", 10}, EarlyKill{"bsp", 14}, EarlyKill{"bsp", 17},
+                      EarlyKill{"bsp", 20}, EarlyKill{"ssp:2", 0}, EarlyKill{"ssp:2", 5},
+                      EarlyKill{"ssp:2", 12}, EarlyKill{"ssp:2", 20}),
+    [](const ::testing::TestParamInfo<EarlyKill>& info) {
+      return absl::StrCat(info.param.mode == "bsp" ? "Bsp" : "Ssp", "AtStep", info.param.at_step);
+    });
 
 // One shard of an async or ssp:2 job is SIGKILLed after its checkpoint of step 60 and started
 // again on the same address: it restores that checkpoint, the workers (which retried it while it
