@@ -286,5 +286,34 @@ TEST_F(HardeningTest, WorkerRidesOutANetworkCutThenFailsNamingTheShard) {
       << errors[0];
 }
 
+// Issue 31, item 5: a shard stopped (SIGSTOP) for longer than a call's deadline ended every
+// worker with DEADLINE_EXCEEDED, although --retry_timeout_ms was longer. A call that had no answer
+// by its deadline is now retried like one that was refused, within the retry timeout. Here
+// --wait_timeout_ms=2000 makes each call's deadline 12 s; the shard is stopped for 15 s, and the
+// lease (60 s) is longer, so nobody is dropped.
+TEST_F(HardeningTest, AShardStoppedPastACallsDeadlineIsWaitedForWithinTheRetryTimeout) {
+  TestServerOptions options;
+  options.num_workers = 2;
+  options.extra_flags = {"--lease_ms=60000", "--wait_timeout_ms=2000"};
+  ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
+  std::vector<std::string> flags = WorkerFlags(80);
+  flags.insert(flags.end(), {"--lease_ms=60000", "--wait_timeout_ms=2000",
+                             "--min_step_ms=20", "--retry_timeout_ms=40000"});
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(IsOk(cluster_->StartWorker(w, flags)));
+  ASSERT_TRUE(IsOk(WaitForStdoutLine(cluster_->worker(0), "\"step\":10,", kRunTimeout)));
+  Subprocess* shard = cluster_->server(0);
+  ASSERT_TRUE(IsOk(shard->Signal(SIGSTOP)));
+  absl::SleepFor(absl::Seconds(15));
+  ASSERT_TRUE(IsOk(shard->Signal(SIGCONT)));
+  absl::StatusOr<std::map<int, int>> statuses = cluster_->WaitForWorkers(kRunTimeout);
+  ASSERT_TRUE(IsOk(statuses));
+  for (int w = 0; w < 2; ++w) {
+    Subprocess* worker = cluster_->worker(w);
+    EXPECT_EQ(statuses->at(w), 0) << "worker " << w << ":\n" << worker->ReadStderr();
+    EXPECT_TRUE(FinalTestAccuracy(worker->ReadStdout()).ok()) << worker->ReadStdout();
+  }
+  EXPECT_TRUE(IsOk(cluster_->WaitForServers(absl::Seconds(30))));
+}
+
 }  // namespace
 }  // namespace rubato

@@ -84,7 +84,7 @@ void DataPlaneShardChannel::Drop(const PsDataChannel* data, const absl::Status& 
   absl::MutexLock lock(&mu_);
   if (data_.get() != data) return;
   RUBATO_LOG(WARNING) << why.message() << "; Push and Pull to " << options_.description
-                      << " go over gRPC from now on";
+                      << " go over gRPC until this worker registers with it again";
   Retire();
 }
 

@@ -16,8 +16,10 @@ constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 
 // UNAVAILABLE from the transport (refused, reset, cut), not from a shard that answered: a shard
-// that is shutting down says so in its message and is not retried.
-bool IsTransportFailure(const absl::Status& status) {
+// that is shutting down says so in its message and is not retried. Or no answer by the call's
+// deadline (`past_deadline`): the shard's own DEADLINE_EXCEEDED comes before it.
+bool IsTransportFailure(const absl::Status& status, bool past_deadline) {
+  if (absl::IsDeadlineExceeded(status)) return past_deadline;
   return absl::IsUnavailable(status) &&
          status.message().find("shutting down") == absl::string_view::npos;
 }
@@ -57,9 +59,14 @@ class Operation : public std::enable_shared_from_this<Operation> {
   struct Call {
     absl::Time first_failure = absl::InfiniteFuture();
     absl::Duration backoff = kFirstBackoff;
+    absl::Time deadline;  // The current attempt's.
   };
 
   int shard(int c) const { return spec_.shards[c]; }
+  absl::Time AttemptDeadline(int c) {
+    absl::MutexLock lock(&mu_);
+    return calls_[c].deadline;
+  }
   int64_t weight(int c) const { return spec_.weights.empty() ? 1 : spec_.weights[c]; }
   CallGate* gate(int c) const {
     return spec_.gates.empty() ? own_gates_.at(shard(c)).get() : spec_.gates[shard(c)];
@@ -69,7 +76,16 @@ class Operation : public std::enable_shared_from_this<Operation> {
     std::shared_ptr<Operation> self = shared_from_this();
     gate(c)->Begin(weight(c), [self, c] {
       ShardChannel::CallOptions options;
-      options.deadline = self->deadline_;
+      {
+        // The first attempt has the operation's deadline; a retry, its timeout from now.
+        absl::MutexLock lock(&self->mu_);
+        Call& call = self->calls_[c];
+        call.deadline = call.first_failure == absl::InfiniteFuture()
+                            ? self->deadline_
+                            : std::max(self->deadline_,
+                                       self->context_->timer->clock()->Now() + self->spec_.timeout);
+        options.deadline = call.deadline;
+      }
       options.wait_for_ready = self->spec_.retry == Retry::kWaitForReady;
       self->start_(self->context_->channels[self->shard(c)], c, options,
                    [self, c](absl::Status status) {
@@ -91,13 +107,15 @@ class Operation : public std::enable_shared_from_this<Operation> {
             "cannot reach parameter server shard ", shard(c), " at ", channel->address(),
             " within ", absl::FormatDuration(spec_.timeout), ": ", channel->Diagnose(),
             " (gRPC: ", status.message(), ")"));
-      } else if (spec_.retry == Retry::kWhileUnavailable && IsTransportFailure(status)) {
+      } else if (spec_.retry == Retry::kWhileUnavailable &&
+                 IsTransportFailure(status, now >= AttemptDeadline(c))) {
         absl::MutexLock lock(&mu_);
         Call& call = calls_[c];
         if (call.first_failure == absl::InfiniteFuture()) call.first_failure = now;
-        if (error_.ok() && now < call.first_failure + context_->retry_timeout && now < deadline_) {
+        const absl::Time give_up = call.first_failure + context_->retry_timeout;
+        if (error_.ok() && now < give_up) {
           retry = true;
-          when = now + std::min(call.backoff, deadline_ - now);
+          when = now + std::min(call.backoff, give_up - now);
           call.backoff = std::min(2 * call.backoff, kMaxBackoff);
         }
       } else {
@@ -110,11 +128,16 @@ class Operation : public std::enable_shared_from_this<Operation> {
           absl::MutexLock lock(&mu_);
           first = calls_[c].first_failure;
         }
+        const bool silent = absl::IsDeadlineExceeded(status);
         error = absl::UnavailableError(absl::StrCat(
-            "parameter server shard ", shard(c), " at ", channel->address(), " unreachable for ",
+            "parameter server shard ", shard(c), " at ", channel->address(),
+            silent ? " gave no answer" : " unreachable", " for ",
             absl::FormatDuration(now - first), " (retried with backoff for up to ",
-            absl::FormatDuration(context_->retry_timeout), "): ", channel->Diagnose(),
-            " (gRPC: ", status.message(), ")"));
+            absl::FormatDuration(context_->retry_timeout), "): ",
+            silent ? "its calls found no answer by their deadlines (a shard stopped, overloaded "
+                     "or cut off; see its log); "
+                   : "",
+            channel->Diagnose(), " (gRPC: ", status.message(), ")"));
       }
     }
     if (retry) {

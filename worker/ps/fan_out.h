@@ -31,9 +31,12 @@ enum class Retry {
   // The calls wait for a shard that is not up yet (ShardChannel::CallOptions::wait_for_ready);
   // running out of time means it could not be reached.
   kWaitForReady,
-  // A call that fails because the transport did (UNAVAILABLE, not "shutting down") is started
-  // again after a backoff (0.1 s doubling to 2 s, per call) until it gets through, for up to the
-  // retry timeout from its first failure.
+  // A call that fails because the transport did (UNAVAILABLE, not "shutting down"), or that had
+  // no answer at all by its deadline (DEADLINE_EXCEEDED at or after it: a shard stopped, frozen
+  // or cut off without a reset; a shard's own timeouts answer well before it), is started again
+  // after a backoff (0.1 s doubling to 2 s, per call) until it gets through, for up to the retry
+  // timeout from its first failure. Each attempt has the operation's timeout from its start, so
+  // an operation with retries may end up to the retry timeout plus one timeout after its start.
   kWhileUnavailable,
 };
 

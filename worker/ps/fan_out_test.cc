@@ -18,10 +18,11 @@ namespace {
 class Script {
  public:
   StartCall Starter() {
-    return [this](ShardChannel*, int call, const ShardChannel::CallOptions&,
+    return [this](ShardChannel*, int call, const ShardChannel::CallOptions& options,
                   ShardChannel::Done done) {
       absl::MutexLock lock(&mu_);
       ++starts_[call];
+      deadlines_[call].push_back(options.deadline);
       held_.push_back({call, std::move(done)});
     };
   }
@@ -49,6 +50,11 @@ class Script {
     absl::MutexLock lock(&mu_);
     return starts_[call];
   }
+  // The deadline of each attempt of `call`, in order.
+  std::vector<absl::Time> deadlines(int call) {
+    absl::MutexLock lock(&mu_);
+    return deadlines_[call];
+  }
   // Waits (real time, 10 s at most) until `n` calls are held.
   bool AwaitHeld(int n) {
     absl::MutexLock lock(&mu_);
@@ -62,6 +68,7 @@ class Script {
   absl::Mutex mu_;
   std::vector<std::pair<int, ShardChannel::Done>> held_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> starts_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::vector<absl::Time>> deadlines_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Fixture {
@@ -153,6 +160,74 @@ TEST(FanOutTest, AShardUnreachableForTheRetryTimeoutFailsNamingItAndWhy) {
   // Attempts at 0, 0.1, 0.3, 0.7 and 1.5 s (backoffs of 0.1, 0.2, 0.4, 0.8 s); the last is past
   // the 1 s retry timeout.
   EXPECT_EQ(script.starts(1), 5);
+}
+
+// A shard stopped (SIGSTOP), frozen or cut off without a reset answers nothing: the call ends at
+// its own deadline, and is retried with a deadline of its own, within the retry timeout.
+TEST(FanOutTest, ACallWithNoAnswerByItsDeadlineIsRetriedWithAFreshDeadline) {
+  Fixture f(1);
+  f.context.retry_timeout = absl::Seconds(60);
+  Script script;
+  Outcome outcome;
+  const absl::Time start = f.clock.Now();
+  StartFanOut(&f.context, Calls({0}, Retry::kWhileUnavailable), script.Starter(), outcome.Done());
+  ASSERT_TRUE(script.AwaitHeld(1));
+  f.clock.Advance(absl::Seconds(30));  // The call's deadline: nothing came.
+  ASSERT_TRUE(script.Answer(0, absl::DeadlineExceededError("Deadline Exceeded")));
+  ASSERT_TRUE(f.clock.AwaitWaitersAtNow(1, absl::Seconds(10)));
+  f.clock.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(script.AwaitHeld(1));
+  ASSERT_TRUE(script.Answer(0, absl::OkStatus()));  // The shard is back.
+  ASSERT_TRUE(outcome.over.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(outcome.status.ok()) << outcome.status;
+  const std::vector<absl::Time> deadlines = script.deadlines(0);
+  ASSERT_EQ(deadlines.size(), 2u);
+  EXPECT_EQ(deadlines[0], start + absl::Seconds(30));
+  EXPECT_EQ(deadlines[1], start + absl::Seconds(30) + absl::Milliseconds(100) + absl::Seconds(30))
+      << "the retry has the operation's timeout from its own start";
+}
+
+TEST(FanOutTest, AShardSilentForTheRetryTimeoutFailsSayingItGaveNoAnswer) {
+  Fixture f(1);
+  f.context.retry_timeout = absl::Seconds(40);
+  Script script;
+  Outcome outcome;
+  StartFanOut(&f.context, Calls({0}, Retry::kWhileUnavailable), script.Starter(), outcome.Done());
+  // Each attempt waits out its 30 s. The first fails at 30 s; retries start at 30.1 s and 60.3 s
+  // (backoffs 0.1 and 0.2 s), within the 40 s retry timeout; the third fails at 90.3 s, past it.
+  for (const absl::Duration backoff : {absl::Milliseconds(100), absl::Milliseconds(200)}) {
+    ASSERT_TRUE(script.AwaitHeld(1));
+    f.clock.Advance(absl::Seconds(30));
+    ASSERT_TRUE(script.Answer(0, absl::DeadlineExceededError("Deadline Exceeded")));
+    ASSERT_TRUE(f.clock.AwaitWaitersAtNow(1, absl::Seconds(10)));
+    EXPECT_FALSE(outcome.over.HasBeenNotified());
+    f.clock.Advance(backoff);
+  }
+  ASSERT_TRUE(script.AwaitHeld(1));
+  f.clock.Advance(absl::Seconds(30));
+  ASSERT_TRUE(script.Answer(0, absl::DeadlineExceededError("Deadline Exceeded")));
+  ASSERT_TRUE(outcome.over.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsUnavailable(outcome.status)) << outcome.status;
+  EXPECT_NE(outcome.status.message().find("shard 0 at fake:0 gave no answer for"),
+            std::string::npos)
+      << outcome.status;
+  EXPECT_EQ(script.starts(0), 3);
+}
+
+TEST(FanOutTest, AShardsOwnDeadlineExceededIsAnAnswerAndNotRetried) {
+  Fixture f(1);
+  Script script;
+  Outcome outcome;
+  StartFanOut(&f.context, Calls({0}, Retry::kWhileUnavailable), script.Starter(), outcome.Done());
+  ASSERT_TRUE(script.AwaitHeld(1));
+  f.clock.Advance(absl::Seconds(20));  // Before the call's 30 s deadline.
+  ASSERT_TRUE(script.Answer(0, absl::DeadlineExceededError(
+                                   "pull for step 3 by worker 0 timed out on shard 0: waiting "
+                                   "for worker 1")));
+  ASSERT_TRUE(outcome.over.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(outcome.status)) << outcome.status;
+  EXPECT_NE(outcome.status.message().find("waiting for worker 1"), std::string::npos);
+  EXPECT_EQ(script.starts(0), 1);
 }
 
 TEST(FanOutTest, AShardsRefusalIsNotRetriedAndTheOperationEndsAfterEveryCall) {
