@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/net_diagnose.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
@@ -35,6 +36,10 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& address,
                                                                 HealthService* health,
                                                                 int* bound_port) {
+  if (const std::string why = DiagnoseListen(address); !why.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("--health_listen: cannot listen on ", address, ": ", why));
+  }
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxHealthMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -44,7 +49,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::strin
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--health_listen: cannot listen on ", address,
-                                               ": the address is in use or not of this host"));
+                                               ": gRPC could not bind it (see its log)"));
   }
   if (bound_port != nullptr) *bound_port = port;
   return server;

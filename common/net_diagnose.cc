@@ -138,4 +138,59 @@ EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration tim
                                                   tried == 0 ? "no address" : other_error)};
 }
 
+std::string DiagnoseListen(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::StrCat("'", address, "' is not host:port");
+  }
+  std::string host(address.substr(0, colon));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
+                                   &found);
+      rc != 0) {
+    return absl::StrCat("the host name '", host, "' does not resolve (", ::gai_strerror(rc), ")");
+  }
+  int error = 0;
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      error = errno;
+      continue;
+    }
+    const int on = 1;  // As gRPC binds: a port in TIME_WAIT is no reason to fail.
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    const bool bound = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    if (!bound) error = errno;
+    ::close(fd);
+    if (bound) {
+      ::freeaddrinfo(found);
+      return "";
+    }
+  }
+  ::freeaddrinfo(found);
+  switch (error) {
+    case EADDRINUSE:
+      return absl::StrCat("port ", port, " is in use on this host (another process listens on it; "
+                          "stop it or choose another port)");
+    case EADDRNOTAVAIL:
+      return absl::StrCat(host, " is not an address of this host (listen on one of its own "
+                          "addresses, or on 0.0.0.0 for all of them)");
+    case EACCES:
+      return absl::StrCat("port ", port, " needs privileges this process lacks (ports below 1024; "
+                          "choose a higher one)");
+    default:
+      return absl::StrCat("binding it fails: ", std::strerror(error));
+  }
+}
+
 }  // namespace rubato

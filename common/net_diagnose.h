@@ -42,6 +42,13 @@ bool SplitHostPort(absl::string_view address, std::string* host, std::string* po
 // prefix) and tries a TCP connection to each of its addresses, within `timeout` in all.
 EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration timeout);
 
+// Why this process cannot listen on `address` ("host:port", "[v6]:port", port 0 for any), found
+// with a test bind of each of its addresses (nothing is sent): "" if one binds (the failure is
+// elsewhere), else a sentence fragment naming the cause, one of "port 5000 is in use on this host
+// (another process listens on it)", "10.7.0.1 is not an address of this host (...)", "port 80
+// needs privileges ...", "the host name 'x' does not resolve (...)", "'x' is not host:port".
+std::string DiagnoseListen(absl::string_view address);
+
 }  // namespace rubato
 
 #endif  // RUBATO_COMMON_NET_DIAGNOSE_H_

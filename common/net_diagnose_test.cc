@@ -96,3 +96,31 @@ TEST(DiagnoseEndpointTest, LocalhostResolvesFromTheHostsFile) {
 
 }  // namespace
 }  // namespace rubato
+
+namespace rubato {
+namespace {
+
+TEST(DiagnoseListenTest, AFreePortBindsAndAnInUseOneIsNamed) {
+  EXPECT_EQ(DiagnoseListen("127.0.0.1:0"), "");
+  LoopbackSocket held(/*listen=*/true);
+  const std::string why = DiagnoseListen(held.address());
+  EXPECT_NE(why.find(" is in use on this host"), std::string::npos) << why;
+  EXPECT_NE(why.find(held.address().substr(held.address().rfind(':') + 1)), std::string::npos)
+      << why;
+}
+
+TEST(DiagnoseListenTest, AnAddressOfAnotherHostIsNamed) {
+  // 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this machine; a bind sends nothing.
+  const std::string why = DiagnoseListen("192.0.2.1:5000");
+  EXPECT_EQ(why, "192.0.2.1 is not an address of this host (listen on one of its own addresses, "
+                 "or on 0.0.0.0 for all of them)");
+}
+
+TEST(DiagnoseListenTest, MalformedAddresses) {
+  for (const char* bad : {"5000", "host:", "host:port", "host:70000", "host:-1"}) {
+    EXPECT_NE(DiagnoseListen(bad).find("is not host:port"), std::string::npos) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace rubato

@@ -35,6 +35,20 @@ absl::Status Membership::CheckMember(int id) const {
       absl::StrCat("worker ", id, " is not registered with shard ", shard_id_));
 }
 
+absl::Status Membership::CheckMemberAt(int id, int64_t step) const {
+  absl::Status s = CheckMember(id);
+  if (!absl::IsFailedPrecondition(s) || step <= 0 || restored_step_ >= 0 || id < 0 ||
+      id >= num_workers() || workers_[id].dropped) {
+    return s;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", id, " (at step ", step, ") is not registered with shard ", shard_id_,
+      ": the shard started afresh after the worker registered with an earlier run of it, with no "
+      "checkpoint to restore (no --checkpoint_dir, or none written yet), so the job's state on "
+      "it is lost; restart every process of the job (with --checkpoint_dir, a restarted shard "
+      "restores its checkpoint instead)"));
+}
+
 void Membership::SetMember(int id, bool member) {
   Worker& w = workers_[id];
   if (w.registered != member) members_ += member ? 1 : -1;

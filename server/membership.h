@@ -49,6 +49,10 @@ class Membership {
   // restored from a checkpoint (it registered with the shard's previous process);
   // FAILED_PRECONDITION for an unknown one.
   absl::Status CheckMember(int id) const;
+  // CheckMember for a call of worker `id` at `step`. A worker unknown here that calls past step 0
+  // registered with an earlier run of this shard, which has started afresh (no checkpoint to
+  // restore): FAILED_PRECONDITION saying so, and what to do.
+  absl::Status CheckMemberAt(int id, int64_t step) const;
   void SetMember(int id, bool member);
   // Worker `id` registers (again): a member, not finished, with this batch and job, going on from
   // `resume_step`, seen at `now`. Returns what it was before, for Unenroll.

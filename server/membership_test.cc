@@ -115,6 +115,25 @@ TEST(MembershipTest, EnrollMakesAMemberAndUnenrollPutsItBackAsItWas) {
   EXPECT_EQ(m.members(), 1);
 }
 
+TEST(MembershipTest, ACallPastStep0FromAWorkerUnknownHereSaysTheShardStartedAfresh) {
+  Membership m(2, 2, 1000);
+  EXPECT_EQ(m.CheckMemberAt(0, 0).message(), "worker 0 is not registered with shard 2")
+      << "at step 0 it may simply not have registered yet";
+  const absl::Status lost = m.CheckMemberAt(1, 17);
+  EXPECT_TRUE(absl::IsFailedPrecondition(lost)) << lost;
+  EXPECT_NE(lost.message().find("worker 1 (at step 17) is not registered with shard 2: the shard "
+                                "started afresh"),
+            std::string::npos)
+      << lost;
+  EXPECT_NE(lost.message().find("--checkpoint_dir"), std::string::npos) << lost;
+  EXPECT_EQ(m.CheckMemberAt(7, 17).message(), "worker 7 is not registered with shard 2")
+      << "no such worker in this job";
+  m.SetRestored(10);  // A restored shard says that instead (ABORTED: register again).
+  EXPECT_TRUE(absl::IsAborted(m.CheckMemberAt(1, 17)));
+  m.SetMember(0, true);
+  EXPECT_TRUE(m.CheckMemberAt(0, 17).ok());
+}
+
 TEST(MembershipTest, AWorkerOfAnotherJobLengthIsRefusedNamingBoth) {
   Membership m(0, 2, 1000);
   m.SetMember(0, true);

@@ -287,7 +287,7 @@ void ParameterShard::Push(WirePush request, std::shared_ptr<const void> keepaliv
 absl::Status ParameterShard::CheckState(const WirePush& request) {
   absl::MutexLock lock(&mu_);
   const int id = request.worker_id;
-  RETURN_IF_ERROR(members_.CheckMember(id));
+  RETURN_IF_ERROR(members_.CheckMemberAt(id, request.step));
   if (!schedule_.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("training has not started: ", members_.members(), " of ",
@@ -368,7 +368,7 @@ void ParameterShard::Finish(Released* released) {
 
 absl::StatusOr<std::vector<int>> ParameterShard::CheckPull(const PullRequest& request) const {
   if (shutdown_) return shutdown_status_;
-  RETURN_IF_ERROR(members_.CheckMember(request.worker_id()));
+  RETURN_IF_ERROR(members_.CheckMemberAt(request.worker_id(), request.step()));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
   return ResolvePull(request, tensors_.index(), tensors_.size(), options_.shard_id);
 }
@@ -461,7 +461,7 @@ void ParameterShard::DeadlineLoop() {
 absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   const int id = request.worker_id();
-  RETURN_IF_ERROR(members_.CheckMember(id));
+  RETURN_IF_ERROR(members_.CheckMemberAt(id, request.step()));
   RETURN_IF_ERROR(CheckStep("step", request.step()));
   members_.Heard(id, request.step(), clock_->Now());
   HeartbeatResponse response;

@@ -386,6 +386,11 @@ class Front {
 
   absl::Status Start(const ServerConfig& c, rubato::ParameterShard* shard,
                      const rubato::ServerSecurity& security) {
+    // Why it cannot listen, told apart before gRPC tries (and logs its own dump).
+    if (const std::string why = rubato::DiagnoseListen(c.listen); !why.empty()) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", c.listen, " (--listen): ",
+                                                 why));
+    }
     grpc::ServerBuilder builder;
     rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(c.spec));
     rubato::SetServerMemoryBudget(&builder, c.memory_budget);
@@ -396,7 +401,7 @@ class Front {
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(absl::StrCat(
-          "cannot listen on ", c.listen, ": the address is in use or not an address of this host"));
+          "cannot listen on ", c.listen, " (--listen): gRPC could not bind it (see its log)"));
     }
     bound_ = absl::StrCat(c.listen.substr(0, c.listen.rfind(':')), ":", port);
     if (c.data_port >= 0 && !security.encrypts()) {

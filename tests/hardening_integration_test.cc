@@ -89,6 +89,16 @@ TEST_F(HardeningTest, PortInUseIsAnErrorNamingTheAddress) {
   EXPECT_NE(second.stderr_text.find(absl::StrCat("cannot listen on ", taken)), std::string::npos)
       << second.stderr_text;
   EXPECT_NE(second.stderr_text.find("in use"), std::string::npos) << second.stderr_text;
+  // Told apart before gRPC tries, so no dump of gRPC's own precedes the one error line.
+  EXPECT_EQ(second.stderr_text.find("Failed to add"), std::string::npos) << second.stderr_text;
+  // An address of another host (TEST-NET-1; a bind sends nothing) is another cause, named.
+  ProcessResult elsewhere = RunServer({"--listen=192.0.2.1:5000", "--insecure"});
+  EXPECT_EQ(elsewhere.exit_status, 2) << elsewhere.stderr_text;
+  EXPECT_NE(elsewhere.stderr_text.find(
+                "cannot listen on 192.0.2.1:5000 (--listen): 192.0.2.1 is not an address of "
+                "this host"),
+            std::string::npos)
+      << elsewhere.stderr_text;
 }
 
 // Secure by default: without a secret a server listens only on loopback, unless --insecure.

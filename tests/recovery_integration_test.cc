@@ -385,6 +385,30 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(info.param.mode == "bsp" ? "Bsp" : "Ssp", "AtStep", info.param.at_step);
     });
 
+// Without --checkpoint_dir a restarted shard has nothing to restore: the job cannot go on, and
+// every worker must say why (issue 31: they said "worker N is not registered with shard 1", one a
+// bare DEADLINE_EXCEEDED).
+TEST(RecoveryIntegrationTest, AShardRestartedWithoutCheckpointsEndsTheJobSayingItLostItsState) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashionMnistDir;
+  absl::StatusOr<std::unique_ptr<TestCluster>> job = Start("");
+  ASSERT_TRUE(IsOk(job));
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (LastStep((*job)->worker(0)->ReadStdout()) < 10 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_TRUE(IsOk((*job)->server(1)->Signal(SIGKILL)));
+  ASSERT_TRUE(IsOk((*job)->server(1)->Wait(absl::Seconds(10))));
+  ASSERT_TRUE(IsOk((*job)->RestartServer(1)));
+  absl::StatusOr<std::map<int, int>> exits = (*job)->WaitForWorkers(absl::Seconds(90));
+  ASSERT_TRUE(IsOk(exits)) << DescribeJob(job->get());
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::string err = (*job)->worker(w)->ReadStderr();
+    EXPECT_EQ(exits->at(w), 1) << "worker " << w << ": " << err;
+    EXPECT_TRUE(HasLineContaining(err, "the shard started afresh after the worker registered"))
+        << "worker " << w << ": " << err;
+  }
+}
+
 // One shard of an async or ssp:2 job is SIGKILLed after its checkpoint of step 60 and started
 // again on the same address: it restores that checkpoint, the workers (which retried it while it
 // was down) register again when it answers ABORTED, and the job completes. The updates that shard

@@ -73,6 +73,11 @@ class AllReduceClient final : public PsClient {
                              ? absl::StrCat("on a TCP data connection (listening on port ",
                                             data_->port(), ")")
                              : std::string("on a gRPC stream"));
+    if (const std::string why = DiagnoseListen(address); !why.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", options_.rank, " cannot listen on ", address,
+                       " (its own entry in --peers, or --listen): ", why));
+    }
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder, MaxMessageBytes(options_.cluster));
     int port = 0;
@@ -83,7 +88,7 @@ class AllReduceClient final : public PsClient {
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(
           absl::StrCat("rank ", options_.rank, " cannot listen on ", address,
-                       ": the address is in use or not an address of this host"));
+                       ": gRPC could not bind it (see its log)"));
     }
     return absl::OkStatus();
   }

@@ -66,7 +66,9 @@ absl::StatusOr<std::unique_ptr<TcpRingListener>> TcpRingListener::Create(const s
   absl::StatusOr<Listening> listening = ListenTcp(host, port, 16);
   if (!listening.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen for ring data on ", where, ": ", listening.status().message()));
+        absl::StrCat("cannot listen for ring data on ", where,
+                     " (the host of this rank's own entry in --peers, which must be an address "
+                     "of this host): ", listening.status().message()));
   }
   const int fd = listening->fd, actual = listening->port;
   return std::unique_ptr<TcpRingListener>(new TcpRingListener(fd, actual, from_rank));
