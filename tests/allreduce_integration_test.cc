@@ -110,6 +110,35 @@ TEST_F(AllReduceTest, AKilledPeerIsAnErrorNamingItOnEveryOtherWorker) {
   }
 }
 
+// A peer stopped for a while (a link cut, a frozen process) and then back: the rank waiting on it
+// says so every 5 s, naming it, and the job completes.
+TEST_F(AllReduceTest, ARankWaitingOnAStalledPeerSaysOnWhomEveryFewSeconds) {
+  // Over the TCP data connection (the default) and over a gRPC stream: the same facts.
+  for (const std::string transport : {"tcp", "grpc"}) {
+    SCOPED_TRACE(transport);
+    workers_.clear();
+    ASSERT_NO_FATAL_FAILURE(StartRing(
+        2, {"--steps=60", "--wait_timeout_ms=30000", "--ring_transport=" + transport}));
+    ASSERT_TRUE(
+        IsOk(WaitForStdoutLine(workers_[1].get(), "\"event\":\"step\"", absl::Seconds(30))));
+    ASSERT_TRUE(IsOk(workers_[1]->Signal(SIGSTOP)));
+    absl::SleepFor(absl::Seconds(7));
+    ASSERT_TRUE(IsOk(workers_[1]->Signal(SIGCONT)));
+    for (int w : {0, 1}) {
+      absl::StatusOr<int> status = workers_[w]->Wait(absl::Seconds(60));
+      ASSERT_TRUE(IsOk(status)) << "worker " << w;
+      EXPECT_EQ(*status, 0) << workers_[w]->ReadStderr();
+    }
+    const std::string err = workers_[0]->ReadStderr();
+    EXPECT_NE(err.find("all-reduce stalled: waiting 5s for block "), std::string::npos) << err;
+    const std::string what =
+        transport == "tcp" ? "its data connection is open" : "its stream is open";
+    EXPECT_NE(err.find(absl::StrCat(" from rank 1 (", what, "; nothing has come); giving up in 2")),
+              std::string::npos)
+        << err;
+  }
+}
+
 TEST_F(AllReduceTest, AStuckPeerEndsEveryOtherWorkerAtTheDeadline) {
   // SIGSTOP keeps rank 1's connections open but answers nothing: only deadlines can tell. Rank 2
   // waits for rank 1 and names it; rank 0 waits for rank 2 (which waits for rank 1) and names

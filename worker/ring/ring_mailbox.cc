@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/tensor_bytes.h"
 
 namespace rubato {
@@ -33,6 +34,8 @@ absl::Status RingMailbox::Put(int from, int64_t tag, RingPayload payload) {
 // How long a Take that found the previous rank's stream broken waits for this rank's own link to
 // the next rank to fail too (see Take).
 constexpr absl::Duration kBrokenStreamGrace = absl::Seconds(1);
+// A Take still waiting says so this often: what it waits for, on whom, and until when.
+constexpr absl::Duration kStallReport = absl::Seconds(5);
 
 absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
                                absl::Time deadline) {
@@ -42,9 +45,22 @@ absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Com
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return blocks_.count(tag) > 0 || !broken_.empty() || !aborted_.ok();
     };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", from_rank_));
+    const absl::Time began = absl::Now();
+    for (;;) {
+      const absl::Time report = absl::Now() + kStallReport;
+      if (mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, report))) break;
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "all-reduce timed out waiting for block ", tag, " from rank ", from_rank_));
+      }
+      RUBATO_LOG(WARNING) << "all-reduce stalled: waiting "
+                          << absl::FormatDuration(absl::Trunc(now - began, absl::Seconds(1)))
+                          << " for block " << tag << " from rank " << from_rank_
+                          << (opened_ ? " (its stream is open; nothing has come)"
+                                      : " (its stream has not opened yet)")
+                          << "; giving up in "
+                          << absl::FormatDuration(absl::Trunc(deadline - now, absl::Seconds(1)));
     }
     auto it = blocks_.find(tag);
     if (it == blocks_.end() && aborted_.ok()) {
@@ -89,6 +105,7 @@ absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Com
 void RingMailbox::StreamOpened() {
   absl::MutexLock lock(&mu_);
   broken_.clear();
+  opened_ = true;
 }
 
 void RingMailbox::Abort(absl::Status error) {

@@ -36,7 +36,8 @@ class RingMailbox {
   // repeated tag.
   absl::Status Put(int from, int64_t tag, RingPayload payload);
   // Waits until `deadline` for block `tag`, then adds it to `out` or copies it there, checking in
-  // the same pass that every value is finite. DEADLINE_EXCEEDED names the previous rank;
+  // the same pass that every value is finite. Logs a warning every 5 s while it waits, naming the
+  // block, the previous rank and when it will give up. DEADLINE_EXCEEDED names the previous rank;
   // UNAVAILABLE if its stream broke before the block came; INVALID_ARGUMENT for a size other than
   // out.size() or a non-finite value (`out` may then hold part of the block).
   absl::Status Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
@@ -56,6 +57,7 @@ class RingMailbox {
   absl::Mutex mu_;
   std::map<int64_t, RingPayload> blocks_ ABSL_GUARDED_BY(mu_);
   std::string broken_ ABSL_GUARDED_BY(mu_);  // Non-empty once the stream broke.
+  bool opened_ ABSL_GUARDED_BY(mu_) = false;  // The stream from the previous rank opened.
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -40,6 +40,8 @@ namespace {
 constexpr char kHelloMagic[8] = {'R', 'B', 'R', 'I', 'N', 'G', '1', '\0'};
 // How long a connection may take to present its hello before the listener drops it.
 constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
+// A receive still waiting says so this often.
+constexpr absl::Duration kStallReport = absl::Seconds(5);
 // Each OpenData attempt while the next rank is not up yet.
 constexpr absl::Duration kOpenDataAttempt = absl::Milliseconds(500);
 constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
@@ -467,6 +469,24 @@ absl::Status TcpRingLink::ReadFull(char* data, size_t size, int64_t tag, absl::T
       absl::StrCat("all-reduce timed out waiting for block ", tag, " from rank ", prev_rank_));
 }
 
+void TcpRingLink::AwaitBlock(int64_t tag, absl::Time deadline) {
+  // The usual case: it comes while the receive spins, as ReadWithin would.
+  if (SpinUntilReadable(in_fd_, std::min(deadline, absl::Now() + receive_spin_))) return;
+  const absl::Time began = absl::Now();
+  for (;;) {
+    pollfd p{in_fd_, POLLIN, 0};
+    const absl::Time report = std::min(deadline, absl::Now() + kStallReport);
+    if (::poll(&p, 1, PollMillis(report)) != 0) return;  // Bytes, an end, or an error.
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return;
+    RUBATO_LOG(WARNING) << "all-reduce stalled: waiting "
+                        << absl::FormatDuration(absl::Trunc(now - began, absl::Seconds(1)))
+                        << " for block " << tag << " from rank " << prev_rank_
+                        << " (its data connection is open; nothing has come); giving up in "
+                        << absl::FormatDuration(absl::Trunc(deadline - now, absl::Seconds(1)));
+  }
+}
+
 absl::Status TcpRingLink::IncomingBroke(absl::string_view why) {
   return absl::UnavailableError(
       absl::StrCat("all-reduce: the data connection from rank ", prev_rank_, " broke: ", why));
@@ -478,6 +498,7 @@ absl::Status TcpRingLink::Receive(int64_t tag, absl::Span<float> out, Combine co
   absl::Status status = [&]() -> absl::Status {
     RETURN_IF_ERROR(AcceptIncoming(deadline, absl::StrCat("block ", tag)));
     char header[kRingFrameHeaderBytes];
+    AwaitBlock(tag, deadline);
     if (absl::Status s = ReadFull(header, sizeof(header), tag, deadline); !s.ok()) return s;
     const int64_t got = Load64(header);
     const int64_t bytes = Load64(header + 8);

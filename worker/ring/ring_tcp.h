@@ -179,6 +179,10 @@ class TcpRingLink final : public RingLink {
   absl::Status ReadFull(char* data, size_t size, int64_t tag, absl::Time deadline);
   // The socket from the previous rank broke (`why`).
   absl::Status IncomingBroke(absl::string_view why);
+  // Waits (spinning first, as a read does) until block `tag`'s first bytes are there, the
+  // connection ends or `deadline`; while nothing comes it logs a warning every 5 s naming the
+  // block, the previous rank and when the receive gives up.
+  void AwaitBlock(int64_t tag, absl::Time deadline);
   // The previous rank's give-up frame of `bytes` bytes (instead of block `tag`): its error.
   absl::Status ReadGiveUp(int64_t bytes, int64_t tag, absl::Time deadline);
   absl::Status SendError();
