@@ -163,6 +163,7 @@ bool StartShardsInProcess(const ClusterSpec& cluster, int64_t push_budget_mb,
     DataPlaneOptions data_options;
     data_options.host = "127.0.0.1";
     data_options.max_message_bytes = kMaxMessageBytesLimit;
+    data_options.num_workers = cluster.num_workers();
     auto data = DataPlaneServer::Start(data_options, server.shard.get(), security.server);
     if (!data.ok()) {
       std::fprintf(stderr, "data plane: %s\n", data.status().ToString().c_str());

@@ -90,6 +90,7 @@ Fixture& Get() {
     d.host = "127.0.0.1";
     d.max_message_bytes = kMessageLimit;
     d.memory_budget_bytes = int64_t{8} << 20;
+    d.num_workers = 2;
     absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
         DataPlaneServer::Start(d, f->shard.get(), *security);
     FUZZ_CHECK(server.ok(),

@@ -75,6 +75,7 @@ class DataPlaneTest : public ::testing::Test {
     d.host = "127.0.0.1";
     d.max_message_bytes = kDefaultMaxMessageBytes;
     d.memory_budget_bytes = memory_budget_;
+    d.num_workers = workers;
     auto data = DataPlaneServer::Start(d, shard_.get(), *security);
     ASSERT_TRUE(data.ok()) << data.status();
     data_ = std::move(*data);
@@ -295,6 +296,61 @@ TEST_F(DataPlaneTest, AnotherJobWithTheSameSecretIsRefusedAndChangesNothing) {
   // This job's own worker trains from its own initial values (1.0), not the intruder's.
   std::unique_ptr<PsClient> client = Client(0);
   TrainTwoSteps(client.get());
+}
+
+// Issue 31, item 4: connections that never say hello filled every slot, and a worker's valid
+// hello was closed unanswered. Past max_pending_hellos the oldest silent one is closed instead.
+TEST_F(DataPlaneTest, AFloodOfSilentConnectionsCannotLockAWorkerOut) {
+  Start(1, /*authenticate=*/true);
+  std::vector<int> flood;
+  // Each gets its challenge and says nothing.
+  for (int i = 0; i < 150; ++i) flood.push_back(Connect());
+  const int fd = Connect();
+  Send(fd, Hello(0, AnswerOf(config_, 0)));
+  auto [code, text] = Answer(fd, /*hello=*/true);
+  EXPECT_EQ(code, 0) << text;
+  ::close(fd);
+  int closed = 0;
+  for (int f : flood) {
+    closed += Closed(f) ? 1 : 0;
+    ::close(f);
+  }
+  EXPECT_GE(closed, 150 - 64) << "the oldest silent connections were closed";
+  std::unique_ptr<PsClient> client = Client(0);
+  TrainTwoSteps(client.get());
+}
+
+// Issue 31, item 4: a worker with a valid token could reserve the whole body budget by declaring
+// large bodies and trickling them. Each worker now has a share: max(budget / workers,
+// min(budget / 2, message limit)), 128 KiB of 256 KiB here.
+TEST_F(DataPlaneTest, AWorkerTricklingLargeBodiesCannotStarveTheOthers) {
+  workers_ = 2;
+  memory_budget_ = 256 << 10;
+  Start(2, /*authenticate=*/false);
+  std::unique_ptr<PsClient> other = Client(1);
+  const std::vector<std::vector<float>> initial = {std::vector<float>(kElements, 1.0f)};
+  std::unique_ptr<PsClient> client = Client(0);
+  // Worker 1 declares a body of its whole share and sends 10 bytes of it.
+  const int trickle = Connect();
+  Send(trickle, Hello(1, ""));
+  ASSERT_EQ(Answer(trickle, /*hello=*/true).first, 0);
+  Send(trickle, Request(1, 60000, "0123456789", 128 << 10));
+  // A second such body of worker 1's is past its share, named so.
+  const int more = Connect();
+  Send(more, Hello(1, ""));
+  ASSERT_EQ(Answer(more, /*hello=*/true).first, 0);
+  Send(more, Request(1, 60000, "", 1 << 10));
+  auto [code, text] = Answer(more, /*hello=*/false);
+  EXPECT_EQ(code, static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) << text;
+  EXPECT_NE(text.find("worker 1's requests in flight past its 128 KiB share"), std::string::npos)
+      << text;
+  ::close(more);
+  // Worker 0 trains at full speed meanwhile (12 KB calls, within its own share).
+  std::thread registering([&] { ASSERT_TRUE(other->Register(initial, 4, 0).ok()); });
+  TrainTwoSteps(client.get());
+  registering.join();
+  EXPECT_GE(data_->connections(), 2);
+  ::close(trickle);
 }
 
 TEST_F(DataPlaneTest, AWorkerCannotPushOrPullAsAnother) {

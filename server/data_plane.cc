@@ -54,17 +54,28 @@ struct Answer {
 // Its bytes count against the server's budget until it is freed, which may be after the server
 // is gone (the shard may hold it), hence the shared counter.
 struct Body {
-  Body(size_t n, std::shared_ptr<std::atomic<int64_t>> budget_used)
-      : bytes(new char[n > 0 ? n : 1]), size(n), used(std::move(budget_used)) {}
-  ~Body() { used->fetch_sub(static_cast<int64_t>(size)); }
+  Body(size_t n, int worker, std::shared_ptr<DataBodyBytes> budget_used)
+      : bytes(new char[n > 0 ? n : 1]), size(n), worker(worker), used(std::move(budget_used)) {}
+  ~Body() {
+    used->total.fetch_sub(static_cast<int64_t>(size));
+    used->per_worker[worker].fetch_sub(static_cast<int64_t>(size));
+  }
   Body(const Body&) = delete;
   Body& operator=(const Body&) = delete;
 
   std::unique_ptr<char[]> bytes;
   const size_t size;
-  const std::shared_ptr<std::atomic<int64_t>> used;
+  const int worker;
+  const std::shared_ptr<DataBodyBytes> used;
   WirePush push;
 };
+
+// Each worker's share of the body budget (DataPlaneOptions::num_workers).
+int64_t PerWorkerBudget(const DataPlaneOptions& o) {
+  const int64_t workers = std::max(o.num_workers, 1);
+  return std::max(o.memory_budget_bytes / workers,
+                  std::min(o.memory_budget_bytes / 2, o.max_message_bytes));
+}
 
 }  // namespace
 
@@ -87,7 +98,9 @@ DataPlaneServer::DataPlaneServer(const DataPlaneOptions& options, ParameterShard
       shard_(shard),
       security_(std::move(security)),
       listen_fd_(listen_fd),
-      port_(port) {
+      port_(port),
+      body_bytes_(std::make_shared<DataBodyBytes>(std::max(options.num_workers, 1))),
+      per_worker_budget_(PerWorkerBudget(options)) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -147,9 +160,7 @@ void DataPlaneServer::AcceptLoop() {
     if (fd < 0) continue;  // EAGAIN, EINTR, ECONNABORTED: wait on.
     Reap();
     absl::MutexLock lock(&mu_);
-    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-      RUBATO_LOG(WARNING) << "refused a data connection from " << PeerName(addr) << ": "
-                          << options_.max_connections << " are open already";
+    if (!Admit(PeerName(addr))) {
       ::close(fd);
       continue;
     }
@@ -162,6 +173,60 @@ void DataPlaneServer::AcceptLoop() {
     connections_.push_back(std::move(connection));
     raw->thread = std::thread([this, raw] { Serve(raw); });
   }
+}
+
+bool DataPlaneServer::Admit(const std::string& peer) {
+  int authenticated = 0;
+  Connection* oldest_pending = nullptr;
+  int pending = 0;
+  for (const auto& c : connections_) {
+    if (c->ended.load()) continue;
+    if (c->authenticated) {
+      ++authenticated;
+    } else {
+      ++pending;
+      if (oldest_pending == nullptr) oldest_pending = c.get();  // The list is in accept order.
+    }
+  }
+  if (authenticated >= options_.max_connections) {
+    RUBATO_LOG(WARNING) << "refused a data connection from " << peer << ": "
+                        << options_.max_connections << " authenticated ones are open already";
+    return false;
+  }
+  if (pending >= options_.max_pending_hellos && oldest_pending != nullptr) {
+    // Its thread sees the end in its hello and ends; Reap joins it.
+    ::shutdown(oldest_pending->fd, SHUT_RDWR);
+    oldest_pending->ended.store(true);
+    static std::atomic<int64_t> last_said{0};
+    const int64_t now_s = absl::ToUnixSeconds(absl::Now());
+    if (last_said.exchange(now_s) != now_s) {  // At most once a second.
+      RUBATO_LOG(WARNING) << options_.max_pending_hellos
+                          << " data connections have not said hello yet: closed the oldest ("
+                          << oldest_pending->peer << ") for one from " << peer;
+    }
+  }
+  return true;
+}
+
+absl::Status DataPlaneServer::ReserveBody(int worker, int64_t bytes) {
+  std::atomic<int64_t>& mine = body_bytes_->per_worker[worker];
+  if (mine.fetch_add(bytes) + bytes > per_worker_budget_) {
+    mine.fetch_sub(bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a ", bytes, "-byte request would take worker ", worker, "'s requests in flight past its ",
+        per_worker_budget_ >> 10, " KiB share of the data plane's ",
+        options_.memory_budget_bytes >> 20,
+        " MiB memory budget (--memory_budget_mb, shared by the job's workers); retry later"));
+  }
+  if (body_bytes_->total.fetch_add(bytes) + bytes > options_.memory_budget_bytes) {
+    body_bytes_->total.fetch_sub(bytes);
+    mine.fetch_sub(bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a ", bytes, "-byte request would take the server's data plane past its ",
+                     options_.memory_budget_bytes >> 20,
+                     " MiB memory budget (--memory_budget_mb); retry later"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
@@ -190,8 +255,9 @@ absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
     return absl::InvalidArgumentError(absl::StrCat("a hello with an answer of ", answer_bytes,
                                                    " bytes (at most ", kDataMaxAnswerBytes, ")"));
   }
-  if (worker < 0 || worker >= kMaxWorkers) {
-    return absl::InvalidArgumentError(absl::StrCat("a hello from worker ", worker));
+  if (worker < 0 || worker >= kMaxWorkers || worker >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("a hello from worker ", worker, " (the job has ",
+                                                   options_.num_workers, ")"));
   }
   std::string answer(static_cast<size_t>(answer_bytes), '\0');
   end = ReadWithin(c->fd, answer.data(), answer.size(), deadline, &why);
@@ -207,6 +273,7 @@ absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
                                                      kMaxConnectionsPerWorker, ")"));
   }
   ++open;
+  c->authenticated = true;
   return worker;
 }
 
@@ -254,17 +321,6 @@ absl::Status CheckRequestHeader(int32_t method, int64_t timeout_ms, int64_t byte
   return absl::OkStatus();
 }
 
-// Counts a body of `bytes` in `used`, or refuses it when that would take every connection's
-// bodies together (held ones included) past `budget`.
-absl::Status ReserveBodyBytes(int64_t bytes, int64_t budget, std::atomic<int64_t>* used) {
-  if (used->fetch_add(bytes) + bytes > budget) {
-    used->fetch_sub(bytes);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a ", bytes, "-byte request would take the server's data plane past its ",
-                     budget >> 20, " MiB memory budget (--memory_budget_mb); retry later"));
-  }
-  return absl::OkStatus();
-}
 
 // Parses a push and hands it to the shard, which then holds *body and answers into `answer`; a
 // malformed push, or one for another worker, is answered at once and *body left in place.
@@ -384,14 +440,14 @@ bool DataPlaneServer::ServeRequest(Connection* c, const std::string& who) {
   const int64_t bytes = WireLoad<int64_t>(header + 16);
   absl::Status refused = CheckRequestHeader(method, timeout_ms, bytes, options_.max_message_bytes);
   if (refused.ok()) {
-    refused = ReserveBodyBytes(bytes, options_.memory_budget_bytes, body_bytes_.get());
+    refused = ReserveBody(c->worker, bytes);
   }
   if (!refused.ok()) {
     RUBATO_LOG(WARNING) << who << ": " << refused.message() << "; closing it";
     WriteResponse(c->fd, refused, nullptr);
     return false;
   }
-  auto body = std::make_shared<Body>(static_cast<size_t>(bytes), body_bytes_);
+  auto body = std::make_shared<Body>(static_cast<size_t>(bytes), c->worker, body_bytes_);
   if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why,
                  options_.receive_spin) != ReadEnd::kDone) {
     return false;

@@ -35,9 +35,12 @@
 // closed), its body must arrive within 60 s of its header, and an answer must be taken within
 // 60 s; a connection whose peer's host stops acknowledging (TCP keepalive and TCP_USER_TIMEOUT)
 // ends after peer_dead_after, 15 s, on both sides, as gRPC's keepalive ends a dead channel. At most
-// max_connections connections at once, at most kMaxConnectionsPerWorker per worker, and request
-// bodies within memory_budget_bytes together (rubato_server gives it the size of its gRPC quota,
-// --memory_budget_mb); a body larger than the message limit, an unknown method, or a negative
+// max_connections authenticated connections at once, at most kMaxConnectionsPerWorker per worker;
+// at most max_pending_hellos not authenticated yet, a new one closing the oldest, so a flood of
+// silent connections cannot keep a worker out. Request bodies stay within memory_budget_bytes
+// together (rubato_server gives it the size of its gRPC quota, --memory_budget_mb), and each
+// worker's within its share of it, so one identity trickling large bodies cannot starve the
+// others; a body larger than the message limit, an unknown method, or a negative
 // timeout closes the connection after an answer naming the problem. A malformed message is answered
 // with INVALID_ARGUMENT and the connection goes on, as over gRPC.
 #ifndef RUBATO_SERVER_DATA_PLANE_H_
@@ -72,7 +75,15 @@ struct DataPlaneOptions {
   // What the request bodies of every connection may take together, the ones the shard still
   // holds included; a request past it is refused (RESOURCE_EXHAUSTED) and its connection closed.
   int64_t memory_budget_bytes = int64_t{4} << 30;
+  // The job's workers (> 0): a hello from another id is refused, and no worker's bodies may take
+  // more than its share of the budget, max(budget / num_workers, min(budget / 2, message
+  // limit)), so that one identity trickling large bodies cannot starve the others.
+  int num_workers = 1;
+  // Authenticated connections (each worker at most kMaxConnectionsPerWorker).
   int max_connections = 512;
+  // Connections not authenticated yet (each at most 5 s): a new one past this many closes the
+  // oldest, so a flood of connections that never say hello cannot lock workers out.
+  int max_pending_hellos = 64;
   absl::Duration idle_timeout = absl::Minutes(10);
   // How long a connection waiting for its next request polls before it sleeps (see
   // common/socket_io.h, ReadWithin).
@@ -80,6 +91,14 @@ struct DataPlaneOptions {
   // A connection whose worker's host shows no sign of life for this long is closed
   // (common/socket_io.h, WatchPeerLiveness).
   absl::Duration peer_dead_after = kDataPeerDeadAfter;
+};
+
+// Bytes of request bodies alive now, in all and by worker (a body may outlive its server: the
+// shard may hold it). Internal to DataPlaneServer.
+struct DataBodyBytes {
+  explicit DataBodyBytes(int workers) : per_worker(workers) {}
+  std::atomic<int64_t> total{0};
+  std::vector<std::atomic<int64_t>> per_worker;
 };
 
 class DataPlaneServer {
@@ -105,9 +124,11 @@ class DataPlaneServer {
     int fd = -1;
     std::string peer;
     int worker = -1;  // Set once its hello is accepted.
+    bool authenticated = false;  // Under the server's mu_: its hello was accepted.
     std::thread thread;
     std::atomic<bool> ended{false};
   };
+
 
   DataPlaneServer(const DataPlaneOptions& options, ParameterShard* shard, ServerSecurity security,
                   int listen_fd, int port);
@@ -124,6 +145,12 @@ class DataPlaneServer {
   bool ServeRequest(Connection* connection, const std::string& who);
   // Removes the connections whose threads have ended (joins them).
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes room for a new connection: false if max_connections authenticated ones are open;
+  // closes the oldest unauthenticated one if max_pending_hellos are.
+  bool Admit(const std::string& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a body of `bytes` of `worker`'s, or refuses it (RESOURCE_EXHAUSTED) past the budget or
+  // the worker's share of it.
+  absl::Status ReserveBody(int worker, int64_t bytes);
 
   const DataPlaneOptions options_;
   ParameterShard* const shard_;
@@ -131,9 +158,9 @@ class DataPlaneServer {
   const int listen_fd_;
   const int port_;
   std::atomic<bool> stopping_{false};
-  // Bytes of request bodies alive now (Body), against options_.memory_budget_bytes.
-  const std::shared_ptr<std::atomic<int64_t>> body_bytes_ =
-      std::make_shared<std::atomic<int64_t>>(0);
+  // Against options_.memory_budget_bytes and per_worker_budget_.
+  const std::shared_ptr<DataBodyBytes> body_bytes_;
+  const int64_t per_worker_budget_;
   mutable absl::Mutex mu_;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int> per_worker_ ABSL_GUARDED_BY(mu_);

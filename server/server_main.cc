@@ -439,6 +439,7 @@ class Front {
     options.port = c.data_port;
     options.max_message_bytes = rubato::MaxMessageBytes(c.spec);
     options.memory_budget_bytes = c.memory_budget;
+    options.num_workers = c.spec.num_workers();
     ASSIGN_OR_RETURN(data_plane_, rubato::DataPlaneServer::Start(options, shard, security));
     service_.set_data_port(data_plane_->port());
     RUBATO_LOG(INFO) << "Push and Pull data plane (plain TCP, workers authenticated as on gRPC) on "
