@@ -112,16 +112,23 @@ absl::StatusOr<std::unique_ptr<TestCluster>> Start(const std::string& checkpoint
 
 // Waits for every worker to exit, as TestCluster::WaitForWorkers, meanwhile playing the shards'
 // supervisor (./rubato launch --restart_servers, Kubernetes): a shard that exits with status 75
-// stopped to roll back under bsp, and is started again at once. Any other exit of a shard before
-// the workers are done is an error naming it. *rollbacks counts the restarts.
+// stopped to roll back under bsp, and is started again at once. A shard that exits 0 has seen
+// every worker finish (the workers' own exits may not be seen yet). Any other exit of a shard
+// before the workers are done is an error naming it. *rollbacks counts the restarts.
 absl::StatusOr<std::map<int, int>> SuperviseUntilWorkersEnd(TestCluster* cluster,
                                                             absl::Duration timeout,
                                                             int* rollbacks) {
   const absl::Time deadline = absl::Now() + timeout;
+  std::vector<bool> done(kShards, false);
   for (;;) {
     for (int s = 0; s < kShards; ++s) {
+      if (done[s]) continue;
       absl::StatusOr<int> status = cluster->server(s)->Wait(absl::ZeroDuration());
       if (!status.ok()) continue;  // Running.
+      if (*status == 0) {
+        done[s] = true;
+        continue;
+      }
       if (*status != 75) {
         return absl::FailedPreconditionError(absl::StrCat(
             "shard ", s, " exited with status ", *status, ": ", cluster->server(s)->ReadStderr()));
