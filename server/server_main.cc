@@ -350,6 +350,18 @@ class Checkpoints {
           absl::StrCat("shard ", shard_id, " is restarting already, to roll back to step ",
                        rollback_->step, " for another recovery"));
     }
+    // The capture of `step` may be taken but not on disk yet: the writer runs at nice 10 and lags
+    // under load (a stress run saw "no checkpoint of step 60" on a shard at step 62). Wait for it,
+    // as Finish does, without writer_mu_ (on_checkpoint takes it on the update path).
+    rubato::CheckpointWriter* writer;
+    {
+      absl::MutexLock writer_lock(&writer_mu_);
+      writer = writer_.get();
+    }
+    if (writer != nullptr && !writer->Idle(absl::Seconds(30))) {
+      RUBATO_LOG(WARNING) << "roll-back to step " << step
+                          << ": a checkpoint was still being written after 30 s";
+    }
     absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded =
         rubato::LoadNewestCheckpoint(config_.checkpoint_dir, shard_id, step);
     if (!loaded.ok() || !loaded->has_value()) {
