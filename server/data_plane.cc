@@ -197,9 +197,9 @@ bool DataPlaneServer::Admit(const std::string& peer) {
     // Its thread sees the end in its hello and ends; Reap joins it.
     ::shutdown(oldest_pending->fd, SHUT_RDWR);
     oldest_pending->ended.store(true);
-    static std::atomic<int64_t> last_said{0};
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
-    if (last_said.exchange(now_s) != now_s) {  // At most once a second.
+    if (eviction_said_ != now_s) {  // At most once a second.
+      eviction_said_ = now_s;
       RUBATO_LOG(WARNING) << options_.max_pending_hellos
                           << " data connections have not said hello yet: closed the oldest ("
                           << oldest_pending->peer << ") for one from " << peer;

@@ -164,6 +164,7 @@ class DataPlaneServer {
   mutable absl::Mutex mu_;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int> per_worker_ ABSL_GUARDED_BY(mu_);
+  int64_t eviction_said_ ABSL_GUARDED_BY(mu_) = 0;  // When Admit last logged (Unix seconds).
   std::thread acceptor_;
 };
 

@@ -48,6 +48,10 @@ void TensorAggregator::SetCheckpointing(int64_t every_versions, CaptureSink sink
 
 void TensorAggregator::CaptureNow() {
   absl::MutexLock lock(&mu_);
+  CaptureIfDue();
+}
+
+void TensorAggregator::CaptureIfDue() {
   if (checkpoint_every_ > 0 && version_ % checkpoint_every_ == 0 && checkpoint_sink_) {
     checkpoint_sink_(version_, {weights_, version_}, optimizer_state_);
   }
@@ -361,9 +365,7 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
   ctx.optimizer->Update(static_cast<float>(learning_rate), sum_, absl::MakeSpan(*weights_), role_,
                         &optimizer_state_, ctx.pool);
   ++version_;
-  if (checkpoint_every_ > 0 && version_ % checkpoint_every_ == 0 && checkpoint_sink_) {
-    checkpoint_sink_(version_, {weights_, version_}, optimizer_state_);
-  }
+  CaptureIfDue();
   std::fill(received_.begin(), received_.end(), 0);
   std::fill(got_.begin(), got_.end(), 0);
   std::fill(parts_in_.begin(), parts_in_.end(), 0);

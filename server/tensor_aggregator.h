@@ -205,6 +205,8 @@ class TensorAggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds worker `w`'s held part `k`, and acknowledges its Add if that was its last held part.
   void AddHeld(int w, int k, Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the current version to the checkpoint sink if it is a multiple of checkpoint_every_.
+  void CaptureIfDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `w`'s part `k` is in: added now if it is its turn (or no turn is kept), else held.
   void TakePart(int w, int k, int64_t step, const ByteChunks& data,
                 const std::shared_ptr<const void>& keepalive,
