@@ -74,6 +74,7 @@ bool UsesTrustRatio(Type t) { return IsLarsFamily(t) || t == Type::kLamb; }
 // the update rather than the weights. Float lanes keep the loop at full SIMD width; the order is
 // fixed, so the result is the same with SSE2 or AVX2 and for any thread count.
 constexpr int kSumLanes = 32;
+static_assert(kBlock / kSumLanes == kOptimizerSquaresPerLane, "update_guard.cc bounds lane sums");
 inline double SumSquares(const float* __restrict x, int64_t count) {
   float acc[kSumLanes] = {};
   int64_t i = 0;

@@ -66,6 +66,10 @@ struct TensorRole {
   bool layer_adaptation = true;  // False: trust ratio 1 (lars, larc, lamb only).
 };
 
+// Norms are summed in float lanes of at most this many squares each (optimizer.cc), then in
+// double: a lane can overflow only if this many squares can (common/update_guard.h bounds it).
+inline constexpr int64_t kOptimizerSquaresPerLane = 128;
+
 class Optimizer {
  public:
   // Fills defaults for unset optional fields, then validates. InvalidArgument naming the field for

@@ -61,12 +61,20 @@ bool IsValidUtf8(absl::string_view s);
 // Float32 values held in ByteChunks (little-endian; size() must be a multiple of 4). A float may
 // straddle two pieces.
 
-// The index of the first NaN or Inf, or -1 if every value is finite.
+// One read of every value: the index of the first NaN or Inf (-1 if every value is finite) and,
+// when all are finite, the largest magnitude (what common/update_guard.h bounds an update with).
+struct FloatScan {
+  int64_t first_non_finite = -1;
+  double max_abs_bound = 0;
+};
+FloatScan ScanFloats(const ByteChunks& bytes);
 int64_t FirstNonFinite(const ByteChunks& bytes);
-// OK if `bytes` holds exactly `elements` finite floats. Otherwise InvalidArgument naming `what`
-// (e.g. "gradient 'fc0.weight'") and the byte count or the first non-finite element.
+// OK if `bytes` holds exactly `elements` finite floats, with *max_abs_bound (if not null) set as
+// ScanFloats' max_abs_bound. Otherwise InvalidArgument naming `what` (e.g. "gradient
+// 'fc0.weight'") and the byte count or the first non-finite element.
 // CheckFloatBytes (common/tensor_bytes.h) is this for one contiguous string.
-absl::Status CheckFloatChunks(absl::string_view what, const ByteChunks& bytes, int64_t elements);
+absl::Status CheckFloatChunks(absl::string_view what, const ByteChunks& bytes, int64_t elements,
+                              double* max_abs_bound = nullptr);
 // out[i] = value i, for size() / 4 values.
 void CopyFloats(const ByteChunks& bytes, float* out);
 // acc[i] += value i.

@@ -321,6 +321,7 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
   Released released;
   TensorAggregator::Gradient gradient{data, std::move(keepalive), std::move(on_added)};
   gradient.part = target.part;
+  gradient.max_abs = target.max_abs;
   const double lr = tensors_[target.tensor].Add(Context(), worker, step, std::move(gradient),
                                                  outcome, &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
@@ -328,7 +329,8 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
     return;
   }
   if (outcome->kind == GradientOutcome::kDropped) counters_.CountDroppedGradient();
-  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part) {
+  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part &&
+      outcome->refused.ok()) {
     counters_.RecordStaleness(outcome->staleness);
   }
   if (outcome->applied) counters_.SetLearningRate(lr);
@@ -359,6 +361,10 @@ void ParameterShard::Annotate(int64_t step, PushResponse* response) const {
 }
 
 void ParameterShard::Finish(Released* released) {
+  for (const absl::Status& refused : released->refused) {
+    counters_.CountRefusedUpdate();
+    RUBATO_LOG(WARNING) << "shard " << options_.shard_id << ": " << refused.message();
+  }
   for (auto& p : released->pulls) Complete(std::static_pointer_cast<PullState>(p));
   for (auto& [ack, status] : released->acks) ack(std::move(status));
   *released = Released();

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/tensor_bytes.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace rubato {
@@ -655,6 +656,48 @@ TEST(ConsistencyTest, AsyncAppliesEveryPushOnArrivalAndMeasuresStaleness) {
   EXPECT_EQ(stats.staleness_histogram(0), 1);
   EXPECT_EQ(stats.staleness_histogram(1), 1);
   EXPECT_GT(stats.staleness_histogram(5), 0);  // tau 8..15 by the end.
+}
+
+// Finite gradients near -FLT_MAX, pushed again and again, would carry the weights to +Inf (lr 0.5:
+// each adds 1.7e38). The update that would is refused whole: its push is answered with the
+// tensor's name, and the weights and the other tensors stay as they were. Under async the version
+// stays too; under bsp the step is skipped for that tensor, so that pulls waiting for it go on.
+TEST(ConsistencyTest, AnUpdateThatWouldMakeWeightsNonFiniteIsRefusedWhole) {
+  for (const ConsistencyConfig& mode : {Mode(ASYNC), Mode(BSP)}) {
+    SCOPED_TRACE(ConsistencyMode_Name(mode.mode()));
+    auto shard = StartedShardIn(1, mode);
+    const std::vector<float> huge(4, -3.4e38f);
+    const std::vector<float> fine = {1, 1, 1};
+    std::vector<float> before;
+    int64_t step = 0;
+    absl::StatusOr<PushResponse> pushed;
+    for (; step < 10; ++step) {
+      before = Floats(PullNow(shard.get(), 0, step).tensors(0));
+      pushed = shard->Push(PushOf(0, step, {Value("w", huge), Value("b", fine)}));
+      if (!pushed.ok()) break;
+    }
+    ASSERT_FALSE(pushed.ok()) << "weights reached " << before[0];
+    EXPECT_EQ(step, 2);  // 1.7e38, 3.4e38 (FLT_MAX is 3.403e38), then 5.1e38: refused
+    EXPECT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(pushed.status().message()),
+                testing::HasSubstr("the update of tensor 'w' for step 2"));
+    // Under bsp the version moved on (a skipped step); under async it did not.
+    const PullResponse after = PullNow(shard.get(), 0, step + 1);
+    EXPECT_EQ(Floats(after.tensors(0)), before);
+    EXPECT_EQ(after.tensors(0).version(), mode.mode() == BSP ? step + 1 : step);
+    EXPECT_EQ(after.tensors(1).version(), step + 1);  // 'b' took its update
+    const GetStatsResponse stats = shard->Stats();
+    EXPECT_EQ(stats.refused_updates(), 1);
+    if (mode.mode() == ASYNC) {
+      // The refused step is not taken for a duplicate: sent again, it is refused again.
+      EXPECT_FALSE(shard->Push(PushOf(0, step, {Value("w", huge)})).ok());
+    }
+    // Training goes on: a sane gradient is applied.
+    const auto next = shard->Push(PushOf(0, step + 1, {Value("w", {1, 1, 1, 1}), Value("b", fine)}));
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(Floats(PullNow(shard.get(), 0, step + 2).tensors(0))[0], before[0] - 0.5f);
+    EXPECT_EQ(shard->Stats().refused_updates(), mode.mode() == ASYNC ? 2 : 1);
+  }
 }
 
 TEST(ConsistencyTest, StalenessAwareAsyncDividesTheRateByTau) {

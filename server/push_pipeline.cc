@@ -51,8 +51,8 @@ class PushOperation : public std::enable_shared_from_this<PushOperation> {
 
   void CheckValues(size_t k) {
     const WireTensor& g = request_.gradients[k];
-    absl::Status check =
-        CheckFloatChunks(absl::StrCat("gradient '", g.name, "'"), g.data, targets_[k].elements);
+    absl::Status check = CheckFloatChunks(absl::StrCat("gradient '", g.name, "'"), g.data,
+                                          targets_[k].elements, &targets_[k].max_abs);
     {
       absl::MutexLock lock(&mu_);
       checks_[k] = std::move(check);
@@ -90,7 +90,7 @@ class PushOperation : public std::enable_shared_from_this<PushOperation> {
     GradientOutcome& outcome = outcomes_[k];
     stages_->Apply(request_.worker_id, request_.step, targets_[k], &request_.gradients[k].data,
                    keepalive_, std::move(on_added), &outcome);
-    if (!outcome.held) GradientDone(absl::OkStatus());
+    if (!outcome.held) GradientDone(outcome.refused);
   }
 
   void GradientDone(absl::Status status) {
@@ -129,7 +129,7 @@ class PushOperation : public std::enable_shared_from_this<PushOperation> {
 
   PushStages* const stages_;
   const WirePush request_;
-  const std::vector<GradientTarget> targets_;
+  std::vector<GradientTarget> targets_;  // max_abs written as checks_ is
   const std::shared_ptr<const void> keepalive_;
   PushPipeline::Done done_;  // Taken by the one task that answers.
   bool on_pool_ = false;

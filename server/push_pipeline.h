@@ -35,6 +35,8 @@ struct GradientTarget {
   int tensor = 0;        // The shard's slot.
   int part = -1;         // bsp: the part it holds; -1: the whole gradient.
   int64_t elements = 0;  // Floats it must hold.
+  // Once its values are checked: a bound on their magnitudes (common/tensor_wire.h's ScanFloats).
+  double max_abs = 0;
 };
 
 // What the pipeline asks of the shard.

@@ -26,6 +26,7 @@ void ShardCounters::Fill(GetStatsResponse* s) const {
   s->set_duplicate_gradients(duplicate_gradients_);
   s->set_dropped_workers(dropped_workers_);
   s->set_dropped_gradients(dropped_gradients_);
+  s->set_refused_updates(refused_updates_);
   for (const auto& n : staleness_histogram_) s->add_staleness_histogram(n);
   s->set_learning_rate(last_learning_rate_);
 }

@@ -22,6 +22,7 @@ class ShardCounters {
   void CountDuplicate() { ++duplicate_gradients_; }
   void CountDroppedGradient() { ++dropped_gradients_; }
   void CountDroppedWorkers(int64_t n) { dropped_workers_ += n; }
+  void CountRefusedUpdate() { ++refused_updates_; }
   // An accepted gradient of staleness `tau`, in buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32+.
   void RecordStaleness(int64_t tau);
   void SetLearningRate(double lr) { last_learning_rate_ = lr; }
@@ -35,6 +36,7 @@ class ShardCounters {
   std::atomic<int64_t> duplicate_gradients_{0};
   std::atomic<int64_t> dropped_workers_{0};
   std::atomic<int64_t> dropped_gradients_{0};
+  std::atomic<int64_t> refused_updates_{0};
   std::atomic<int64_t> staleness_histogram_[8] = {};
   std::atomic<double> last_learning_rate_{0};
 };

@@ -61,6 +61,7 @@ void TensorAggregator::Restore(int64_t version, TensorOptimizerState optimizer_s
   absl::MutexLock lock(&mu_);
   version_ = version;
   optimizer_state_ = std::move(optimizer_state);
+  guard_.Forget();
   std::fill(pulled_version_.begin(), pulled_version_.end(), version);
 }
 
@@ -85,8 +86,9 @@ absl::Status TensorAggregator::CheckStep(const Context& ctx, int worker, int64_t
   return absl::OkStatus();
 }
 
-void TensorAggregator::Accumulate(int k, const ByteChunks& data, bool measure) {
+void TensorAggregator::Accumulate(int k, const ByteChunks& data, double max_abs, bool measure) {
   if (sum_.empty()) sum_.resize(elements_);
+  max_abs_ = std::max(max_abs_, max_abs);
   float* out = sum_.data() + int64_t{k} * part_elements_;
   if (!measure) {
     added_[k] == 0 ? CopyFloats(data, out) : AddFloats(data, out);
@@ -130,7 +132,7 @@ double DivideAndSquare(float* v, int64_t n, float divisor) {
 
 void TensorAggregator::AddHeld(int w, int k, Released* released) {
   Held& h = held(w, k);
-  Accumulate(k, h.data);
+  Accumulate(k, h.data, h.max_abs);
   // The Add's acknowledgement goes once its last held part is in: the others, and the Add while
   // it runs, hold a reference to it.
   if (h.on_added != nullptr && h.on_added.use_count() == 1 && *h.on_added) {
@@ -154,7 +156,7 @@ void TensorAggregator::DrainInOrder(int k, const Members& members, Released* rel
 }
 
 void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& data,
-                                const std::shared_ptr<const void>& keepalive,
+                                double max_abs, const std::shared_ptr<const void>& keepalive,
                                 const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
                                 const Context& ctx) {
   got_[w * parts_ + k] = 1;
@@ -172,6 +174,7 @@ void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& da
       h.owned = data.Flatten();
       h.data = ByteChunks(h.owned);
     }
+    h.max_abs = max_abs;
     h.since = ctx.clock->Now();
     h.step = step;
     h.on_added = on_added;
@@ -180,7 +183,7 @@ void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& da
   }
   // Its turn, or no order is kept (backup), or a worker that rejoined after its turn was skipped:
   // added now (the last, after the others).
-  Accumulate(k, data);
+  Accumulate(k, data, max_abs);
   if (in_order && w == next_worker_[k]) ++next_worker_[k];
 }
 
@@ -218,6 +221,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     if (last_pushed_[worker * parts_ + k] >= step) outcome->first_part = false;
   }
   bool any = false;
+  const int64_t last_before = last_pushed_[worker * parts_ + first];  // async: the only part
   for (int k = first; k < first + count; ++k) {
     int64_t& last = last_pushed_[worker * parts_ + k];
     any |= step > last;
@@ -231,11 +235,15 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     // async, ssp: applied now, alone (always one part).
     outcome->staleness = std::max<int64_t>(0, version_ - pulled_version_[worker]);
     std::fill(added_.begin(), added_.end(), 0);
-    Accumulate(0, *gradient.data, /*measure=*/false);
+    Accumulate(0, *gradient.data, gradient.max_abs, /*measure=*/false);
     received_count_ = 1;
     const double lr = Rate(ctx, version_, members->count, outcome->staleness);
-    Apply(ctx, lr, released);
-    outcome->applied = true;
+    outcome->refused = Apply(ctx, lr, step, worker, released);
+    outcome->applied = outcome->refused.ok();
+    if (!outcome->applied) {
+      // Not taken: the same step sent again is checked again, not called a duplicate.
+      last_pushed_[worker * parts_ + first] = last_before;
+    }
     return lr;
   }
   if (step < version_) {  // backup: its step was applied without it.
@@ -253,7 +261,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
         count == 1 ? *gradient.data
                    : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
                                         static_cast<size_t>(part_size(k)) * sizeof(float));
-    TakePart(worker, k, step, part, gradient.keepalive, on_added, ctx);
+    TakePart(worker, k, step, part, gradient.max_abs, gradient.keepalive, on_added, ctx);
   }
   if (ctx.policy->SumsInWorkerOrder()) {
     // (A drain of a part this gradient did not bring changes nothing.)
@@ -267,8 +275,8 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   outcome->held = still_held && on_added != nullptr;
   if (!StepComplete(ctx, *members)) return 0;
   const double lr = Rate(ctx, version_, members->count, 0);
-  Apply(ctx, lr, released);
-  outcome->applied = true;
+  outcome->refused = Apply(ctx, lr, step, worker, released);
+  outcome->applied = outcome->refused.ok();
   return lr;
 }
 
@@ -282,7 +290,8 @@ bool TensorAggregator::ApplyIfComplete(const Context& ctx, Released* released,
   }
   if (!StepComplete(ctx, *members)) return false;
   *learning_rate = Rate(ctx, version_, members->count, 0);
-  Apply(ctx, *learning_rate, released);
+  // A refusal is in released->refused: no push waits for this step to answer.
+  Apply(ctx, *learning_rate, version_, /*worker=*/-1, released).IgnoreError();
   return true;
 }
 
@@ -327,7 +336,8 @@ void TensorAggregator::ReleaseHeld(const absl::Status& status, Released* release
   }
 }
 
-void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released* released) {
+absl::Status TensorAggregator::Apply(const Context& ctx, double learning_rate, int64_t step,
+                                     int worker, Released* released) {
   // Parts held for workers that were members when they pushed and have left since: added after
   // the rest, in worker-id order.
   for (int w = 0; w < num_workers_; ++w) {
@@ -362,10 +372,23 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
     // A pull still sends the current version: update a copy.
     weights_ = std::make_shared<std::vector<float>>(*weights_);
   }
-  ctx.optimizer->Update(static_cast<float>(learning_rate), sum_, absl::MakeSpan(*weights_), role_,
-                        &optimizer_state_, ctx.pool);
-  ++version_;
-  CaptureIfDue();
+  absl::Status refused;
+  if (!guard_.Update(*ctx.optimizer, static_cast<float>(learning_rate), sum_, max_abs_,
+                     absl::MakeSpan(*weights_), role_, &optimizer_state_, ctx.pool)) {
+    const bool synchronous = ctx.policy->Synchronous();
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        "the update of tensor '", name_, "' for step ", step,
+        worker >= 0 ? absl::StrCat(" (completed by worker ", worker, "'s gradient)") : "",
+        ", with gradient magnitudes below ", max_abs_, " and learning rate ", learning_rate,
+        ", would make a weight or an optimizer slot NaN or Inf: refused, '", name_,
+        "' keeps its weights", synchronous ? " and skips this step" : ""));
+    released->refused.push_back(refused);
+  }
+  max_abs_ = 0;
+  if (refused.ok() || ctx.policy->Synchronous()) {
+    ++version_;
+    CaptureIfDue();
+  }
   std::fill(received_.begin(), received_.end(), 0);
   std::fill(got_.begin(), got_.end(), 0);
   std::fill(parts_in_.begin(), parts_in_.end(), 0);
@@ -387,6 +410,7 @@ void TensorAggregator::Apply(const Context& ctx, double learning_rate, Released*
     waiting_[kept++] = std::move(wt);
   }
   waiting_.resize(kept);
+  return refused;
 }
 
 bool TensorAggregator::Pull(int worker, int64_t need, const std::shared_ptr<PullWaiter>& waiter,

@@ -42,6 +42,7 @@
 #include "common/clock.h"
 #include "common/optimizer.h"
 #include "common/tensor_wire.h"
+#include "common/update_guard.h"
 #include "common/thread_pool.h"
 #include "server/consistency_policy.h"
 #include "server/noise_scale.h"
@@ -70,6 +71,9 @@ struct GradientOutcome {
   int64_t staleness = 0;
   bool applied = false;  // An update was applied (this gradient completed a step, or async).
   bool held = false;     // Held for its turn; its on_added is called once it is added.
+  // An update this gradient completed was refused: it would have made a weight or an optimizer
+  // slot non-finite (INVALID_ARGUMENT naming the tensor; the tensor is unchanged).
+  absl::Status refused;
   // kAccepted: the first of the gradient's parts for this (worker, step) to come (always, for a
   // gradient pushed whole). The staleness histogram counts gradients by it, so that a gradient in
   // parts is one gradient there (a push's response counts each part it carries).
@@ -84,6 +88,8 @@ struct Released {
   std::vector<std::shared_ptr<PullWaiter>> pulls;
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> acks;
   std::vector<std::pair<int64_t, NoiseTerms>> noise;
+  // Updates refused (see GradientOutcome::refused), each with what it says.
+  std::vector<absl::Status> refused;
 };
 
 class TensorAggregator {
@@ -100,6 +106,8 @@ class TensorAggregator {
     // bsp: the part of the tensor `data` holds (part_size(part) floats); -1, the whole
     // gradient.
     int part = -1;
+    // A bound on the magnitudes of its values (from the finiteness check); unknown: measured.
+    double max_abs = Magnitudes::kUnknown;
   };
   // The job's members: member[w] != 0 for each, and how many.
   struct Members {
@@ -193,6 +201,7 @@ class TensorAggregator {
     ByteChunks data;
     std::shared_ptr<const void> keepalive;
     std::string owned;  // When there was no keepalive: a copy.
+    double max_abs = Magnitudes::kUnknown;
     // Called once the last held part of the Add that held this one is added (shared by them).
     std::shared_ptr<std::function<void(absl::Status)>> on_added;
     absl::Time since;
@@ -208,20 +217,23 @@ class TensorAggregator {
   // Hands the current version to the checkpoint sink if it is a multiple of checkpoint_every_.
   void CaptureIfDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `w`'s part `k` is in: added now if it is its turn (or no turn is kept), else held.
-  void TakePart(int w, int k, int64_t step, const ByteChunks& data,
+  void TakePart(int w, int k, int64_t step, const ByteChunks& data, double max_abs,
                 const std::shared_ptr<const void>& keepalive,
                 const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
                 const Context& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds (or copies, for the first) part `k`'s bytes into the accumulator; `measure`: also their
-  // squares into squared_norms_.
-  void Accumulate(int k, const ByteChunks& data, bool measure = true)
+  // Adds (or copies, for the first) part `k`'s bytes, of magnitudes below max_abs, into the
+  // accumulator; `measure`: also their squares into squared_norms_.
+  void Accumulate(int k, const ByteChunks& data, double max_abs, bool measure = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Held& held(int w, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_[w * parts_ + k]; }
   bool StepComplete(const Context& ctx, const Members& members) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Mean of the accumulated gradients, one optimizer step, version + 1, waiters released.
-  void Apply(const Context& ctx, double learning_rate, Released* released)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Mean of the accumulated gradients, one optimizer step, version + 1, waiters released. An
+  // update that would make a value non-finite is refused (the error in released->refused, and
+  // returned): the weights stay; under async and ssp the version too, while a synchronous step
+  // is skipped (the version advances, so that the pulls waiting for it are answered).
+  absl::Status Apply(const Context& ctx, double learning_rate, int64_t step, int worker,
+                     Released* released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   const std::vector<int64_t> shape_;
@@ -241,6 +253,8 @@ class TensorAggregator {
   // sum of their squared norms (bsp, backup: for the noise scale).
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   double squared_norms_ ABSL_GUARDED_BY(mu_) = 0;
+  double max_abs_ ABSL_GUARDED_BY(mu_) = 0;  // bounds every gradient added (so their mean)
+  UpdateGuard guard_ ABSL_GUARDED_BY(mu_);
   std::vector<int> added_ ABSL_GUARDED_BY(mu_);        // (parts) gradients added into each part
   std::vector<int> next_worker_ ABSL_GUARDED_BY(mu_);  // (parts) bsp: lower ids added or skipped
   std::vector<char> got_ ABSL_GUARDED_BY(mu_);         // (workers x parts) for the current step

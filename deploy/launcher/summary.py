@@ -128,7 +128,7 @@ def server_totals(stats):
     none)."""
     histogram = [0] * len(STALENESS_BUCKETS)
     totals = {"applied_updates": 0, "dropped_gradients": 0, "dropped_workers": 0,
-              "rejected_pushes": 0}
+              "rejected_pushes": 0, "refused_updates": 0}
     for one in stats:
         if not isinstance(one, dict):
             continue

@@ -128,7 +128,8 @@ class SummarizeTest(unittest.TestCase):
             "failed_workers", "injected_crashes", "test_accuracy", "steps", "per_worker",
             "time_to_target_s", "steps_to_target", "epochs_to_target", "batch_changes", "evals",
             "worker_started_s", "worker_steps_per_s", "examples_per_s", "applied_updates",
-            "dropped_gradients", "dropped_workers", "rejected_pushes", "staleness_histogram",
+            "dropped_gradients", "dropped_workers", "rejected_pushes", "refused_updates",
+            "staleness_histogram",
             "mean_staleness_lower_bound"])
         self.assertEqual(got["test_accuracy"], 0.85)  # The last to finish: worker 0 at 2.5 s.
         self.assertEqual(got["time_to_target_s"], 2.0)
