@@ -47,9 +47,17 @@ bool SplitHostPort(absl::string_view address, std::string* host, std::string* po
 
 namespace {
 
+// How long a connected probe waits to see whether the far end hangs up without a word.
+constexpr absl::Duration kHangUpWait = absl::Milliseconds(300);
+
 // errno of a non-blocking connect to `ai` finished within `timeout`; 0 on success, ETIMEDOUT when
-// the handshake did not complete in time.
-int TryConnect(const addrinfo* ai, absl::Duration timeout) {
+// the handshake did not complete in time. On success, *hung_up tells whether the far end closed
+// (or reset) the connection within kHangUpWait (bounded by `timeout`) without being sent anything:
+// what a proxy or port-forward does when what is behind it has gone, while a gRPC server (or
+// anything that waits for its client to speak first) keeps the connection open.
+int TryConnect(const addrinfo* ai, absl::Duration timeout, bool* hung_up) {
+  *hung_up = false;
+  const absl::Time deadline = absl::Now() + timeout;
   const int fd =
       ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) return errno;
@@ -69,6 +77,21 @@ int TryConnect(const addrinfo* ai, absl::Duration timeout) {
         socklen_t len = sizeof(err);
         if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
       }
+    }
+  }
+  if (err == 0) {
+    const int ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(std::min(kHangUpWait, deadline - absl::Now())), 0,
+        absl::ToInt64Milliseconds(kHangUpWait)));
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    int ready;
+    do {
+      ready = ::poll(&p, 1, ms);
+    } while (ready < 0 && errno == EINTR);
+    if (ready > 0) {
+      char byte;
+      const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      *hung_up = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
     }
   }
   ::close(fd);
@@ -100,13 +123,23 @@ EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration tim
   std::string other_error;
   for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
     ++tried;
-    const int err = TryConnect(ai, deadline - absl::Now());
+    bool hung_up = false;
+    const int err = TryConnect(ai, deadline - absl::Now(), &hung_up);
+    if (err == 0 && hung_up) {
+      ::freeaddrinfo(list);
+      return {Reachability::kHangsUp,
+              absl::StrCat(address,
+                           " accepts a TCP connection and closes it at once, before anything is "
+                           "sent: something in between (a proxy, port-forward or load balancer) "
+                           "answers for a process that is no longer there; is the server behind "
+                           "it running?")};
+    }
     if (err == 0) {
       ::freeaddrinfo(list);
       return {Reachability::kConnects,
               absl::StrCat("a TCP connection to ", address,
-                           " succeeds, so the failure is above TCP (a TLS or credentials "
-                           "mismatch, or not a Rubato endpoint?)")};
+                           " succeeds and stays open, so the failure is above TCP: TLS or "
+                           "credentials that do not match, or not a Rubato endpoint")};
     }
     if (err == ECONNREFUSED) {
       ++refused;

@@ -6,7 +6,8 @@
 //   cannot reach parameter server shard 1 at ps-1:5000 within 30s: the host name 'ps-1' does not
 //   resolve (Name or service not known)
 //
-// The probe sends nothing but a TCP handshake to the address being diagnosed, and closes it.
+// The probe sends nothing but a TCP handshake to the address being diagnosed, waits up to 300 ms
+// to see whether the far end hangs up unasked (a proxy whose backend is gone), and closes it.
 #ifndef RUBATO_COMMON_NET_DIAGNOSE_H_
 #define RUBATO_COMMON_NET_DIAGNOSE_H_
 
@@ -18,7 +19,8 @@
 namespace rubato {
 
 enum class Reachability {
-  kConnects,     // A TCP connection succeeds: the failure is above TCP (TLS, protocol).
+  kConnects,     // A TCP connection succeeds and stays open: the failure is above TCP.
+  kHangsUp,      // A TCP connection succeeds and the far end closes it unasked: a proxy alone.
   kBadAddress,   // Not host:port.
   kNoSuchHost,   // The host name does not resolve.
   kRefused,      // Every address refused: the host is up, nothing listens on the port.

@@ -1,10 +1,13 @@
 #include "common/net_diagnose.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +34,7 @@ class LoopbackSocket {
   }
   ~LoopbackSocket() { ::close(fd_); }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
@@ -51,6 +55,28 @@ TEST(DiagnoseEndpointTest, ListeningPortConnects) {
     const EndpointDiagnosis d = DiagnoseEndpoint(address, absl::Seconds(2));
     EXPECT_EQ(d.kind, Reachability::kConnects) << address << ": " << d.detail;
   }
+}
+
+// A proxy whose backend has exited: it accepts, then closes without a word. Told apart from a
+// listener that keeps the connection (ListeningPortConnects) and from TLS or credentials.
+TEST(DiagnoseEndpointTest, AnEndpointThatHangsUpAtOnceIsAProxyWithoutItsServer) {
+  LoopbackSocket proxy(/*listen=*/true);
+  std::atomic<bool> stop{false};
+  std::thread closer([&] {
+    while (!stop) {
+      pollfd p{proxy.fd(), POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) {
+        const int c = ::accept(proxy.fd(), nullptr, nullptr);
+        if (c >= 0) ::close(c);
+      }
+    }
+  });
+  const EndpointDiagnosis d = DiagnoseEndpoint(proxy.address(), absl::Seconds(2));
+  stop = true;
+  closer.join();
+  EXPECT_EQ(d.kind, Reachability::kHangsUp) << d.detail;
+  EXPECT_NE(d.detail.find("closes it at once"), std::string::npos) << d.detail;
+  EXPECT_EQ(d.detail.find("TLS"), std::string::npos) << d.detail;
 }
 
 TEST(DiagnoseEndpointTest, PortWithoutListenerIsRefused) {
