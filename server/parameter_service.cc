@@ -90,6 +90,11 @@ grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
+  // A valid token of this job first, so that a caller without one learns nothing of the body's
+  // parse; then, once the request names its worker, that worker's.
+  if (absl::Status s = security_.CheckCall(*context, std::nullopt); !s.ok()) {
+    return Refuse(context, s);
+  }
   absl::StatusOr<std::shared_ptr<ReceivedPush>> parsed = ReceivePush(*request);
   if (!parsed.ok()) return Refuse(context, parsed.status());
   std::shared_ptr<ReceivedPush> received = *std::move(parsed);
@@ -146,6 +151,9 @@ grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* ParameterService::Pull(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
+  if (absl::Status s = security_.CheckCall(*context, std::nullopt); !s.ok()) {
+    return Refuse(context, s);  // Before the parse, as for Push.
+  }
   absl::StatusOr<PullRequest> parsed = ReceivePull(*request);
   if (!parsed.ok()) return Refuse(context, parsed.status());
   const PullRequest& pull = *parsed;

@@ -17,7 +17,9 @@
 #include "common/grpc_options.h"
 #include "common/security.h"
 #include "common/tensor_bytes.h"
+#include "absl/synchronization/notification.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
@@ -51,6 +53,29 @@ class ServiceTest : public ::testing::Test {
         grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
                                   grpc::InsecureChannelCredentials(), RubatoChannelArguments());
     stub_ = ParameterServer::NewStub(channel);
+    channel_ = channel;
+  }
+
+  // A call of `method` ("/rubato.ParameterServer/Pull") with `body` as its bytes, whatever they
+  // are, and the token `token` ("": none).
+  grpc::Status RawCall(const std::string& method, const std::string& body,
+                       const std::string& token) {
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!token.empty()) ctx.AddMetadata(kAuthMetadataKey, token);
+    grpc::Slice slice(body);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        status = std::move(s);
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    return status;
   }
 
   void TearDown() override {
@@ -113,6 +138,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<ParameterService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ParameterServer::Stub> stub_;
+  std::shared_ptr<grpc::Channel> channel_;
 };
 
 TEST_F(ServiceTest, MalformedPushIsRejectedOverTheWireAndLeavesParametersUnchanged) {
@@ -240,6 +266,21 @@ TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
   token_for_ = [&](int w) { return auth.WorkerToken(w); };
   ASSERT_TRUE(Push(0, 0, std::vector<float>(8, 1.0f)).ok());
   EXPECT_EQ(shard_->Stats().duplicate_gradients(), 0);
+
+  // Bytes that are no Push or Pull: a caller without a valid token learns only that it has none
+  // (the token is checked before the body is parsed); one with a token, what is wrong with them.
+  for (const char* method : {"/rubato.ParameterServer/Push", "/rubato.ParameterServer/Pull"}) {
+    const std::string garbage = "\xff\xff\xff not a message";
+    grpc::Status none = RawCall(method, garbage, "");
+    EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << method << ": "
+                                                                     << none.error_message();
+    EXPECT_EQ(RawCall(method, garbage, other_job.WorkerToken(0)).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << method;
+    grpc::Status bad = RawCall(method, garbage, auth.WorkerToken(0));
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(bad.error_message().find("malformed"), std::string::npos) << bad.error_message();
+  }
 
   // GetStats and Heartbeat: no token, no answer; the operator may read stats.
   GetStatsResponse stats;
