@@ -335,7 +335,13 @@ TEST_F(DataPlaneTest, AWorkerTricklingLargeBodiesCannotStarveTheOthers) {
   Send(trickle, Hello(1, ""));
   ASSERT_EQ(Answer(trickle, /*hello=*/true).first, 0);
   Send(trickle, Request(1, 60000, "0123456789", 128 << 10));
-  // A second such body of worker 1's is past its share, named so.
+  // Once the server has taken its header (each connection has its own thread: the next request
+  // could otherwise be read first), a second such body of worker 1's is past its share, named so.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (data_->body_bytes() < (128 << 10) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(data_->body_bytes(), 128 << 10);
   const int more = Connect();
   Send(more, Hello(1, ""));
   ASSERT_EQ(Answer(more, /*hello=*/true).first, 0);

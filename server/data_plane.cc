@@ -120,6 +120,8 @@ DataPlaneServer::~DataPlaneServer() {
   }
 }
 
+int64_t DataPlaneServer::body_bytes() const { return body_bytes_->total.load(); }
+
 int DataPlaneServer::connections() const {
   absl::MutexLock lock(&mu_);
   int open = 0;

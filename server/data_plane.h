@@ -118,6 +118,8 @@ class DataPlaneServer {
   int port() const { return port_; }
   // Connections open now (tests).
   int connections() const;
+  // Bytes of request bodies reserved now, being received or waiting for their answers (tests).
+  int64_t body_bytes() const;
 
  private:
   struct Connection {
