@@ -24,24 +24,6 @@ namespace {
 
 constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
 
-// `n` loopback ports that were free a moment ago.
-std::vector<int> FreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    fds.push_back(fd);
-    ports.push_back(ntohs(addr.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
-
 class AllReduceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -55,7 +37,7 @@ class AllReduceTest : public ::testing::Test {
 
   void StartRing(int n, const std::vector<std::string>& extra) {
     std::vector<std::string> peers;
-    for (int port : FreePorts(n)) peers.push_back(absl::StrCat("127.0.0.1:", port));
+    for (int port : FreeLoopbackPorts(n)) peers.push_back(absl::StrCat("127.0.0.1:", port));
     for (int w = 0; w < n; ++w) {
       std::vector<std::string> argv = {binary_,
                                        absl::StrCat("--worker_id=", w),

@@ -1,10 +1,13 @@
 #include "tests/test_cluster.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <random>
 #include <cstdlib>
 #include <utility>
 
@@ -345,6 +348,27 @@ bool HasLineContaining(absl::string_view text, absl::string_view needle) {
     if (absl::StrContains(line, needle)) return true;
   }
   return false;
+}
+
+std::vector<int> FreeLoopbackPorts(int n) {
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  std::uniform_int_distribution<int> pick(20000, 32000);
+  std::vector<int> ports;
+  for (int tries = 0; static_cast<int>(ports.size()) < n && tries < 10000; ++tries) {
+    const int port = pick(rng);
+    if (std::find(ports.begin(), ports.end(), port) != ports.end()) continue;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (free) ports.push_back(port);
+  }
+  EXPECT_EQ(static_cast<int>(ports.size()), n) << "no free loopback ports below 32000";
+  return ports;
 }
 
 }  // namespace rubato

@@ -159,6 +159,13 @@ template <typename T>
   return IsOk(status_or.status());
 }
 
+// `n` distinct loopback ports that were free a moment ago, for processes that must be told their
+// port before they start (ring peers, health ports). Chosen at random below the kernel's ephemeral
+// range (32768 and up on Linux), where a port the kernel picked (bind to port 0) could be taken
+// meanwhile by any process's outgoing connection: tests running in parallel lost their ring
+// port that way.
+std::vector<int> FreeLoopbackPorts(int n);
+
 }  // namespace rubato
 
 #endif  // RUBATO_TESTS_TEST_CLUSTER_H_
