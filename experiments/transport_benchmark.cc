@@ -156,7 +156,7 @@ bool StartShardsInProcess(const ClusterSpec& cluster, int64_t push_budget_mb,
     ConfigureServerBuilder(&builder, kMaxMessageBytesLimit);
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", security.server.credentials(), &port);
-    builder.RegisterService(server.service.get());
+    server.service->AddTo(&builder);
     server.server = builder.BuildAndStart();
     server.address = absl::StrCat("127.0.0.1:", port);
     if (!use_data_plane) continue;

@@ -67,7 +67,7 @@ class DataPlaneTest : public ::testing::Test {
     ConfigureServerBuilder(&builder);
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
+    service_->AddTo(&builder);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     address_ = absl::StrCat("127.0.0.1:", port);

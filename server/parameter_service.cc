@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
@@ -87,29 +88,21 @@ grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext
   return Answer(context, std::move(result), response);
 }
 
-grpc::ServerUnaryReactor* ParameterService::Push(grpc::CallbackServerContext* context,
-                                                 const grpc::ByteBuffer* request,
-                                                 grpc::ByteBuffer* response) {
-  // A valid token of this job first, so that a caller without one learns nothing of the body's
-  // parse; then, once the request names its worker, that worker's.
-  if (absl::Status s = security_.CheckCall(*context, std::nullopt); !s.ok()) {
-    return Refuse(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<ReceivedPush>> parsed = ReceivePush(*request);
-  if (!parsed.ok()) return Refuse(context, parsed.status());
+void ParameterService::ServePush(const grpc::CallbackServerContext& context,
+                                 const grpc::ByteBuffer& request, Answered done) {
+  absl::StatusOr<std::shared_ptr<ReceivedPush>> parsed = ReceivePush(request);
+  if (!parsed.ok()) return done(ToGrpcStatus(parsed.status()), grpc::ByteBuffer());
   std::shared_ptr<ReceivedPush> received = *std::move(parsed);
-  if (absl::Status s = security_.CheckCall(*context, received->push.worker_id); !s.ok()) {
-    return Refuse(context, s);
+  if (absl::Status s = security_.CheckCall(context, received->push.worker_id); !s.ok()) {
+    return done(ToGrpcStatus(s), grpc::ByteBuffer());
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The gradients' bytes stay in `received`'s slices, which the shard holds while it needs them.
   WirePush push = std::move(received->push);
   shard_->Push(std::move(push), std::move(received),
-               [reactor, response](absl::StatusOr<PushResponse> result) {
-                 if (result.ok()) *response = SerializedMessage(*result);
-                 reactor->Finish(ToGrpcStatus(result.status()));
+               [done = std::move(done)](absl::StatusOr<PushResponse> result) {
+                 if (!result.ok()) return done(ToGrpcStatus(result.status()), grpc::ByteBuffer());
+                 done(grpc::Status::OK, SerializedMessage(*result));
                });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterService::Heartbeat(grpc::CallbackServerContext* context,
@@ -148,29 +141,89 @@ grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext
   return Answer(context, absl::StatusOr<GetStatsResponse>(shard_->Stats()), response);
 }
 
-grpc::ServerUnaryReactor* ParameterService::Pull(grpc::CallbackServerContext* context,
-                                                 const grpc::ByteBuffer* request,
-                                                 grpc::ByteBuffer* response) {
-  if (absl::Status s = security_.CheckCall(*context, std::nullopt); !s.ok()) {
-    return Refuse(context, s);  // Before the parse, as for Push.
-  }
-  absl::StatusOr<PullRequest> parsed = ReceivePull(*request);
-  if (!parsed.ok()) return Refuse(context, parsed.status());
+void ParameterService::ServePull(const grpc::CallbackServerContext& context,
+                                 const grpc::ByteBuffer& request, Answered done) {
+  absl::StatusOr<PullRequest> parsed = ReceivePull(request);
+  if (!parsed.ok()) return done(ToGrpcStatus(parsed.status()), grpc::ByteBuffer());
   const PullRequest& pull = *parsed;
-  if (absl::Status s = security_.CheckCall(*context, pull.worker_id()); !s.ok()) {
-    return Refuse(context, s);
+  if (absl::Status s = security_.CheckCall(context, pull.worker_id()); !s.ok()) {
+    return done(ToGrpcStatus(s), grpc::ByteBuffer());
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The client's deadline, if any; the shard caps it with the cluster's wait timeout. A cancelled
   // call stays queued until that deadline, which is bounded; finishing it then is harmless.
-  const absl::Time deadline = absl::FromChrono(context->deadline());
+  const absl::Time deadline = absl::FromChrono(context.deadline());
   shard_->Pull(pull, deadline,
                ParameterShard::SharedPullDone(
-                   [reactor, response](absl::Status status, std::vector<PulledTensor> tensors) {
-                     if (status.ok()) *response = EncodePullResponse(tensors);
-                     reactor->Finish(ToGrpcStatus(status));
+                   [done = std::move(done)](absl::Status status, std::vector<PulledTensor> tensors) {
+                     if (!status.ok()) return done(ToGrpcStatus(status), grpc::ByteBuffer());
+                     done(grpc::Status::OK, EncodePullResponse(tensors));
                    }));
-  return reactor;
+}
+
+namespace {
+
+constexpr char kPushMethod[] = "/rubato.ParameterServer/Push";
+constexpr char kPullMethod[] = "/rubato.ParameterServer/Pull";
+
+// One Push or Pull: the token is checked from the call's metadata before anything of the body is
+// read; a call without a valid one is finished unread. Then the one request is read and served.
+class DataCall final : public grpc::ServerGenericBidiReactor {
+ public:
+  DataCall(ParameterService* service, grpc::GenericCallbackServerContext* context)
+      : service_(service), context_(context), push_(context->method() == kPushMethod) {
+    if (!push_ && context->method() != kPullMethod) {
+      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          absl::StrCat("no method ", context->method())));
+      return;
+    }
+    if (absl::Status s = service_->security().CheckCall(*context, std::nullopt); !s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(context_->method(), ": the call ended without a request")));
+      return;
+    }
+    ParameterService::Answered done = [this](grpc::Status status, grpc::ByteBuffer response) {
+      if (!status.ok()) {
+        Finish(status);
+        return;
+      }
+      response_ = std::move(response);
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    };
+    if (push_) {
+      service_->ServePush(*context_, request_, std::move(done));
+    } else {
+      service_->ServePull(*context_, request_, std::move(done));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  ParameterService* const service_;
+  grpc::GenericCallbackServerContext* const context_;
+  const bool push_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* ParameterService::DataMethods::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  return new DataCall(service_, context);
+}
+
+void ParameterService::AddTo(grpc::ServerBuilder* builder) {
+  builder->RegisterService(this);
+  builder->RegisterCallbackGenericService(&data_methods_);
 }
 
 }  // namespace rubato

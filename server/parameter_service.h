@@ -11,25 +11,32 @@
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "common/grpc_bytes.h"
 #include "common/security.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/server_builder.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "server/parameter_shard.h"
 
 namespace rubato {
 
-// Push and Pull are raw methods (ByteBuffer in, ByteBuffer out) so that tensor bytes are never
-// copied by the service: a push is parsed over the received slices (common/tensor_wire.h) and its
-// gradients are added into the shard's accumulators from them; a pull is answered with slices
-// that reference the shard's copy-on-write weights, shared by every pull of that version.
-// (Built from Service, not CallbackService, whose callback Push and Pull the raw ones would hide:
-// clang's -Woverloaded-virtual.)
+// Push and Pull are served by a generic callback service as raw bytes (ByteBuffer in, ByteBuffer
+// out), so that tensor bytes are never copied by the service: a push is parsed over the received
+// slices (common/tensor_wire.h) and its gradients are added into the shard's accumulators from
+// them; a pull is answered with slices that reference the shard's copy-on-write weights, shared by
+// every pull of that version. Generic, not raw unary, so that the call's token is checked before
+// its body is read: gRPC hands a unary method its whole message, so a caller without a token could
+// make the server receive and hold large bodies before being refused (issue 31); a generic call's
+// reactor reads only once the metadata has passed, and one that does not is finished unread.
+// (Built from Service, not CallbackService, whose callback Push and Pull the generic ones would
+// hide: clang's -Woverloaded-virtual.)
 using ParameterServiceBase =
-    ParameterServer::WithRawCallbackMethod_Pull<ParameterServer::WithRawCallbackMethod_Push<
+    ParameterServer::WithGenericMethod_Pull<ParameterServer::WithGenericMethod_Push<
         ParameterServer::WithCallbackMethod_Register<ParameterServer::WithCallbackMethod_Heartbeat<
             ParameterServer::WithCallbackMethod_Finish<ParameterServer::WithCallbackMethod_GetStats<
                 ParameterServer::WithCallbackMethod_Rollback<ParameterServer::Service>>>>>>>;
@@ -55,6 +62,19 @@ class ParameterService final : public ParameterServiceBase {
   explicit ParameterService(ParameterShard* shard, ServerSecurity security = ServerSecurity())
       : shard_(shard), security_(std::move(security)) {}
 
+  // Registers the service and its generic part (Push and Pull) with `builder`; the server may
+  // have no other generic service.
+  void AddTo(grpc::ServerBuilder* builder);
+
+  // Push and Pull of one call whose token has been checked for this job (not yet for the
+  // request's worker), answered by `done` (an OK status with the response, or an error).
+  using Answered = std::function<void(grpc::Status, grpc::ByteBuffer)>;
+  void ServePush(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
+                 Answered done);
+  void ServePull(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
+                 Answered done);
+  const ServerSecurity& security() const { return security_; }
+
   // The port of the shard's data plane (server/data_plane.h) that Register answers name; 0 (the
   // default): none.
   void set_data_port(int port) { data_port_.store(port); }
@@ -62,12 +82,6 @@ class ParameterService final : public ParameterServiceBase {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
                                      RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
-                                 const grpc::ByteBuffer* request,
-                                 grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
-                                 const grpc::ByteBuffer* request,
-                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const HeartbeatRequest* request,
                                       HeartbeatResponse* response) override;
@@ -81,8 +95,20 @@ class ParameterService final : public ParameterServiceBase {
                                      RollbackResponse* response) override;
 
  private:
+  // Push and Pull: a reactor per call that checks the token, then reads the one request.
+  class DataMethods final : public grpc::CallbackGenericService {
+   public:
+    explicit DataMethods(ParameterService* service) : service_(service) {}
+    grpc::ServerGenericBidiReactor* CreateReactor(
+        grpc::GenericCallbackServerContext* context) override;
+
+   private:
+    ParameterService* const service_;
+  };
+
   ParameterShard* const shard_;
   const ServerSecurity security_;
+  DataMethods data_methods_{this};
   std::atomic<int> data_port_{0};
 };
 

@@ -19,6 +19,8 @@
 #include "common/tensor_bytes.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/create_channel.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -46,7 +48,7 @@ class ServiceTest : public ::testing::Test {
     ConfigureServerBuilder(&builder);
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
+    service_->AddTo(&builder);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     auto channel =
@@ -219,6 +221,49 @@ TEST_F(ServiceTest, TensorsLargerThanFourMebibytesTravel) {
 
 // Issue 9, finding 7: with a job secret, every call needs a token, and a worker's token works only
 // for that worker. Refused calls change nothing.
+// Issue 31, item 3: a Push or Pull without a valid token is refused from its metadata, before
+// any of its body is read: a call that sends no message at all (as a client trickling or
+// withholding a large body would) is answered UNAUTHENTICATED at once. A unary handler would wait
+// for the whole message first, and this call would run into its deadline instead.
+TEST_F(ServiceTest, ACallWithoutATokenIsRefusedBeforeItsBodyArrives) {
+  const std::string path = ::testing::TempDir() + "/service_test_body.secret";
+  std::ofstream(path) << "the job secret for this test, 40 bytes...";
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  SecurityConfig config;
+  config.auth_secret_file = path;
+  config.job_id = "service-test";
+  absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
+  ASSERT_TRUE(security.ok()) << security.status();
+  Start(1, *security);
+  const JobAuth other_job = *JobAuth::FromFile(path, "service-test-2");
+  for (const char* method : {"/rubato.ParameterServer/Push", "/rubato.ParameterServer/Pull"}) {
+    for (const std::string& token : {std::string(), other_job.WorkerToken(0)}) {
+      SCOPED_TRACE(absl::StrCat(method, token.empty() ? " without a token" : " with another job's"));
+      grpc::GenericStub generic(channel_);
+      grpc::CompletionQueue cq;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+      if (!token.empty()) ctx.AddMetadata(kAuthMetadataKey, token);
+      const absl::Time start = absl::Now();
+      std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+          generic.PrepareCall(&ctx, method, &cq);
+      void* tag;
+      bool ok;
+      call->StartCall(reinterpret_cast<void*>(1));
+      ASSERT_TRUE(cq.Next(&tag, &ok));
+      // No message, no half-close: the body never comes.
+      grpc::Status status;
+      call->Finish(&status, reinterpret_cast<void*>(2));
+      ASSERT_TRUE(cq.Next(&tag, &ok));
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "answered only at the deadline";
+      cq.Shutdown();
+      while (cq.Next(&tag, &ok)) {
+      }
+    }
+  }
+}
+
 TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
   const std::string path = ::testing::TempDir() + "/service_test.secret";
   std::ofstream(path) << "the job secret for this test, 40 bytes...";

@@ -408,7 +408,7 @@ class Front {
     rubato::SetServerMemoryBudget(&builder, c.memory_budget);
     int port = 0;
     builder.AddListeningPort(c.listen, security.credentials(), &port);
-    builder.RegisterService(&service_);
+    service_.AddTo(&builder);
     builder.RegisterService(&health_service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
