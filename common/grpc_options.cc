@@ -21,14 +21,15 @@ grpc::ChannelArguments RubatoChannelArguments(int64_t max_message_bytes) {
   return args;
 }
 
-void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_bytes) {
+void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_bytes,
+                            int stream_window_bytes) {
   builder->SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
   builder->SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, stream_window_bytes);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
 }
 

@@ -32,8 +32,15 @@ grpc::ChannelArguments RubatoChannelArguments(int64_t max_message_bytes = kDefau
 // Applies the same message limits and flow control to a server, and turns SO_REUSEPORT off: gRPC
 // sets it by default, so a second server could bind a port that a live one holds and take part of
 // its connections. With it off, a port in use fails the bind.
+//
+// `stream_window_bytes` is how much of a stream's data the server takes in before the handler asks
+// for it. A parameter server keeps it small (kServerStreamWindowBytes): a call waiting to be read
+// (server/parameter_service.h's ReadGate) then holds at most that, while the message being read
+// still gets a window of its whole size from gRPC as it is read.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder,
-                            int64_t max_message_bytes = kDefaultMaxMessageBytes);
+                            int64_t max_message_bytes = kDefaultMaxMessageBytes,
+                            int stream_window_bytes = kStreamWindowBytes);
+inline constexpr int kServerStreamWindowBytes = 1 << 20;
 
 // gRPC 1.51 experiments that the binaries turn on (GRPC_EXPERIMENTS), unless that variable is
 // already set, even to nothing: tcp_frame_size_tuning (a read completes once the size the HTTP/2

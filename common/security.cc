@@ -76,9 +76,10 @@ absl::StatusOr<ServerSecurity> ServerSecurity::Create(const SecurityConfig& conf
   return s;
 }
 
-absl::Status ServerSecurity::CheckCall(const grpc::CallbackServerContext& context,
-                                       std::optional<int> worker_id) const {
-  if (auth_ == nullptr) return absl::OkStatus();
+namespace {
+
+// The call's one rubato-auth token.
+absl::StatusOr<absl::string_view> TokenOf(const grpc::CallbackServerContext& context) {
   const auto& metadata = context.client_metadata();
   const auto range = metadata.equal_range(kAuthMetadataKey);
   if (range.first == range.second) {
@@ -90,7 +91,23 @@ absl::Status ServerSecurity::CheckCall(const grpc::CallbackServerContext& contex
     return absl::UnauthenticatedError("more than one rubato-auth token");
   }
   const grpc::string_ref token = range.first->second;
-  return CheckToken(absl::string_view(token.data(), token.size()), worker_id);
+  return absl::string_view(token.data(), token.size());
+}
+
+}  // namespace
+
+absl::Status ServerSecurity::CheckCall(const grpc::CallbackServerContext& context,
+                                       std::optional<int> worker_id) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const absl::string_view token, TokenOf(context));
+  return CheckToken(token, worker_id);
+}
+
+absl::StatusOr<int> ServerSecurity::Caller(const grpc::CallbackServerContext& context) const {
+  if (auth_ == nullptr) return -1;
+  ASSIGN_OR_RETURN(const absl::string_view token, TokenOf(context));
+  ASSIGN_OR_RETURN(const AuthIdentity identity, auth_->Verify(token));
+  return identity.worker_id.value_or(-1);
 }
 
 absl::Status ServerSecurity::CheckToken(absl::string_view token,

@@ -62,6 +62,9 @@ class ServerSecurity {
   // a missing or wrong token, PERMISSION_DENIED for a valid token of another identity.
   absl::Status CheckCall(const grpc::CallbackServerContext& context,
                          std::optional<int> worker_id) const;
+  // Who a call's valid token is: a worker's id, or -1 for the operator's token or when calls are
+  // not authenticated; CheckCall's error for a missing or invalid token.
+  absl::StatusOr<int> Caller(const grpc::CallbackServerContext& context) const;
   // The same check for a token that came another way; an empty token is a missing one.
   absl::Status CheckToken(absl::string_view token, std::optional<int> worker_id) const;
   // A plain-TCP data connection's hello (server/data_plane.h): OK if `answer` is worker

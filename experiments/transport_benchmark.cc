@@ -153,7 +153,7 @@ bool StartShardsInProcess(const ClusterSpec& cluster, int64_t push_budget_mb,
     server.shard = std::move(*shard);
     server.service = std::make_unique<ParameterService>(server.shard.get(), security.server);
     grpc::ServerBuilder builder;
-    ConfigureServerBuilder(&builder, kMaxMessageBytesLimit);
+    ConfigureServerBuilder(&builder, kMaxMessageBytesLimit, kServerStreamWindowBytes);
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", security.server.credentials(), &port);
     server.service->AddTo(&builder);

@@ -176,14 +176,27 @@ class DataCall final : public grpc::ServerGenericBidiReactor {
                           absl::StrCat("no method ", context->method())));
       return;
     }
-    if (absl::Status s = service_->security().CheckCall(*context, std::nullopt); !s.ok()) {
-      Finish(ToGrpcStatus(s));
+    absl::StatusOr<int> caller = service_->security().Caller(*context);
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
-    StartRead(&request_);
+    // Its body is received once its caller has a read free (ParameterService::ReadGate).
+    caller_ = service_->GateCaller(*caller);
+    start_ = std::make_shared<std::function<void()>>([this] { StartRead(&request_); });
+    service_->read_gate().Enter(caller_, start_);
+  }
+
+  void OnCancel() override {
+    // Cancelled (by its client, its deadline or a shutdown) while waiting for a read: it ends
+    // unread. Otherwise a read under way ends (not ok) and OnReadDone finishes it.
+    if (start_ != nullptr && service_->read_gate().Withdraw(caller_, start_.get())) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before its body was read"));
+    }
   }
 
   void OnReadDone(bool ok) override {
+    service_->read_gate().Leave(caller_);
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat(context_->method(), ": the call ended without a request")));
@@ -210,6 +223,8 @@ class DataCall final : public grpc::ServerGenericBidiReactor {
   ParameterService* const service_;
   grpc::GenericCallbackServerContext* const context_;
   const bool push_;
+  int caller_ = -1;
+  std::shared_ptr<std::function<void()>> start_;  // set once the token has passed
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
 };
@@ -219,6 +234,65 @@ class DataCall final : public grpc::ServerGenericBidiReactor {
 grpc::ServerGenericBidiReactor* ParameterService::DataMethods::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
   return new DataCall(service_, context);
+}
+
+void ParameterService::ReadGate::Enter(int caller, std::shared_ptr<std::function<void()>> start) {
+  {
+    absl::MutexLock lock(&mu_);
+    int& reading = reading_[caller];
+    if (reading >= kReadsPerCaller) {
+      waiting_[caller].push_back(std::move(start));
+      return;
+    }
+    ++reading;
+  }
+  (*start)();
+}
+
+void ParameterService::ReadGate::Leave(int caller) {
+  std::shared_ptr<std::function<void()>> next;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiting_.find(caller);
+    if (it == waiting_.end() || it->second.empty()) {
+      --reading_[caller];
+      return;
+    }
+    next = std::move(it->second.front());  // its read takes this one's place
+    it->second.pop_front();
+  }
+  (*next)();
+}
+
+bool ParameterService::ReadGate::Withdraw(int caller, const std::function<void()>* start) {
+  absl::MutexLock lock(&mu_);
+  auto it = waiting_.find(caller);
+  if (it == waiting_.end()) return false;
+  auto& queue = it->second;
+  for (auto w = queue.begin(); w != queue.end(); ++w) {
+    if (w->get() == start) {
+      queue.erase(w);
+      return true;
+    }
+  }
+  return false;
+}
+
+int ParameterService::ReadGate::reading(int caller) const {
+  absl::MutexLock lock(&mu_);
+  auto it = reading_.find(caller);
+  return it == reading_.end() ? 0 : it->second;
+}
+
+int ParameterService::ReadGate::waiting(int caller) const {
+  absl::MutexLock lock(&mu_);
+  auto it = waiting_.find(caller);
+  return it == waiting_.end() ? 0 : static_cast<int>(it->second.size());
+}
+
+int ParameterService::GateCaller(int worker) const {
+  const int workers = shard_->num_workers();
+  return worker >= 0 && worker < workers ? worker : workers;
 }
 
 void ParameterService::AddTo(grpc::ServerBuilder* builder) {

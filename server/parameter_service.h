@@ -11,11 +11,15 @@
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_bytes.h"
 #include "common/security.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -75,6 +79,35 @@ class ParameterService final : public ParameterServiceBase {
                  Answered done);
   const ServerSecurity& security() const { return security_; }
 
+  // How many Push and Pull bodies one caller may have gRPC receive at once (further calls wait,
+  // unread, for one of its reads to end). Callers are the job's workers, by their tokens; the
+  // operator, tokens of other ids and an unauthenticated job's calls count as one more. So what
+  // gRPC holds of bodies being received is at most
+  // kReadsPerCaller x (workers + 1) x the message limit, whatever the callers do.
+  static constexpr int kReadsPerCaller = 2;
+  class ReadGate {
+   public:
+    // Runs `start` now, outside the gate's lock, if `caller` has fewer than kReadsPerCaller reads
+    // going, else once one of them ends (Leave), on the thread that ends it.
+    void Enter(int caller, std::shared_ptr<std::function<void()>> start);
+    // A read of `caller`'s ended.
+    void Leave(int caller);
+    // Takes back a waiting `start` (its call was cancelled): true if it was still waiting.
+    bool Withdraw(int caller, const std::function<void()>* start);
+    // Reads going and calls waiting, for tests.
+    int reading(int caller) const;
+    int waiting(int caller) const;
+
+   private:
+    mutable absl::Mutex mu_;
+    absl::flat_hash_map<int, int> reading_ ABSL_GUARDED_BY(mu_);
+    absl::flat_hash_map<int, std::deque<std::shared_ptr<std::function<void()>>>> waiting_
+        ABSL_GUARDED_BY(mu_);
+  };
+  ReadGate& read_gate() { return read_gate_; }
+  // The gate's caller for a token's worker id (-1: not a worker).
+  int GateCaller(int worker) const;
+
   // The port of the shard's data plane (server/data_plane.h) that Register answers name; 0 (the
   // default): none.
   void set_data_port(int port) { data_port_.store(port); }
@@ -109,6 +142,7 @@ class ParameterService final : public ParameterServiceBase {
   ParameterShard* const shard_;
   const ServerSecurity security_;
   DataMethods data_methods_{this};
+  ReadGate read_gate_;
   std::atomic<int> data_port_{0};
 };
 

@@ -264,6 +264,74 @@ TEST_F(ServiceTest, ACallWithoutATokenIsRefusedBeforeItsBodyArrives) {
   }
 }
 
+// Issue 31, item 3, for token holders: a caller has at most kReadsPerCaller bodies received at
+// once; its further calls wait unread (so what gRPC holds of bodies in flight is bounded by
+// callers x reads x the message limit), and other workers are not held up by them.
+TEST_F(ServiceTest, ACallerHasAtMostTwoBodiesReceivedAtOnceAndOthersAreNotHeldUp) {
+  const std::string path = ::testing::TempDir() + "/service_test_gate.secret";
+  std::ofstream(path) << "the job secret for this test, 40 bytes...";
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  SecurityConfig config;
+  config.auth_secret_file = path;
+  config.job_id = "service-test";
+  absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
+  ASSERT_TRUE(security.ok()) << security.status();
+  Start(2, *security);
+  const JobAuth auth = *JobAuth::FromFile(path, "service-test");
+  token_for_ = [&](int w) { return auth.WorkerToken(w); };
+  ASSERT_TRUE(Register(0, 8).ok());
+  ASSERT_TRUE(Register(1, 8).ok());
+  // Worker 0 opens three Push calls and sends none of their bodies (a trickle that never comes).
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
+  void* tag;
+  bool ok;
+  for (int i = 0; i < 3; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    contexts.back()->AddMetadata(kAuthMetadataKey, auth.WorkerToken(0));
+    calls.push_back(generic.PrepareCall(contexts.back().get(), "/rubato.ParameterServer/Push", &cq));
+    calls.back()->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+  }
+  ParameterService::ReadGate& gate = service_->read_gate();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((gate.reading(0) < 2 || gate.waiting(0) < 1) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(gate.reading(0), 2);
+  EXPECT_EQ(gate.waiting(0), 1);
+  // Worker 1's Pull (through the same gate, on the same connection) is answered meanwhile.
+  PullResponse first;
+  ASSERT_TRUE(Pull(1, 0, &first).ok());
+  EXPECT_EQ(gate.reading(0), 2);
+  // Worker 0 trains once its calls are gone.
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& call : calls) {
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(2));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  const absl::Time drained = absl::Now() + absl::Seconds(10);
+  while ((gate.reading(0) > 0 || gate.waiting(0) > 0) && absl::Now() < drained) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(gate.reading(0), 0);
+  EXPECT_EQ(gate.waiting(0), 0);
+  // (bsp holds worker 1's gradient, and its answer, until worker 0's is in.)
+  ASSERT_TRUE(Push(0, 0, std::vector<float>(8, 1.0f)).ok());
+  ASSERT_TRUE(Push(1, 0, std::vector<float>(8, 1.0f)).ok());
+  PullResponse pulled;
+  ASSERT_TRUE(Pull(1, 1, &pulled).ok());
+  EXPECT_EQ(pulled.tensors(0).version(), 1);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
 TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
   const std::string path = ::testing::TempDir() + "/service_test.secret";
   std::ofstream(path) << "the job secret for this test, 40 bytes...";

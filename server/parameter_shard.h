@@ -79,6 +79,8 @@ class ParameterShard : private PushStages {
   // InvalidArgument for a bad spec.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardOptions& options);
 
+  int num_workers() const { return options_.cluster.num_workers(); }
+
   // Fails every waiting pull with UNAVAILABLE, finishes the pushes being applied, and stops the
   // deadline thread.
   ~ParameterShard() override;

@@ -404,7 +404,8 @@ class Front {
                                                  why));
     }
     grpc::ServerBuilder builder;
-    rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(c.spec));
+    rubato::ConfigureServerBuilder(&builder, rubato::MaxMessageBytes(c.spec),
+                                   rubato::kServerStreamWindowBytes);
     rubato::SetServerMemoryBudget(&builder, c.memory_budget);
     int port = 0;
     builder.AddListeningPort(c.listen, security.credentials(), &port);
