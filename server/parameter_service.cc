@@ -1,5 +1,6 @@
 #include "server/parameter_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -236,58 +237,12 @@ grpc::ServerGenericBidiReactor* ParameterService::DataMethods::CreateReactor(
   return new DataCall(service_, context);
 }
 
-void ParameterService::ReadGate::Enter(int caller, std::shared_ptr<std::function<void()>> start) {
-  {
-    absl::MutexLock lock(&mu_);
-    int& reading = reading_[caller];
-    if (reading >= kReadsPerCaller) {
-      waiting_[caller].push_back(std::move(start));
-      return;
-    }
-    ++reading;
-  }
-  (*start)();
-}
-
-void ParameterService::ReadGate::Leave(int caller) {
-  std::shared_ptr<std::function<void()>> next;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = waiting_.find(caller);
-    if (it == waiting_.end() || it->second.empty()) {
-      --reading_[caller];
-      return;
-    }
-    next = std::move(it->second.front());  // its read takes this one's place
-    it->second.pop_front();
-  }
-  (*next)();
-}
-
-bool ParameterService::ReadGate::Withdraw(int caller, const std::function<void()>* start) {
-  absl::MutexLock lock(&mu_);
-  auto it = waiting_.find(caller);
-  if (it == waiting_.end()) return false;
-  auto& queue = it->second;
-  for (auto w = queue.begin(); w != queue.end(); ++w) {
-    if (w->get() == start) {
-      queue.erase(w);
-      return true;
-    }
-  }
-  return false;
-}
-
-int ParameterService::ReadGate::reading(int caller) const {
-  absl::MutexLock lock(&mu_);
-  auto it = reading_.find(caller);
-  return it == reading_.end() ? 0 : it->second;
-}
-
-int ParameterService::ReadGate::waiting(int caller) const {
-  absl::MutexLock lock(&mu_);
-  auto it = waiting_.find(caller);
-  return it == waiting_.end() ? 0 : static_cast<int>(it->second.size());
+void ParameterService::LimitReads(int64_t memory_budget_bytes, int64_t max_message_bytes) {
+  const int64_t total =
+      std::clamp<int64_t>(memory_budget_bytes / std::max<int64_t>(max_message_bytes, 1), 2, 1 << 20);
+  const int64_t per_caller =
+      std::clamp<int64_t>(total / (int64_t{shard_->num_workers()} + 1), 1, kReadsPerCaller);
+  read_gate_ = std::make_unique<ReadGate>(static_cast<int>(total), static_cast<int>(per_caller));
 }
 
 int ParameterService::GateCaller(int worker) const {

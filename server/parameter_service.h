@@ -11,21 +11,19 @@
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
 
 #include <atomic>
-#include <deque>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "common/grpc_bytes.h"
 #include "common/security.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server_builder.h"
 #include "proto/parameter_server.grpc.pb.h"
 #include "server/parameter_shard.h"
+#include "server/read_gate.h"
 
 namespace rubato {
 
@@ -79,32 +77,15 @@ class ParameterService final : public ParameterServiceBase {
                  Answered done);
   const ServerSecurity& security() const { return security_; }
 
-  // How many Push and Pull bodies one caller may have gRPC receive at once (further calls wait,
-  // unread, for one of its reads to end). Callers are the job's workers, by their tokens; the
-  // operator, tokens of other ids and an unauthenticated job's calls count as one more. So what
-  // gRPC holds of bodies being received is at most
-  // kReadsPerCaller x (workers + 1) x the message limit, whatever the callers do.
+  // Push and Pull bodies are received through a ReadGate (server/read_gate.h). By default each
+  // caller (a worker, by its token; the operator, other ids and an unauthenticated job's calls
+  // count as one more) has at most kReadsPerCaller reads at once, with no total. LimitReads, before
+  // serving, caps the total at max(2, memory_budget / max_message) and each caller at
+  // min(kReadsPerCaller, total / (workers + 1)), at least 1: what gRPC holds of bodies being
+  // received then stays within the budget (for a budget of two messages or more).
   static constexpr int kReadsPerCaller = 2;
-  class ReadGate {
-   public:
-    // Runs `start` now, outside the gate's lock, if `caller` has fewer than kReadsPerCaller reads
-    // going, else once one of them ends (Leave), on the thread that ends it.
-    void Enter(int caller, std::shared_ptr<std::function<void()>> start);
-    // A read of `caller`'s ended.
-    void Leave(int caller);
-    // Takes back a waiting `start` (its call was cancelled): true if it was still waiting.
-    bool Withdraw(int caller, const std::function<void()>* start);
-    // Reads going and calls waiting, for tests.
-    int reading(int caller) const;
-    int waiting(int caller) const;
-
-   private:
-    mutable absl::Mutex mu_;
-    absl::flat_hash_map<int, int> reading_ ABSL_GUARDED_BY(mu_);
-    absl::flat_hash_map<int, std::deque<std::shared_ptr<std::function<void()>>>> waiting_
-        ABSL_GUARDED_BY(mu_);
-  };
-  ReadGate& read_gate() { return read_gate_; }
+  void LimitReads(int64_t memory_budget_bytes, int64_t max_message_bytes);
+  ReadGate& read_gate() { return *read_gate_; }
   // The gate's caller for a token's worker id (-1: not a worker).
   int GateCaller(int worker) const;
 
@@ -142,7 +123,8 @@ class ParameterService final : public ParameterServiceBase {
   ParameterShard* const shard_;
   const ServerSecurity security_;
   DataMethods data_methods_{this};
-  ReadGate read_gate_;
+  std::unique_ptr<ReadGate> read_gate_ =
+      std::make_unique<ReadGate>(/*total=*/1 << 20, kReadsPerCaller);
   std::atomic<int> data_port_{0};
 };
 

@@ -296,7 +296,7 @@ TEST_F(ServiceTest, ACallerHasAtMostTwoBodiesReceivedAtOnceAndOthersAreNotHeldUp
     calls.back()->StartCall(reinterpret_cast<void*>(1));
     ASSERT_TRUE(cq.Next(&tag, &ok));
   }
-  ParameterService::ReadGate& gate = service_->read_gate();
+  ReadGate& gate = service_->read_gate();
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while ((gate.reading(0) < 2 || gate.waiting(0) < 1) && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(5));

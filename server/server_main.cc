@@ -409,6 +409,7 @@ class Front {
     rubato::SetServerMemoryBudget(&builder, c.memory_budget);
     int port = 0;
     builder.AddListeningPort(c.listen, security.credentials(), &port);
+    service_.LimitReads(c.memory_budget, rubato::MaxMessageBytes(c.spec));
     service_.AddTo(&builder);
     builder.RegisterService(&health_service_);
     server_ = builder.BuildAndStart();
