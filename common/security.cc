@@ -96,6 +96,13 @@ absl::StatusOr<absl::string_view> TokenOf(const grpc::CallbackServerContext& con
 
 }  // namespace
 
+// A valid token of another identity than the worker the call is for.
+absl::Status NotItself(const AuthIdentity& identity, int worker_id) {
+  return absl::PermissionDeniedError(absl::StrCat("a call for worker ", worker_id,
+                                                  " carries the token of ", identity.ToString(),
+                                                  "; a worker can act only as itself"));
+}
+
 absl::Status ServerSecurity::CheckCall(const grpc::CallbackServerContext& context,
                                        std::optional<int> worker_id) const {
   if (auth_ == nullptr) return absl::OkStatus();
@@ -120,11 +127,16 @@ absl::Status ServerSecurity::CheckToken(absl::string_view token,
   }
   ASSIGN_OR_RETURN(AuthIdentity identity, auth_->Verify(token));
   if (worker_id.has_value() && identity.worker_id != worker_id) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "a call for worker ", *worker_id, " carries the token of ", identity.ToString(),
-        "; a worker can act only as itself"));
+    return NotItself(identity, *worker_id);
   }
   return absl::OkStatus();
+}
+
+absl::Status ServerSecurity::CheckActsAs(int caller, int worker_id) const {
+  if (auth_ == nullptr || caller == worker_id) return absl::OkStatus();
+  AuthIdentity identity;
+  if (caller >= 0) identity.worker_id = caller;
+  return NotItself(identity, worker_id);
 }
 
 absl::Status ServerSecurity::CheckHello(int worker_id, absl::string_view challenge,

@@ -65,6 +65,10 @@ class ServerSecurity {
   // Who a call's valid token is: a worker's id, or -1 for the operator's token or when calls are
   // not authenticated; CheckCall's error for a missing or invalid token.
   absl::StatusOr<int> Caller(const grpc::CallbackServerContext& context) const;
+  // CheckCall's worker check for a call whose token Caller() has already verified: OK if `caller`
+  // (what Caller returned) is `worker_id` or calls are not authenticated, PERMISSION_DENIED as
+  // CheckCall's otherwise. (One HMAC a call, not two.)
+  absl::Status CheckActsAs(int caller, int worker_id) const;
   // The same check for a token that came another way; an empty token is a missing one.
   absl::Status CheckToken(absl::string_view token, std::optional<int> worker_id) const;
   // A plain-TCP data connection's hello (server/data_plane.h): OK if `answer` is worker

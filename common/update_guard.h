@@ -73,7 +73,6 @@ class UpdateGuard {
   void Measure(absl::Span<const float> weights, const TensorOptimizerState& state);
 
   Magnitudes known_;  // grad unused
-  std::vector<float> backup_;
   int64_t measured_ = 0;
   int64_t copied_ = 0;
 };

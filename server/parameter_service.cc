@@ -89,12 +89,11 @@ grpc::ServerUnaryReactor* ParameterService::Register(grpc::CallbackServerContext
   return Answer(context, std::move(result), response);
 }
 
-void ParameterService::ServePush(const grpc::CallbackServerContext& context,
-                                 const grpc::ByteBuffer& request, Answered done) {
+void ParameterService::ServePush(int caller, const grpc::ByteBuffer& request, Answered done) {
   absl::StatusOr<std::shared_ptr<ReceivedPush>> parsed = ReceivePush(request);
   if (!parsed.ok()) return done(ToGrpcStatus(parsed.status()), grpc::ByteBuffer());
   std::shared_ptr<ReceivedPush> received = *std::move(parsed);
-  if (absl::Status s = security_.CheckCall(context, received->push.worker_id); !s.ok()) {
+  if (absl::Status s = security_.CheckActsAs(caller, received->push.worker_id); !s.ok()) {
     return done(ToGrpcStatus(s), grpc::ByteBuffer());
   }
   // The gradients' bytes stay in `received`'s slices, which the shard holds while it needs them.
@@ -142,17 +141,14 @@ grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext
   return Answer(context, absl::StatusOr<GetStatsResponse>(shard_->Stats()), response);
 }
 
-void ParameterService::ServePull(const grpc::CallbackServerContext& context,
-                                 const grpc::ByteBuffer& request, Answered done) {
+void ParameterService::ServePull(int caller, absl::Time deadline, const grpc::ByteBuffer& request,
+                                 Answered done) {
   absl::StatusOr<PullRequest> parsed = ReceivePull(request);
   if (!parsed.ok()) return done(ToGrpcStatus(parsed.status()), grpc::ByteBuffer());
   const PullRequest& pull = *parsed;
-  if (absl::Status s = security_.CheckCall(context, pull.worker_id()); !s.ok()) {
+  if (absl::Status s = security_.CheckActsAs(caller, pull.worker_id()); !s.ok()) {
     return done(ToGrpcStatus(s), grpc::ByteBuffer());
   }
-  // The client's deadline, if any; the shard caps it with the cluster's wait timeout. A cancelled
-  // call stays queued until that deadline, which is bounded; finishing it then is harmless.
-  const absl::Time deadline = absl::FromChrono(context.deadline());
   shard_->Pull(pull, deadline,
                ParameterShard::SharedPullDone(
                    [done = std::move(done)](absl::Status status, std::vector<PulledTensor> tensors) {
@@ -183,6 +179,7 @@ class DataCall final : public grpc::ServerGenericBidiReactor {
       return;
     }
     // Its body is received once its caller has a read free (ParameterService::ReadGate).
+    token_of_ = *caller;
     caller_ = service_->GateCaller(*caller);
     start_ = std::make_shared<std::function<void()>>([this] { StartRead(&request_); });
     service_->read_gate().Enter(caller_, start_);
@@ -212,9 +209,13 @@ class DataCall final : public grpc::ServerGenericBidiReactor {
       StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
     };
     if (push_) {
-      service_->ServePush(*context_, request_, std::move(done));
+      service_->ServePush(token_of_, request_, std::move(done));
     } else {
-      service_->ServePull(*context_, request_, std::move(done));
+      // The client's deadline, if any; the shard caps it with the cluster's wait timeout. A
+      // cancelled call stays queued until that deadline, which is bounded; finishing it then is
+      // harmless.
+      service_->ServePull(token_of_, absl::FromChrono(context_->deadline()), request_,
+                          std::move(done));
     }
   }
 
@@ -224,7 +225,8 @@ class DataCall final : public grpc::ServerGenericBidiReactor {
   ParameterService* const service_;
   grpc::GenericCallbackServerContext* const context_;
   const bool push_;
-  int caller_ = -1;
+  int token_of_ = -1;  // ServerSecurity::Caller's answer
+  int caller_ = -1;    // the read gate's
   std::shared_ptr<std::function<void()>> start_;  // set once the token has passed
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/grpc_bytes.h"
 #include "common/security.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -68,13 +69,12 @@ class ParameterService final : public ParameterServiceBase {
   // have no other generic service.
   void AddTo(grpc::ServerBuilder* builder);
 
-  // Push and Pull of one call whose token has been checked for this job (not yet for the
-  // request's worker), answered by `done` (an OK status with the response, or an error).
+  // Push and Pull of one call whose token has been checked for this job, by `caller` (what
+  // ServerSecurity::Caller said; checked here against the request's worker), answered by `done`
+  // (an OK status with the response, or an error). A pull waits at most until `deadline`.
   using Answered = std::function<void(grpc::Status, grpc::ByteBuffer)>;
-  void ServePush(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
-                 Answered done);
-  void ServePull(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& request,
-                 Answered done);
+  void ServePush(int caller, const grpc::ByteBuffer& request, Answered done);
+  void ServePull(int caller, absl::Time deadline, const grpc::ByteBuffer& request, Answered done);
   const ServerSecurity& security() const { return security_; }
 
   // Push and Pull bodies are received through a ReadGate (server/read_gate.h). By default each

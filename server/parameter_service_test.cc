@@ -129,6 +129,17 @@ class ServiceTest : public ::testing::Test {
     return stub_->Push(&ctx, req, &resp);
   }
 
+  // Writes a job secret to `path` (mode 0600) and returns the security of job "service-test" with
+  // it.
+  static absl::StatusOr<ServerSecurity> JobSecurity(const std::string& path) {
+    std::ofstream(path) << "the job secret for this test, 40 bytes...";
+    if (chmod(path.c_str(), 0600) != 0) return absl::InternalError("chmod " + path);
+    SecurityConfig config;
+    config.auth_secret_file = path;
+    config.job_id = "service-test";
+    return ServerSecurity::Create(config);
+  }
+
   // The token each call carries: `token_for_` of the request's worker, or none.
   void Attach(grpc::ClientContext* ctx, int worker) {
     if (token_for_) ctx->AddMetadata(kAuthMetadataKey, token_for_(worker));
@@ -227,12 +238,7 @@ TEST_F(ServiceTest, TensorsLargerThanFourMebibytesTravel) {
 // for the whole message first, and this call would run into its deadline instead.
 TEST_F(ServiceTest, ACallWithoutATokenIsRefusedBeforeItsBodyArrives) {
   const std::string path = ::testing::TempDir() + "/service_test_body.secret";
-  std::ofstream(path) << "the job secret for this test, 40 bytes...";
-  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
-  SecurityConfig config;
-  config.auth_secret_file = path;
-  config.job_id = "service-test";
-  absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
+  absl::StatusOr<ServerSecurity> security = JobSecurity(path);
   ASSERT_TRUE(security.ok()) << security.status();
   Start(1, *security);
   const JobAuth other_job = *JobAuth::FromFile(path, "service-test-2");
@@ -269,12 +275,7 @@ TEST_F(ServiceTest, ACallWithoutATokenIsRefusedBeforeItsBodyArrives) {
 // callers x reads x the message limit), and other workers are not held up by them.
 TEST_F(ServiceTest, ACallerHasAtMostTwoBodiesReceivedAtOnceAndOthersAreNotHeldUp) {
   const std::string path = ::testing::TempDir() + "/service_test_gate.secret";
-  std::ofstream(path) << "the job secret for this test, 40 bytes...";
-  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
-  SecurityConfig config;
-  config.auth_secret_file = path;
-  config.job_id = "service-test";
-  absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
+  absl::StatusOr<ServerSecurity> security = JobSecurity(path);
   ASSERT_TRUE(security.ok()) << security.status();
   Start(2, *security);
   const JobAuth auth = *JobAuth::FromFile(path, "service-test");
@@ -334,12 +335,7 @@ TEST_F(ServiceTest, ACallerHasAtMostTwoBodiesReceivedAtOnceAndOthersAreNotHeldUp
 
 TEST_F(ServiceTest, WithASecretEveryCallNeedsTheCallersOwnToken) {
   const std::string path = ::testing::TempDir() + "/service_test.secret";
-  std::ofstream(path) << "the job secret for this test, 40 bytes...";
-  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
-  SecurityConfig config;
-  config.auth_secret_file = path;
-  config.job_id = "service-test";
-  absl::StatusOr<ServerSecurity> security = ServerSecurity::Create(config);
+  absl::StatusOr<ServerSecurity> security = JobSecurity(path);
   ASSERT_TRUE(security.ok()) << security.status();
   Start(2, *security);
   const JobAuth auth = *JobAuth::FromFile(path, "service-test");

@@ -40,8 +40,6 @@ class ReadGate {
   // Takes back a waiting `start` (its call was cancelled): true if it was still waiting.
   bool Withdraw(int caller, const std::function<void()>* start);
 
-  int total() const { return total_; }
-  int per_caller() const { return per_caller_; }
   // Reads going and calls waiting, for one caller and in all (tests).
   int reading(int caller) const;
   int waiting(int caller) const;
