@@ -465,13 +465,30 @@ void ParameterShard::DeadlineLoop() {
 }
 
 absl::StatusOr<HeartbeatResponse> ParameterShard::Heartbeat(const HeartbeatRequest& request) {
-  absl::MutexLock lock(&mu_);
-  const int id = request.worker_id();
-  RETURN_IF_ERROR(members_.CheckMemberAt(id, request.step()));
-  RETURN_IF_ERROR(CheckStep("step", request.step()));
-  members_.Heard(id, request.step(), clock_->Now());
   HeartbeatResponse response;
-  response.set_min_version(tensors_.MinVersion());
+  std::vector<PullStatePtr> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    const int id = request.worker_id();
+    RETURN_IF_ERROR(members_.CheckMemberAt(id, request.step()));
+    RETURN_IF_ERROR(CheckStep("step", request.step()));
+    members_.Heard(id, request.step(), clock_->Now());
+    if (request.end_pulls()) pulls_.EndWorker(id, &ended);
+    response.set_min_version(tensors_.MinVersion());
+  }
+  if (!ended.empty()) {
+    RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": ended worker " << request.worker_id()
+                     << "'s " << ended.size()
+                     << " waiting pull(s) at its request (it is to register again)";
+  }
+  for (const PullStatePtr& p : ended) {
+    p->Answer(absl::AbortedError(absl::StrCat(
+                  "pull for step ", p->step(), " by worker ", p->worker(), " ended on shard ",
+                  options_.shard_id,
+                  " at the worker's request: another shard has dropped it or restarted; register "
+                  "again to rejoin")),
+              {});
+  }
   return response;
 }
 

@@ -740,6 +740,44 @@ TEST(ConsistencyTest, SspBlocksOnlyBeyondTheBound) {
       << timeout->status;
 }
 
+// A worker that another shard has dropped or restarted asks, with its heartbeat, that its pulls
+// waiting here end (HeartbeatRequest.end_pulls): they are answered ABORTED at once, so that its
+// loop registers again instead of waiting for a worker that waits for it. Another worker's waiting
+// pull stays, and a plain heartbeat ends nothing.
+TEST(ConsistencyTest, AHeartbeatWithEndPullsEndsThatWorkersWaitingPullsOnly) {
+  auto shard = StartedShardIn(3, Mode(SSP, 0));
+  const std::vector<float> g = {1, 1, 1, 1};
+  PullNow(shard.get(), 0, 0);
+  ASSERT_TRUE(shard->Push(PushOf(0, 0, {Value("w", g), Value("b", {1, 1, 1})})).ok());
+  PullNow(shard.get(), 1, 0);
+  ASSERT_TRUE(shard->Push(PushOf(1, 0, {Value("w", g), Value("b", {1, 1, 1})})).ok());
+  // Both wait for worker 2's clock (0) under s=0.
+  auto mine = StartPull(shard.get(), 0, 1, absl::Seconds(30));
+  auto theirs = StartPull(shard.get(), 1, 1, absl::Seconds(30));
+  HeartbeatRequest beat;
+  beat.set_worker_id(0);
+  beat.set_step(1);
+  ASSERT_TRUE(shard->Heartbeat(beat).ok());
+  EXPECT_FALSE(mine->done.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
+      << "a plain heartbeat ends no pull";
+  beat.set_end_pulls(true);
+  ASSERT_TRUE(shard->Heartbeat(beat).ok());
+  ASSERT_TRUE(mine->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(absl::IsAborted(mine->status)) << mine->status;
+  EXPECT_THAT(std::string(mine->status.message()),
+              testing::HasSubstr("pull for step 1 by worker 0 ended on shard 0 at the worker's request"));
+  EXPECT_THAT(std::string(mine->status.message()), testing::HasSubstr("register again"));
+  EXPECT_FALSE(theirs->done.HasBeenNotified()) << "worker 1's pull is not worker 0's to end";
+  EXPECT_EQ(shard->Stats().pending_pulls(), 1);
+  // Worker 2 catches up: worker 1's pull is answered as ever.
+  PullNow(shard.get(), 2, 0);
+  ASSERT_TRUE(shard->Push(PushOf(2, 0, {Value("w", g), Value("b", {1, 1, 1})})).ok());
+  ASSERT_TRUE(theirs->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(theirs->status.ok()) << theirs->status;
+  // And worker 0 pulls again (as it would after registering) and is answered.
+  PullNow(shard.get(), 0, 1);
+}
+
 TEST(ConsistencyTest, SspDoesNotWaitForADroppedWorker) {
   SimulatedClock clock;
   ShardOptions o = Options(2);

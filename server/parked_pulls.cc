@@ -122,6 +122,17 @@ void ParkedPulls::EndAll(std::vector<PullStatePtr>* ended) {
   parked_.clear();
 }
 
+void ParkedPulls::EndWorker(int worker, std::vector<PullStatePtr>* ended) {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if ((*it)->worker() != worker) {
+      ++it;
+      continue;
+    }
+    if ((*it)->End()) ended->push_back(*it);
+    it = parked_.erase(it);
+  }
+}
+
 int64_t ParkedPulls::Pending() const {
   int64_t pending = 0;
   for (const PullStatePtr& p : parked_) pending += p->Over() ? 0 : 1;

@@ -103,6 +103,8 @@ class ParkedPulls {
 
   // Ends every parked pull, appending those that were not over yet to *ended.
   void EndAll(std::vector<PullStatePtr>* ended);
+  // The same for worker `worker`'s parked pulls only.
+  void EndWorker(int worker, std::vector<PullStatePtr>* ended);
 
   // Parked pulls not yet over.
   int64_t Pending() const;

@@ -56,6 +56,11 @@ class PullRouter {
 
   // Ends every parked pull (a shutdown); those not over yet go to *ended.
   void EndAll(std::vector<PullStatePtr>* ended) { parked_.EndAll(ended); }
+  // Ends worker `worker`'s parked pulls (HeartbeatRequest.end_pulls); those not over yet go to
+  // *ended.
+  void EndWorker(int worker, std::vector<PullStatePtr>* ended) {
+    parked_.EndWorker(worker, ended);
+  }
 
   // Parked pulls not yet over.
   int64_t Pending() const { return parked_.Pending(); }

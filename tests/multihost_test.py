@@ -89,6 +89,12 @@ class MultihostTest(unittest.TestCase):
         out = out.decode("utf-8", "replace")
         tail = "\n".join(out.splitlines()[-40:])
         self.assertEqual(errors, [])
+        if proc.returncode != 0:  # Each process's own log says more than the launcher's tail.
+            for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+                if name.endswith(".log") and name != "job.log":
+                    with open(os.path.join(run_dir, name), errors="replace") as f:
+                        tail += "\n== %s (last 30 lines)\n" % name
+                        tail += "\n".join(f.read().splitlines()[-30:])
         self.assertEqual(proc.returncode, 0, "launcher failed:\n" + tail)
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)

@@ -1,6 +1,7 @@
 #include "worker/ps/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <utility>
 
@@ -131,32 +132,12 @@ class ShardedPsClient final : public PsClient {
   // shards that were ahead: their calls fail while they do, and registering starts over.
   absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial, int32_t batch_size,
                                    int64_t resume_step) override {
-    constexpr int kMaxRollbacks = 4;
-    const absl::Time deadline = Now() + options_.connect_timeout;
-    int rollbacks = 0;
-    for (;;) {
-      std::vector<RegisterResponse> responses;
-      absl::StatusOr<int64_t> resume = RegisterRound(initial, batch_size, resume_step, &responses);
-      if (!resume.ok()) {
-        // A shard restarting to roll back, asked by this worker or by another (it answers
-        // "shutting down" until it exits, then cannot be reached until it is up again): its
-        // restarted self is waited for up to the connect timeout, as a shard not up yet is.
-        if (absl::IsUnavailable(resume.status()) && Now() < deadline) {
-          options_.clock->SleepFor(absl::Milliseconds(200));
-          continue;
-        }
-        return resume.status();
-      }
-      const std::optional<RollbackPlan> rollback = PlanRollback(responses);
-      if (!rollback.has_value()) return *resume;
-      RETURN_IF_ERROR(RollBack(*rollback, responses));
-      if (++rollbacks > kMaxRollbacks) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the shards still belong to different recoveries after ", kMaxRollbacks,
-                         " roll-backs (", DescribeRecoveries(responses), ")"));
-      }
-      options_.clock->SleepFor(absl::Milliseconds(200));
-    }
+    // Counted as it starts and as it ends, so that Heartbeat sees any registration that overlaps
+    // its own calls.
+    registrations_.fetch_add(1);
+    absl::StatusOr<int64_t> resume = RegisterWithRollbacks(initial, batch_size, resume_step);
+    registrations_.fetch_add(1);
+    return resume;
   }
 
   absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
@@ -234,16 +215,50 @@ class ShardedPsClient final : public PsClient {
   }
 
   // Every shard at once, so that a slow or unreachable shard delays no other's heartbeat.
+  //
+  // A shard that answers ABORTED has dropped this worker or restarted: the training loop must
+  // register again, and will once one of its calls is refused so. But the loop may be waiting at
+  // another shard (an ssp pull, for a worker that itself waits for this one to come back to the
+  // restarted shard) and would wait there until the servers' wait timeout. So the shards that
+  // answered are asked to end this worker's waiting pulls (HeartbeatRequest.end_pulls), which
+  // answers them ABORTED and sends the loop to register; the next heartbeat asks again while it
+  // has not, for a pull that arrived after. Not if a registration ran meanwhile: its own pulls
+  // are not to be ended.
   absl::Status Heartbeat(int64_t step) override {
+    const int64_t registrations = registrations_.load();
     HeartbeatRequest request;
     request.set_worker_id(options_.worker_id);
     request.set_step(step);
     std::vector<HeartbeatResponse> responses(channels_.size());
-    return RunFanOut(&context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
-                     [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-                         ShardChannel::Done done) {
-                       channel->Heartbeat(request, &responses[call], o, std::move(done));
-                     });
+    std::vector<absl::Status> answers(channels_.size());
+    const absl::Status status = RunFanOut(
+        &context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
+        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Heartbeat(request, &responses[call], o,
+                             [&answers, call, done = std::move(done)](absl::Status s) {
+                               answers[call] = s;
+                               done(std::move(s));
+                             });
+        });
+    if (!absl::IsAborted(status) || registrations_.load() != registrations) return status;
+    FanOutSpec others = EveryShard(0, options_.heartbeat_timeout, Retry::kNever);
+    for (int s = 0; s < shards(); ++s) {
+      if (answers[s].ok()) others.shards.push_back(s);
+    }
+    if (others.shards.empty()) return status;
+    RUBATO_LOG(INFO) << "worker " << options_.worker_id
+                     << " is to register again; ending its waiting pulls at shard(s) "
+                     << absl::StrJoin(others.shards, ", ") << " (" << status.message() << ")";
+    request.set_end_pulls(true);
+    const absl::Status ended = RunFanOut(
+        &context_, std::move(others),
+        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Heartbeat(request, &responses[call], o, std::move(done));
+        });
+    if (!ended.ok()) RUBATO_LOG(WARNING) << "ending waiting pulls: " << ended;
+    return status;
   }
 
   absl::Status Finish(int64_t steps) override {
@@ -265,6 +280,36 @@ class ShardedPsClient final : public PsClient {
  private:
   int shards() const { return static_cast<int>(channels_.size()); }
   absl::Time Now() const { return options_.clock->Now(); }
+
+  absl::StatusOr<int64_t> RegisterWithRollbacks(absl::Span<const std::vector<float>> initial,
+                                                int32_t batch_size, int64_t resume_step) {
+    constexpr int kMaxRollbacks = 4;
+    const absl::Time deadline = Now() + options_.connect_timeout;
+    int rollbacks = 0;
+    for (;;) {
+      std::vector<RegisterResponse> responses;
+      absl::StatusOr<int64_t> resume = RegisterRound(initial, batch_size, resume_step, &responses);
+      if (!resume.ok()) {
+        // A shard restarting to roll back, asked by this worker or by another (it answers
+        // "shutting down" until it exits, then cannot be reached until it is up again): its
+        // restarted self is waited for up to the connect timeout, as a shard not up yet is.
+        if (absl::IsUnavailable(resume.status()) && Now() < deadline) {
+          options_.clock->SleepFor(absl::Milliseconds(200));
+          continue;
+        }
+        return resume.status();
+      }
+      const std::optional<RollbackPlan> rollback = PlanRollback(responses);
+      if (!rollback.has_value()) return *resume;
+      RETURN_IF_ERROR(RollBack(*rollback, responses));
+      if (++rollbacks > kMaxRollbacks) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the shards still belong to different recoveries after ", kMaxRollbacks,
+                         " roll-backs (", DescribeRecoveries(responses), ")"));
+      }
+      options_.clock->SleepFor(absl::Milliseconds(200));
+    }
+  }
 
   // One round of registration with every shard: without initial values first (a shard that has
   // no weights yet asks one worker for them, needs_initial_values, and tells the others to come
@@ -537,6 +582,7 @@ class ShardedPsClient final : public PsClient {
   // Pushes started and not yet waited for, by ticket. Used by the training thread only.
   std::map<int64_t, std::shared_ptr<Ticket>> pending_;
   int64_t next_ticket_ = 1;
+  std::atomic<int64_t> registrations_{0};  // Register's starts and ends (see Heartbeat).
 };
 
 }  // namespace

@@ -31,15 +31,18 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
   }
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const HeartbeatRequest* /*request*/,
+                                      const HeartbeatRequest* request,
                                       HeartbeatResponse* /*response*/) override {
+    grpc::Status answer;
     {
       absl::MutexLock lock(&mu_);
       arrivals_.push_back(absl::Now());
+      end_pulls_.push_back(request->end_pulls());
+      answer = heartbeat_answer_;
     }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (delay_ == absl::ZeroDuration()) {
-      reactor->Finish(grpc::Status::OK);
+      reactor->Finish(answer);
     } else {
       answers_.emplace_back([reactor, d = delay_] {
         absl::SleepFor(d);
@@ -182,11 +185,23 @@ class HeartbeatShard final : public ParameterServer::CallbackService {
     absl::MutexLock lock(&mu_);
     return arrivals_;
   }
+  // Each heartbeat's end_pulls, in arrival order.
+  std::vector<bool> end_pulls() {
+    absl::MutexLock lock(&mu_);
+    return end_pulls_;
+  }
+  // What heartbeats are answered (without a delay) from now on.
+  void AnswerHeartbeatsWith(grpc::Status answer) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_answer_ = std::move(answer);
+  }
 
  private:
   const absl::Duration delay_;
   absl::Mutex mu_;
   std::vector<absl::Time> arrivals_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> end_pulls_ ABSL_GUARDED_BY(mu_);
+  grpc::Status heartbeat_answer_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> pushes_ ABSL_GUARDED_BY(mu_);
   int shard_id_ ABSL_GUARDED_BY(mu_) = 0;
   int shards_ ABSL_GUARDED_BY(mu_) = 1;
@@ -248,6 +263,38 @@ TEST(GrpcPsClientTest, HeartbeatsReachEveryShardAtOnceDespiteASlowOne) {
   ASSERT_EQ(fast_arrivals.size(), 1u);
   EXPECT_LT(fast_arrivals[0] - start, absl::Milliseconds(500))
       << "the fast shard's heartbeat waited behind the slow one";
+}
+
+// A shard that says ABORTED (it restarted, or dropped this worker) makes the heartbeat ask the
+// other shards to end this worker's waiting pulls, so that its loop stops waiting there and
+// registers again; the heartbeat's own answer is that ABORTED, and a heartbeat that every shard
+// answers asks nothing.
+TEST(GrpcPsClientTest, AnAbortedHeartbeatAsksTheOtherShardsToEndThisWorkersPulls) {
+  FakeShard restarted(absl::ZeroDuration());
+  FakeShard other(absl::ZeroDuration());
+  PsClientOptions options;
+  options.servers = {other.address, restarted.address};
+  options.num_workers = 1;
+  TensorSpec t;
+  t.set_name("w");
+  t.add_shape(4);
+  options.model = {t, t};
+  options.model[1].set_name("b");
+  absl::StatusOr<std::unique_ptr<PsClient>> client = CreateGrpcPsClient(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  ASSERT_TRUE((*client)->Heartbeat(3).ok());
+  EXPECT_EQ(other.service.end_pulls(), std::vector<bool>({false}));
+
+  restarted.service.AnswerHeartbeatsWith(
+      grpc::Status(grpc::StatusCode::ABORTED,
+                   "shard 1 restarted from its checkpoint of step 0; register again to rejoin"));
+  const absl::Status s = (*client)->Heartbeat(4);
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_NE(s.message().find("restarted from its checkpoint"), absl::string_view::npos) << s;
+  EXPECT_EQ(other.service.end_pulls(), std::vector<bool>({false, false, true}));
+  EXPECT_EQ(restarted.service.end_pulls(), std::vector<bool>({false, false}))
+      << "the shard that refused is not asked again";
 }
 
 // One worker of a model of two layers (l1, l2), each a kernel and a bias of 4 floats.
