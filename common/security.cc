@@ -63,7 +63,6 @@ absl::StatusOr<ServerSecurity> ServerSecurity::Create(const SecurityConfig& conf
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
     ASSIGN_OR_RETURN(pair.private_key, ReadPem(config.tls.key, "tls_key"));
     ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(config.tls.cert, "tls_cert"));
-    options.pem_key_cert_pairs.push_back(std::move(pair));
     s.tls_ = "TLS";
     if (!config.tls.ca.empty()) {
       ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(config.tls.ca, "tls_ca"));
@@ -71,6 +70,14 @@ absl::StatusOr<ServerSecurity> ServerSecurity::Create(const SecurityConfig& conf
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
       s.tls_ = "mutual TLS";
     }
+    absl::StatusOr<std::shared_ptr<const TlsContext>> data_tls =
+        TlsContext::ForServer(pair.cert_chain, pair.private_key, options.pem_root_certs);
+    if (!data_tls.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls_cert/--tls_key/--tls_ca: ",
+                                                     data_tls.status().message()));
+    }
+    s.data_tls_ = *std::move(data_tls);
+    options.pem_key_cert_pairs.push_back(std::move(pair));
     s.credentials_ = grpc::SslServerCredentials(options);
   }
   return s;
@@ -194,6 +201,13 @@ absl::StatusOr<ClientSecurity> ClientSecurity::Create(const SecurityConfig& conf
       ASSIGN_OR_RETURN(options.pem_private_key, ReadPem(config.tls.key, "tls_key"));
       ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(config.tls.cert, "tls_cert"));
     }
+    absl::StatusOr<std::shared_ptr<const TlsContext>> data_tls = TlsContext::ForClient(
+        options.pem_root_certs, options.pem_cert_chain, options.pem_private_key);
+    if (!data_tls.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls_ca/--tls_cert/--tls_key: ",
+                                                     data_tls.status().message()));
+    }
+    c.data_tls_ = *std::move(data_tls);
     c.credentials_ = grpc::SslCredentials(options);
     c.encrypts_ = true;
   }

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/auth.h"
+#include "common/tls_stream.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
@@ -56,6 +57,9 @@ class ServerSecurity {
   bool authenticates() const { return auth_ != nullptr; }
   // True with TLS: what this server receives is encrypted.
   bool encrypts() const { return !tls_.empty(); }
+  // With TLS, the same certificates for the data plane's connections (server/data_plane.h);
+  // null without.
+  const std::shared_ptr<const TlsContext>& data_tls() const { return data_tls_; }
 
   // OK if the call carries a valid token (or authentication is off). With `worker_id`, the token
   // must be that worker's; without, any valid token will do (read-only calls). UNAUTHENTICATED for
@@ -89,6 +93,7 @@ class ServerSecurity {
   std::shared_ptr<const JobAuth> auth_;
   bool insecure_ = false;
   std::string tls_;  // "", "TLS" or "mutual TLS".
+  std::shared_ptr<const TlsContext> data_tls_;
 };
 
 class ClientSecurity {
@@ -106,6 +111,9 @@ class ClientSecurity {
   std::string HelloAnswer(absl::string_view challenge) const;
   // True with TLS: what this client sends is encrypted.
   bool encrypts() const { return encrypts_; }
+  // With TLS, the same certificates for data connections (worker/ps/ps_data_channel.h); null
+  // without.
+  const std::shared_ptr<const TlsContext>& data_tls() const { return data_tls_; }
 
  private:
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
@@ -113,6 +121,7 @@ class ClientSecurity {
   std::optional<int> worker_id_;
   std::string token_;
   bool encrypts_ = false;
+  std::shared_ptr<const TlsContext> data_tls_;
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" (host part of host:port).

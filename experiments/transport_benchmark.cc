@@ -10,9 +10,10 @@
 // (bytes pushed + bytes pulled) / time. The TCP line is one socket pair over loopback, one thread
 // writing 1 MiB blocks and one reading: the ceiling for a single connection on this machine.
 //
-// Last, the cost of security (issue 9): 1 and 16 MB, 1 shard, 1 and 3 workers, plaintext without
-// tokens next to mutual TLS with per-worker tokens, in the same run. The TLS material is a
-// throwaway CA and certificates made with the openssl command in a temporary directory.
+// Last, the cost of security (issues 9 and 31): 1 and 16 MB, 1 shard, 1 and 3 workers, plaintext
+// without tokens next to mutual TLS with per-worker tokens on the data plane, and over gRPC, in
+// the same run (--security_only: that table alone). The TLS material is a throwaway CA and
+// certificates made with the openssl command in a temporary directory.
 
 #include <stdlib.h>
 
@@ -38,6 +39,7 @@
 #include "common/limits.h"
 #include "common/malloc_tuning.h"
 #include "common/security.h"
+#include "experiments/crypto_rate.h"
 #include "common/tensor_bytes.h"
 #include "common/tensor_wire.h"
 #include "experiments/cpu_meter.h"
@@ -530,6 +532,10 @@ std::optional<Security> MakeTlsAndTokens() {
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Tune malloc as rubato_server and rubato_worker do (common/malloc_tuning.h).");
 
+ABSL_FLAG(bool, security_only, false,
+          "Measure only the cost of security: plaintext vs mutual TLS + tokens, on the data plane "
+          "and over gRPC (the last table).");
+
 ABSL_FLAG(std::string, only, "",
           "MB,shards,workers: measure only this configuration (for perf record), nothing else.");
 
@@ -659,23 +665,35 @@ void PrintTransportTables(double seconds, double tcp) {
 }
 
 // The cost of security, 1 shard: plaintext without tokens next to mutual TLS with per-worker
-// tokens. The exit status: 1 if no TLS material could be made.
+// tokens on the data plane (common/tls_stream.h), and next to the same over gRPC (what a TLS job
+// used before the data plane had TLS), each row's three measured one after another. The exit
+// status: 1 if no TLS material could be made.
 int PrintSecurityCost(double seconds) {
   std::optional<Security> secure = MakeTlsAndTokens();
   if (!secure.has_value()) return 1;
+  const double aes = AesGcmBytesPerSecond(seconds);
   std::printf(
-      "\nsecurity cost, 1 shard: plaintext without tokens vs mutual TLS + per-worker "
-      "tokens\n%-8s %-8s %14s %14s %8s\n",
-      "model", "workers", "plain GB/s", "TLS+token GB/s", "ratio");
+      "\nsecurity cost, 1 shard: plaintext without tokens vs mutual TLS + per-worker tokens, on "
+      "the data plane and over gRPC.\nAES-128-GCM on one core: %.2f GB/s. serial: the TLS ratio "
+      "if every byte's encryption and decryption ran in series with the plaintext step, "
+      "1 / (1 + 2 x plain / AES)\n%-8s %-8s %12s %12s %7s %7s %12s %7s\n",
+      aes / 1e9, "model", "workers", "plain GB/s", "TLS GB/s", "ratio", "serial", "TLS gRPC",
+      "ratio");
+  const std::string transport = absl::GetFlag(FLAGS_ps_transport);
   for (int64_t mb : {1, 16}) {
     for (int workers : {1, 3}) {
+      absl::SetFlag(&FLAGS_ps_transport, "auto");
       const double plain = Measure(mb << 20, 1, workers, seconds);
       const double tls = Measure(mb << 20, 1, workers, seconds, *secure);
-      std::printf("%-8s %-8d %14.3f %14.3f %8.2f\n", absl::StrCat(mb, " MB").c_str(), workers,
-                  plain / 1e9, tls / 1e9, tls / plain);
+      absl::SetFlag(&FLAGS_ps_transport, "grpc");
+      const double tls_grpc = Measure(mb << 20, 1, workers, seconds, *secure);
+      std::printf("%-8s %-8d %12.3f %12.3f %7.2f %7.2f %12.3f %7.2f\n",
+                  absl::StrCat(mb, " MB").c_str(), workers, plain / 1e9, tls / 1e9, tls / plain,
+                  1 / (1 + 2 * plain / aes), tls_grpc / 1e9, tls_grpc / plain);
       std::fflush(stdout);
     }
   }
+  absl::SetFlag(&FLAGS_ps_transport, transport);
   return 0;
 }
 
@@ -691,6 +709,7 @@ int main(int argc, char** argv) {
   if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
     return rubato::MeasureOnly(only, seconds);
   }
+  if (absl::GetFlag(FLAGS_security_only)) return rubato::PrintSecurityCost(seconds);
   rubato::CpuMeter stream_meter;
   const double tcp = rubato::LoopbackTcpBytesPerSecond(seconds);
   const rubato::CpuUse stream_cpu = stream_meter.Stop();

@@ -23,6 +23,8 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "common/grpc_options.h"
 #include "common/socket_io.h"
+#include "common/test_certificates.h"
+#include "common/tls_stream.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
@@ -44,6 +46,20 @@ std::string WriteSecret() {
 
 class DataPlaneTest : public ::testing::Test {
  protected:
+  // Mutual TLS for the next Start: a CA, the server's certificate (for 127.0.0.1) and the
+  // workers', in files; client_config_ is what a worker with the CA and a certificate is given.
+  void UseMutualTls() {
+    const std::string dir = ::testing::TempDir();
+    const TestIdentity server = ca_.Issue("shard", "IP:127.0.0.1");
+    const TestIdentity client = ca_.Issue("worker", "DNS:worker");
+    config_.tls.cert = WriteTestFile(dir, "server.pem", server.cert);
+    config_.tls.key = WriteTestFile(dir, "server.key", server.key);
+    config_.tls.ca = WriteTestFile(dir, "ca.pem", ca_.cert());
+    client_config_.tls.cert = WriteTestFile(dir, "client.pem", client.cert);
+    client_config_.tls.key = WriteTestFile(dir, "client.key", client.key);
+    client_config_.tls.ca = config_.tls.ca;
+  }
+
   // One shard of an async job of `workers` workers, SGD at rate 1, with or without a job secret.
   void Start(int workers, bool authenticate) {
     ShardOptions o;
@@ -59,6 +75,8 @@ class DataPlaneTest : public ::testing::Test {
     if (authenticate) {
       config_.auth_secret_file = WriteSecret();
       config_.job_id = "data-plane-test-1";
+      client_config_.auth_secret_file = config_.auth_secret_file;
+      client_config_.job_id = config_.job_id;
     }
     auto security = ServerSecurity::Create(config_);
     ASSERT_TRUE(security.ok()) << security.status();
@@ -66,7 +84,7 @@ class DataPlaneTest : public ::testing::Test {
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder);
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:0", security->credentials(), &port);
     service_->AddTo(&builder);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
@@ -203,6 +221,8 @@ class DataPlaneTest : public ::testing::Test {
   int workers_ = 1;
   int64_t memory_budget_ = int64_t{1} << 30;
   SecurityConfig config_;
+  SecurityConfig client_config_;  // With TLS, the workers' (UseMutualTls).
+  TestCa ca_{"data plane test CA"};
   std::string challenge_;  // The last Connect()'s.
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<ParameterService> service_;
@@ -216,6 +236,64 @@ TEST_F(DataPlaneTest, AnAuthenticatedClientTrainsOverTheDataPlane) {
   std::unique_ptr<PsClient> client = Client(0);
   TrainTwoSteps(client.get());
   EXPECT_GE(data_->connections(), 1) << "the client did not use the data plane";
+  EXPECT_EQ(shard_->Stats().pushes(), 2);
+}
+
+// Issue 31, item 9: with TLS, Push and Pull stay on the data plane, encrypted with the job's
+// certificates (they went over gRPC before).
+TEST_F(DataPlaneTest, AMutualTlsClientTrainsOverTheDataPlane) {
+  UseMutualTls();
+  Start(1, /*authenticate=*/true);
+  std::unique_ptr<PsClient> client = ClientOf(client_config_, 0);
+  TrainTwoSteps(client.get());
+  EXPECT_GE(data_->connections(), 1) << "the client did not use the data plane";
+  EXPECT_EQ(shard_->Stats().pushes(), 2);
+}
+
+// What crosses the wire is TLS: a client that speaks the plaintext protocol gets no challenge
+// (the server waits for a TLS ClientHello, and closes after the hello's 5 s), and a TLS client
+// without a client certificate, or with one of another CA, fails its handshake; none changes the
+// shard, and a real worker trains afterwards.
+TEST_F(DataPlaneTest, WithTlsPlaintextOrUncertifiedConnectionsAreRefused) {
+  UseMutualTls();
+  Start(1, /*authenticate=*/true);
+  {
+    absl::StatusOr<int> fd = ConnectTcp("127.0.0.1", data_->port(), absl::Seconds(2));
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    char opening[sizeof(kDataChallengeMagic) + kDataChallengeBytes];
+    std::string why;
+    const ReadEnd end =
+        ReadWithin(*fd, opening, sizeof(opening), absl::Now() + absl::Seconds(10), &why);
+    EXPECT_NE(end, ReadEnd::kDone) << "a plaintext challenge came";
+    ::close(*fd);
+  }
+  TestCa other("another CA");
+  const TestIdentity stranger = other.Issue("worker", "DNS:worker");
+  struct Case {
+    std::string name, cert, key;
+  };
+  for (const Case& c : {Case{"no client certificate", "", ""},
+                        Case{"a certificate of another CA", stranger.cert, stranger.key}}) {
+    auto tls = TlsContext::ForClient(ca_.cert(), c.cert, c.key);
+    ASSERT_TRUE(tls.ok()) << tls.status();
+    absl::StatusOr<int> fd = ConnectTcp("127.0.0.1", data_->port(), absl::Seconds(2));
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    DataSocket socket(*fd);
+    const std::string handshake =
+        socket.HandshakeAsClient(**tls, "127.0.0.1", absl::Now() + absl::Seconds(5));
+    // TLS 1.3: the server's refusal may come after the client's side of the handshake is done.
+    char opening[sizeof(kDataChallengeMagic) + kDataChallengeBytes];
+    std::string why;
+    const ReadEnd end =
+        handshake.empty()
+            ? socket.Read(opening, sizeof(opening), absl::Now() + absl::Seconds(5), &why)
+            : ReadEnd::kError;
+    EXPECT_NE(end, ReadEnd::kDone) << c.name << ": got a challenge";
+    ::close(*fd);
+  }
+  EXPECT_EQ(shard_->Stats().pushes(), 0);
+  std::unique_ptr<PsClient> client = ClientOf(client_config_, 0);
+  TrainTwoSteps(client.get());
   EXPECT_EQ(shard_->Stats().pushes(), 2);
 }
 

@@ -170,6 +170,7 @@ void DataPlaneServer::AcceptLoop() {
     WatchPeerLiveness(fd, options_.peer_dead_after);
     auto connection = std::make_unique<Connection>();
     connection->fd = fd;
+    connection->socket = std::make_unique<DataSocket>(fd);
     connection->peer = PeerName(addr);
     Connection* raw = connection.get();
     connections_.push_back(std::move(connection));
@@ -233,17 +234,24 @@ absl::Status DataPlaneServer::ReserveBody(int worker, int64_t bytes) {
 
 absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
   const absl::Time deadline = absl::Now() + kHelloTimeout;
+  if (const TlsContext* tls = security_.data_tls().get(); tls != nullptr) {
+    // Within the hello's time: a connection is not authenticated until its hello is.
+    if (std::string failed = c->socket->HandshakeAsServer(*tls, deadline); !failed.empty()) {
+      c->handshake_failed = true;
+      return absl::UnauthenticatedError(failed);
+    }
+  }
   ASSIGN_OR_RETURN(const std::string challenge, NewChallenge());
   char opening[sizeof(kDataChallengeMagic)];
   std::memcpy(opening, kDataChallengeMagic, sizeof(opening));
   iovec out[2] = {{opening, sizeof(opening)},
                   {const_cast<char*>(challenge.data()), challenge.size()}};
-  if (std::string failed = WriteWithin(c->fd, out, 2, deadline); !failed.empty()) {
+  if (std::string failed = c->socket->Write(out, 2, deadline); !failed.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("no challenge sent: ", failed));
   }
   char hello[16];
   std::string why;
-  ReadEnd end = ReadWithin(c->fd, hello, sizeof(hello), deadline, &why);
+  ReadEnd end = c->socket->Read(hello, sizeof(hello), deadline, &why);
   if (end != ReadEnd::kDone) {
     return absl::InvalidArgumentError(absl::StrCat("no hello: ", DescribeReadEnd(end, why)));
   }
@@ -262,7 +270,7 @@ absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
                                                    options_.num_workers, ")"));
   }
   std::string answer(static_cast<size_t>(answer_bytes), '\0');
-  end = ReadWithin(c->fd, answer.data(), answer.size(), deadline, &why);
+  end = c->socket->Read(answer.data(), answer.size(), deadline, &why);
   if (end != ReadEnd::kDone) {
     return absl::InvalidArgumentError(absl::StrCat("no answer: ", DescribeReadEnd(end, why)));
   }
@@ -282,7 +290,8 @@ absl::StatusOr<int> DataPlaneServer::Hello(Connection* c) {
 namespace {
 
 // Writes a status code and a body (the answer's slices, or an error's text) as one response.
-std::string WriteResponse(int fd, const absl::Status& status, const grpc::ByteBuffer* body) {
+std::string WriteResponse(DataSocket* socket, const absl::Status& status,
+                          const grpc::ByteBuffer* body) {
   std::vector<grpc::Slice> slices;
   std::string text;
   if (status.ok()) {
@@ -302,7 +311,7 @@ std::string WriteResponse(int fd, const absl::Status& status, const grpc::ByteBu
   for (const grpc::Slice& s : slices) {
     iov.push_back({const_cast<uint8_t*>(s.begin()), s.size()});
   }
-  return WriteWithin(fd, iov.data(), static_cast<int>(iov.size()), absl::Now() + kWriteTimeout);
+  return socket->Write(iov.data(), static_cast<int>(iov.size()), absl::Now() + kWriteTimeout);
 }
 
 // The refusal of a request whose header is out of bounds (OK if it is within them): an unknown
@@ -414,7 +423,10 @@ std::optional<int> DataPlaneServer::AnswerHello(Connection* c) {
   WireStore<int32_t>(answer, static_cast<int32_t>(worker.status().code()));
   WireStore<int32_t>(answer + 4, static_cast<int32_t>(text.size()));
   iovec iov[2] = {{answer, sizeof(answer)}, {const_cast<char*>(text.data()), text.size()}};
-  const std::string failed = WriteWithin(c->fd, iov, 2, absl::Now() + kHelloTimeout);
+  // After a failed TLS handshake there is no channel to answer on (OpenSSL sent its alert).
+  const std::string failed = c->handshake_failed
+                                 ? std::string("no TLS")
+                                 : c->socket->Write(iov, 2, absl::Now() + kHelloTimeout);
   if (!worker.ok() || !failed.empty()) {
     if (!worker.ok()) {
       RUBATO_LOG(WARNING) << "refused a data connection from " << c->peer << ": "
@@ -434,7 +446,7 @@ std::optional<int> DataPlaneServer::AnswerHello(Connection* c) {
 bool DataPlaneServer::ServeRequest(Connection* c, const std::string& who) {
   char header[kDataRequestHeaderBytes];
   std::string why;
-  const ReadEnd end = ReadWithin(c->fd, header, sizeof(header), absl::Now() + options_.idle_timeout,
+  const ReadEnd end = c->socket->Read(header, sizeof(header), absl::Now() + options_.idle_timeout,
                                  &why, options_.receive_spin);
   if (end != ReadEnd::kDone) return false;  // Closed by the worker, idle too long, or stopping.
   const int32_t method = WireLoad<int32_t>(header);
@@ -446,11 +458,11 @@ bool DataPlaneServer::ServeRequest(Connection* c, const std::string& who) {
   }
   if (!refused.ok()) {
     RUBATO_LOG(WARNING) << who << ": " << refused.message() << "; closing it";
-    WriteResponse(c->fd, refused, nullptr);
+    WriteResponse(c->socket.get(), refused, nullptr);
     return false;
   }
   auto body = std::make_shared<Body>(static_cast<size_t>(bytes), c->worker, body_bytes_);
-  if (ReadWithin(c->fd, body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why,
+  if (c->socket->Read(body->bytes.get(), body->size, absl::Now() + kBodyTimeout, &why,
                  options_.receive_spin) != ReadEnd::kDone) {
     return false;
   }
@@ -465,7 +477,7 @@ bool DataPlaneServer::ServeRequest(Connection* c, const std::string& who) {
   absl::Status status;
   grpc::ByteBuffer response;
   if (!AwaitAnswer(answer.get(), stopping_, &status, &response)) return false;
-  if (const std::string failed = WriteResponse(c->fd, status, &response); !failed.empty()) {
+  if (const std::string failed = WriteResponse(c->socket.get(), status, &response); !failed.empty()) {
     RUBATO_LOG(WARNING) << who << ": cannot send its answer: " << failed << "; closing it";
     return false;
   }

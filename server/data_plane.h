@@ -11,8 +11,9 @@
 // client's hello gives its worker id and its answer, an HMAC of the challenge under the job's key
 // (common/auth.h, ServerSecurity::CheckHello): no credential crosses the wire that would be
 // accepted on another connection, or by another job. Every request on it must then be that
-// worker's. The bytes are not encrypted, so a server with
-// TLS runs no data plane (server_main.cc): its workers stay on gRPC. A worker learns the port from
+// worker's. With TLS (--tls_cert), each connection starts with a TLS handshake
+// (common/tls_stream.h: the server's certificate and, with --tls_ca, the worker's, as over gRPC),
+// within the hello's time, and everything below then travels encrypted. A worker learns the port from
 // RegisterResponse.data_port and dials it on the host of the shard's gRPC address; where that
 // fails (a firewall, a proxy in front of the gRPC port) it uses gRPC (worker/ps/ps_data_channel.h).
 //
@@ -63,6 +64,7 @@
 #include "common/limits.h"
 #include "common/security.h"
 #include "common/socket_io.h"
+#include "common/tls_stream.h"
 #include "server/parameter_shard.h"
 
 namespace rubato {
@@ -124,6 +126,8 @@ class DataPlaneServer {
  private:
   struct Connection {
     int fd = -1;
+    std::unique_ptr<DataSocket> socket;  // Over fd: what its thread reads and writes through.
+    bool handshake_failed = false;       // Its TLS handshake failed (its thread's).
     std::string peer;
     int worker = -1;  // Set once its hello is accepted.
     bool authenticated = false;  // Under the server's mu_: its hello was accepted.

@@ -95,8 +95,8 @@ ABSL_FLAG(int64_t, memory_budget_mb, 0,
 ABSL_FLAG(int32_t, data_port, 0,
           "The port of this shard's plain-TCP data plane for Push and Pull (server/data_plane.h), "
           "on the host of --listen; 0 picks a free one, -1 turns it off (workers then use gRPC). "
-          "Workers authenticate on it with their job token; it is off with TLS, which it would "
-          "bypass. Fix it where a firewall must let it through.");
+          "Workers authenticate on it with their job token; with --tls_cert it is TLS, with the "
+          "same certificates as gRPC. Fix it where a firewall must let it through.");
 
 namespace {
 
@@ -418,11 +418,7 @@ class Front {
           "cannot listen on ", c.listen, " (--listen): gRPC could not bind it (see its log)"));
     }
     bound_ = absl::StrCat(c.listen.substr(0, c.listen.rfind(':')), ":", port);
-    if (c.data_port >= 0 && !security.encrypts()) {
-      RETURN_IF_ERROR(StartDataPlane(c, shard, security));
-    } else if (c.data_port >= 0) {
-      RUBATO_LOG(INFO) << "no plain-TCP data plane with TLS: Push and Pull stay on gRPC";
-    }
+    if (c.data_port >= 0) RETURN_IF_ERROR(StartDataPlane(c, shard, security));
     if (!c.health_listen.empty()) {
       ASSIGN_OR_RETURN(health_, rubato::StartHealthServer(c.health_listen, &health_service_));
       RUBATO_LOG(INFO) << "health service (plaintext, health only) on " << c.health_listen;
@@ -456,8 +452,12 @@ class Front {
     options.num_workers = c.spec.num_workers();
     ASSIGN_OR_RETURN(data_plane_, rubato::DataPlaneServer::Start(options, shard, security));
     service_.set_data_port(data_plane_->port());
-    RUBATO_LOG(INFO) << "Push and Pull data plane (plain TCP, workers authenticated as on gRPC) on "
-                     << (host.empty() ? std::string("*") : host) << ":" << data_plane_->port();
+    RUBATO_LOG(INFO) << "Push and Pull data plane ("
+                     << (security.encrypts() ? security.Describe()
+                                             : std::string("plain TCP, workers authenticated "
+                                                           "as on gRPC"))
+                     << ") on " << (host.empty() ? std::string("*") : host) << ":"
+                     << data_plane_->port();
     return absl::OkStatus();
   }
 

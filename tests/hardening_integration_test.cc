@@ -189,7 +189,13 @@ TEST_F(HardeningTest, MutualTlsJobTrainsAndPlaintextOrCertlessClientsAreRefused)
                                   absl::StrCat("--tls_key=", d, "/client.key")});
   EXPECT_EQ(good.exit_status, 0) << good.stderr_text;
   EXPECT_TRUE(FinalTestAccuracy(good.stdout_text).ok()) << good.stdout_text;
+  // Issue 31, item 9: Push and Pull stayed on the shard's data plane, itself mutual TLS (before,
+  // a TLS job had no data plane, and its calls went over gRPC).
+  EXPECT_EQ(good.stderr_text.find("go over gRPC"), std::string::npos) << good.stderr_text;
   EXPECT_TRUE(IsOk(cluster_->StopServers(absl::Seconds(10))));
+  const std::string server_log = ReadFileOrEmpty(absl::StrCat(d, "/server-0.stderr"));
+  EXPECT_NE(server_log.find("Push and Pull data plane (mutual TLS"), std::string::npos)
+      << server_log;
 }
 
 // The value of `key` in the last "done" record of a worker's stdout, or -1.

@@ -107,9 +107,9 @@ ABSL_FLAG(int, sharpness_steps, 10, "--sharpness: projected gradient-ascent step
 ABSL_FLAG(int64_t, sharpness_examples, 10000,
           "--sharpness: training examples the loss is taken over (the first ones).");
 ABSL_FLAG(std::string, ps_transport, "auto",
-          "How Push and Pull travel to the parameter servers. auto: over a shard's plain-TCP data "
-          "plane where it offers one (not with TLS), falling back to gRPC where its port cannot be "
-          "reached; grpc: always over gRPC (for example behind a proxy in front of the gRPC "
+          "How Push and Pull travel to the parameter servers. auto: over a shard's TCP data "
+          "plane where it offers one (TLS with --tls_*, as gRPC), falling back to gRPC where its "
+          "port cannot be reached; grpc: always over gRPC (for example behind a proxy in front of the gRPC "
           "port, which the data connection would bypass).");
 ABSL_FLAG(std::string, ring_transport, "auto",
           "allreduce: how blocks travel between ranks. tcp: a plain TCP data connection set up "

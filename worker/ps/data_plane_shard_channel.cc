@@ -64,6 +64,7 @@ void DataPlaneShardChannel::Registered(const RegisterResponse& response) {
   o.answer_challenge = options_.answer_challenge;
   o.description = options_.description;
   o.max_message_bytes = options_.max_message_bytes;
+  o.tls = options_.tls;
   Retire();
   data_ = std::make_shared<PsDataChannel>(std::move(o));
 }

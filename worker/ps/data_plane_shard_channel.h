@@ -33,6 +33,7 @@ class DataPlaneShardChannel final : public ShardChannel {
     std::function<std::string(absl::string_view challenge)> answer_challenge;
     std::string description;  // "shard 1 at host:port", for messages.
     int64_t max_message_bytes = kDefaultMaxMessageBytes;
+    std::shared_ptr<const TlsContext> tls;  // With TLS (PsDataChannel::Options).
   };
   // `control` carries everything the data plane does not (and Push and Pull when it is down).
   DataPlaneShardChannel(std::unique_ptr<ShardChannel> control, Options options)

@@ -604,8 +604,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreatePsClient(
 
 absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptions& options) {
   if (options.servers.empty()) return absl::InvalidArgumentError("no parameter servers given");
-  // The data plane is plain TCP: not with TLS.
-  const bool data_plane = options.use_data_plane && !options.security.encrypts();
+  const bool data_plane = options.use_data_plane;
   std::vector<std::unique_ptr<ShardChannel>> channels;
   for (size_t s = 0; s < options.servers.size(); ++s) {
     auto grpc_channel = std::make_unique<GrpcShardChannel>(options.servers[s], options.security,
@@ -621,6 +620,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptio
     };
     o.description = absl::StrCat("shard ", s, " at ", options.servers[s]);
     o.max_message_bytes = options.max_message_bytes;
+    o.tls = options.security.data_tls();  // Null without TLS.
     channels.push_back(std::make_unique<DataPlaneShardChannel>(std::move(grpc_channel), o));
   }
   return CreatePsClient(options, std::move(channels));

@@ -170,8 +170,9 @@ struct PsClientOptions {
   // The job's message limit (ClusterSpec.max_message_bytes): a tensor, or a shard's initial
   // values, that cannot fit is refused at creation.
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
-  // Push and Pull over a shard's plain-TCP data plane (server/data_plane.h) where its Register
-  // answer offers one and this client has no TLS; false: over gRPC only (--ps_transport=grpc).
+  // Push and Pull over a shard's TCP data plane (server/data_plane.h; TLS with the client's TLS
+  // credentials) where its Register answer offers one; false: over gRPC only
+  // (--ps_transport=grpc).
   bool use_data_plane = true;
   // What deadlines, backoffs and timings read; must outlive the client. Channels read their calls'
   // deadlines on the same clock.
@@ -186,7 +187,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreatePsClient(
     const PsClientOptions& options, std::vector<std::unique_ptr<ShardChannel>> channels);
 
 // Over gRPC to options.servers, Push and Pull over each shard's data plane where its Register
-// answer offers one and the client has no TLS (options.use_data_plane).
+// answer offers one (options.use_data_plane), with TLS when the client has TLS.
 // InvalidArgument for an empty server list, a bad tensor shape, or a tensor (or a shard's initial
 // values, which Register sends in one message) that cannot fit in max_message_bytes, naming the
 // --max_message_mb that would.

@@ -77,6 +77,7 @@ int PsDataChannel::open_connections() const {
 
 void PsDataChannel::EndConnection(Connection* c) {
   if (const int fd = c->fd.exchange(-1); fd >= 0) ::close(fd);  // The shard's end sees it close.
+  c->socket.reset();
   c->ended = true;
   ++ended_;
 }
@@ -119,15 +120,16 @@ void PsDataChannel::Run(Connection* c) {
     }
     grpc::Status status;
     if (c->fd.load() < 0) {
-      int fd = -1;
-      status = Open(&fd);
+      std::unique_ptr<DataSocket> socket;
+      status = Open(&socket);
       if (status.ok()) {
         absl::MutexLock lock(&mu_);
         if (stopping_) {
-          ::close(fd);
+          ::close(socket->fd());
           status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the data channel closed");
         } else {
-          c->fd.store(fd);
+          c->fd.store(socket->fd());
+          c->socket = std::move(socket);
         }
       } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
         broken_.store(true);
@@ -154,7 +156,7 @@ void PsDataChannel::Run(Connection* c) {
   }
 }
 
-grpc::Status PsDataChannel::Open(int* fd_out) {
+grpc::Status PsDataChannel::Open(std::unique_ptr<DataSocket>* socket_out) {
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::StatusOr<int> fd = ConnectTcp(options_.host, options_.port, options_.connect_timeout);
   if (!fd.ok()) {
@@ -164,10 +166,20 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
   }
   SetDataSocketOptions(*fd);
   WatchPeerLiveness(*fd, options_.peer_dead_after);
+  auto socket = std::make_unique<DataSocket>(*fd);
+  if (options_.tls != nullptr) {
+    if (std::string failed = socket->HandshakeAsClient(*options_.tls, options_.host, deadline);
+        !failed.empty()) {
+      ::close(*fd);
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the data connection to ", options_.description, " (port ",
+                                       options_.port, "): ", failed));
+    }
+  }
   // The server speaks first: its challenge, which the hello answers.
   char challenge[sizeof(kDataChallengeMagic) + kDataChallengeBytes];
   std::string why;
-  ReadEnd end = ReadWithin(*fd, challenge, sizeof(challenge), deadline, &why);
+  ReadEnd end = socket->Read(challenge, sizeof(challenge), deadline, &why);
   std::string failed = end == ReadEnd::kDone ? "" : DescribeReadEnd(end, why);
   if (failed.empty() &&
       std::memcmp(challenge, kDataChallengeMagic, sizeof(kDataChallengeMagic)) != 0) {
@@ -186,11 +198,11 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
   WireStore<int32_t>(hello + 8, options_.worker_id);
   WireStore<int32_t>(hello + 12, static_cast<int32_t>(proof.size()));
   iovec iov[2] = {{hello, sizeof(hello)}, {const_cast<char*>(proof.data()), proof.size()}};
-  if (failed.empty()) failed = WriteWithin(*fd, iov, 2, deadline);
+  if (failed.empty()) failed = socket->Write(iov, 2, deadline);
   char answer[16];
   end = ReadEnd::kError;
   if (failed.empty()) {
-    end = ReadWithin(*fd, answer, sizeof(answer), deadline, &why);
+    end = socket->Read(answer, sizeof(answer), deadline, &why);
     if (end != ReadEnd::kDone) failed = DescribeReadEnd(end, why);
   }
   if (!failed.empty()) {
@@ -209,17 +221,18 @@ grpc::Status PsDataChannel::Open(int* fd_out) {
   }
   if (code != 0) {
     std::string text(static_cast<size_t>(text_bytes), '\0');
-    ReadWithin(*fd, text.data(), text.size(), deadline, &why);
+    socket->Read(text.data(), text.size(), deadline, &why);
     ::close(*fd);
     return grpc::Status(static_cast<grpc::StatusCode>(code),
                         absl::StrCat(options_.description, " refused a data connection: ", text));
   }
-  *fd_out = *fd;
+  *socket_out = std::move(socket);
   return grpc::Status::OK;
 }
 
 grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   const int fd = c->fd.load();
+  DataSocket* socket = c->socket.get();
   auto broke = [&](grpc::StatusCode code, const std::string& what) {
     ::shutdown(fd, SHUT_RDWR);
     {
@@ -227,6 +240,7 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
       c->fd.store(-1);
     }
     ::close(fd);
+    c->socket.reset();
     return grpc::Status(code,
                         absl::StrCat("the data connection to ", options_.description, " ", what));
   };
@@ -245,7 +259,7 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   iov.reserve(1 + slices.size());
   iov.push_back({header, sizeof(header)});
   for (const grpc::Slice& s : slices) iov.push_back({const_cast<uint8_t*>(s.begin()), s.size()});
-  if (std::string failed = WriteWithin(fd, iov.data(), static_cast<int>(iov.size()), job.deadline);
+  if (std::string failed = socket->Write(iov.data(), static_cast<int>(iov.size()), job.deadline);
       !failed.empty()) {
     return broke(absl::Now() >= job.deadline ? grpc::StatusCode::DEADLINE_EXCEEDED
                                              : grpc::StatusCode::UNAVAILABLE,
@@ -254,7 +268,7 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
   const absl::Time answer_by = job.deadline + kAnswerSlack;
   char answer[kDataResponseHeaderBytes];
   std::string why;
-  ReadEnd end = ReadWithin(fd, answer, sizeof(answer), answer_by, &why, options_.receive_spin);
+  ReadEnd end = socket->Read(answer, sizeof(answer), answer_by, &why, options_.receive_spin);
   if (end == ReadEnd::kTimedOut) {
     return broke(grpc::StatusCode::DEADLINE_EXCEEDED, "had no answer by the call's deadline");
   }
@@ -271,7 +285,7 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
                  absl::StrCat("sent an answer of ", size, " bytes (status ", code, ")"));
   }
   if (code == 0 && job.sink != nullptr) {
-    if (const std::string failed = ReadPullInPlace(fd, size, job, answer_by, &end);
+    if (const std::string failed = ReadPullInPlace(socket, size, job, answer_by, &end);
         !failed.empty()) {
       return broke(end == ReadEnd::kTimedOut ? grpc::StatusCode::DEADLINE_EXCEEDED
                                              : grpc::StatusCode::UNAVAILABLE,
@@ -280,7 +294,7 @@ grpc::Status PsDataChannel::Exchange(Connection* c, const Job& job) {
     return grpc::Status::OK;
   }
   grpc::Slice body(grpc_slice_malloc_large(static_cast<size_t>(size)), grpc::Slice::STEAL_REF);
-  end = ReadWithin(fd, reinterpret_cast<char*>(const_cast<uint8_t*>(body.begin())), body.size(),
+  end = socket->Read(reinterpret_cast<char*>(const_cast<uint8_t*>(body.begin())), body.size(),
                    answer_by, &why, options_.receive_spin);
   if (end != ReadEnd::kDone) {
     return broke(end == ReadEnd::kTimedOut ? grpc::StatusCode::DEADLINE_EXCEEDED
@@ -302,8 +316,8 @@ namespace {
 // that an answer of another layout can still be handed back whole (Whole).
 class AnswerReader {
  public:
-  AnswerReader(int fd, int64_t size, absl::Time deadline, absl::Duration spin)
-      : fd_(fd), left_(size), deadline_(deadline), spin_(spin) {}
+  AnswerReader(DataSocket* socket, int64_t size, absl::Time deadline, absl::Duration spin)
+      : socket_(socket), left_(size), deadline_(deadline), spin_(spin) {}
 
   int64_t left() const { return left_ + static_cast<int64_t>(end_ - at_); }
 
@@ -368,13 +382,13 @@ class AnswerReader {
   }
   bool Read(char* to, int64_t n) {
     if (n > left_) return false;
-    end_state_ = ReadWithin(fd_, to, static_cast<size_t>(n), deadline_, &why_, spin_);
+    end_state_ = socket_->Read(to, static_cast<size_t>(n), deadline_, &why_, spin_);
     if (end_state_ != ReadEnd::kDone) return false;
     left_ -= n;
     return true;
   }
 
-  const int fd_;
+  DataSocket* const socket_;
   int64_t left_;  // Not yet read from the socket.
   const absl::Time deadline_;
   const absl::Duration spin_;
@@ -416,9 +430,9 @@ bool ReadTensorInPlace(AnswerReader& r, PsDataChannel::PullSink::Tensor& t) {
 
 }  // namespace
 
-std::string PsDataChannel::ReadPullInPlace(int fd, int64_t size, const Job& job,
+std::string PsDataChannel::ReadPullInPlace(DataSocket* socket, int64_t size, const Job& job,
                                            absl::Time deadline, ReadEnd* end) {
-  AnswerReader reader(fd, size, deadline, options_.receive_spin);
+  AnswerReader reader(socket, size, deadline, options_.receive_spin);
   job.sink->stored = false;
   bool in_place = true;
   for (PullSink::Tensor& t : job.sink->tensors) {

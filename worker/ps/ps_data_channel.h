@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "common/limits.h"
 #include "common/socket_io.h"
+#include "common/tls_stream.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 #include "worker/ps/shard_channel.h"
@@ -48,6 +49,9 @@ class PsDataChannel {
     // without authentication.
     std::function<std::string(absl::string_view challenge)> answer_challenge;
     std::string description;  // "shard 1 at host:port", for messages.
+    // With TLS: the client's context (ClientSecurity::data_tls); the shard's certificate must name
+    // `host`. Null: plaintext.
+    std::shared_ptr<const TlsContext> tls;
     int64_t max_message_bytes = kDefaultMaxMessageBytes;  // A larger answer is refused.
     absl::Duration connect_timeout = absl::Seconds(3);
     // How long a call waiting for its answer polls before it sleeps (common/socket_io.h).
@@ -97,6 +101,7 @@ class PsDataChannel {
   };
   struct Connection {
     std::atomic<int> fd{-1};  // Set by its thread; shut down by the destructor.
+    std::unique_ptr<DataSocket> socket;  // Over fd (TLS when the job uses it); its thread's.
     std::thread thread;
     bool has_job = false;  // Guarded by the channel's mu_, as are job and ended.
     Job job;
@@ -107,13 +112,14 @@ class PsDataChannel {
   // Ends connection `c`'s thread while draining: closes its socket, and it takes no more jobs.
   void EndConnection(Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Connection* c);
-  // Opens and greets; the fd, or UNAVAILABLE / the shard's refusal.
-  grpc::Status Open(int* fd);
+  // Opens (with TLS, makes the handshake) and greets; the socket, or UNAVAILABLE / the shard's
+  // refusal.
+  grpc::Status Open(std::unique_ptr<DataSocket>* socket);
   grpc::Status Exchange(Connection* c, const Job& job);
   // Reads a pull answer of `size` bytes from `fd` into job.sink, or whole into *job.response when
   // it is not laid out as expected. Empty on success, else why reading failed (and how).
-  std::string ReadPullInPlace(int fd, int64_t size, const Job& job, absl::Time deadline,
-                              ReadEnd* end);
+  std::string ReadPullInPlace(DataSocket* socket, int64_t size, const Job& job,
+                              absl::Time deadline, ReadEnd* end);
 
   const Options options_;
   std::atomic<bool> broken_{false};
