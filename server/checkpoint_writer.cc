@@ -30,6 +30,15 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::Submit(std::shared_ptr<const CapturedCheckpoint> capture) {
   absl::MutexLock lock(&mu_);
+  if (waiting_ != nullptr && !started_) {
+    // The first capture (a fresh job's step 0) is kept over newer ones, even when this thread has
+    // not been scheduled since: it is the checkpoint every shard has, that a roll-back can always
+    // go back to while it is kept (a newer one each skipped on different shards would not be).
+    ++counts_.skipped;
+    RUBATO_LOG(WARNING) << "checkpoint of step " << capture->step << " skipped: the first one, of "
+                        << "step " << waiting_->step << ", is not written yet";
+    return;
+  }
   if (waiting_ != nullptr) {
     ++counts_.skipped;
     RUBATO_LOG(WARNING) << "checkpoint of step " << waiting_->step
@@ -69,6 +78,7 @@ void CheckpointWriter::Loop() {
       if (waiting_ == nullptr) return;  // Stopping, and nothing left to write.
       capture = std::move(waiting_);
       writing_ = true;
+      started_ = true;
     }
     const absl::Time start = absl::Now();
     const ShardCheckpoint proto = to_proto_(*capture);

@@ -3,7 +3,8 @@
 // hashing, disk writes or fsync (server/checkpoint.h).
 //
 // One checkpoint is written at a time and at most one waits: a newer capture replaces a waiting
-// older one (counted as skipped and logged), so a slow disk costs checkpoints, not memory. A write
+// older one (counted as skipped and logged), so a slow disk costs checkpoints, not memory; but
+// never the first, which every shard of a fresh job then has (step 0) for a roll-back to reach. A write
 // that fails (a full disk) is logged as an error naming the file and the reason, and counted;
 // training goes on and the earlier checkpoints stay. The writer's thread runs at nice 10, below
 // the threads that apply updates, so that on a busy machine it takes the cores' spare time.
@@ -59,6 +60,7 @@ class CheckpointWriter {
   const std::function<ShardCheckpoint(const CapturedCheckpoint&)> to_proto_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const CapturedCheckpoint> waiting_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // The first capture has been taken to write.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Counts counts_ ABSL_GUARDED_BY(mu_);

@@ -241,6 +241,11 @@ absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest&
   if (request.recovery_id() == recovery_id_.load()) return response;  // Done already.
   {
     absl::MutexLock lock(&mu_);
+    if (initialised_ && request.step() > tensors_.MinVersion() && members_.restored_step() >= 0 &&
+        members_.restored_step() < request.step()) {
+      response.set_behind(true);
+      return response;
+    }
     if (initialised_ && request.step() > tensors_.MinVersion()) {
       return absl::FailedPreconditionError(
           absl::StrCat("Rollback to step ", request.step(), ": this shard stands at step ",
@@ -261,7 +266,13 @@ absl::StatusOr<RollbackResponse> ParameterShard::Rollback(const RollbackRequest&
                      " keeps no checkpoints (--checkpoint_dir), so it cannot roll back to step ",
                      request.step(), "; restart every shard with --restore_step=", request.step()));
   }
-  RETURN_IF_ERROR(options_.on_rollback(request.step(), request.recovery_id()));
+  ASSIGN_OR_RETURN(const int64_t agreed,
+                   options_.on_rollback(request.step(), request.recovery_id()));
+  if (agreed != request.step()) {  // No checkpoint of that step here: the worker picks another.
+    response.set_lacks_checkpoint(true);
+    response.set_newest_checkpoint_before(std::min(agreed, request.step() - 1));
+    return response;
+  }
   response.set_restarting(true);
   return response;
 }

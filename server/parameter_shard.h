@@ -157,7 +157,8 @@ class ParameterShard : private PushStages {
   // Where the policy recovers by roll-back (bsp, backup), rolls the shard back to its checkpoint
   // of request.step, as recovery request.recovery_id (proto/parameter_server.proto,
   // RollbackRequest): restarting false when it already belongs to that recovery; otherwise
-  // options.on_rollback arranges it and restarting is true. FAILED_PRECONDITION under async and
+  // options.on_rollback arranges it and restarting is true, or, when the shard has no checkpoint
+  // of that step, lacks_checkpoint names the newest before it. FAILED_PRECONDITION under async and
   // ssp (a restored shard there needs no roll-back), without on_rollback, or for a step ahead of
   // this shard's; INVALID_ARGUMENT for a bad worker, step or id.
   absl::StatusOr<RollbackResponse> Rollback(const RollbackRequest& request);

@@ -341,14 +341,16 @@ class Checkpoints {
     return absl::OkStatus();
   }
 
-  absl::Status AgreeToRollback(int64_t step, uint64_t id) {
+  absl::StatusOr<int64_t> AgreeToRollback(int64_t step, uint64_t id) {
     const int shard_id = config_.shard_id;
     absl::MutexLock lock(&rollback_mu_);
     if (rollback_.has_value()) {
-      if (rollback_->recovery_id == id) return absl::OkStatus();
-      return absl::FailedPreconditionError(
+      if (rollback_->recovery_id == id) return step;
+      // Its restarted self will answer this one (a worker found a shard without that step's
+      // checkpoint and moved the recovery further back): retried, as a restart is.
+      return absl::UnavailableError(
           absl::StrCat("shard ", shard_id, " is restarting already, to roll back to step ",
-                       rollback_->step, " for another recovery"));
+                       rollback_->step, " for another recovery; ask again once it is back"));
     }
     // The capture of `step` may be taken but not on disk yet: the writer runs at nice 10 and lags
     // under load (a stress run saw "no checkpoint of step 60" on a shard at step 62). Wait for it,
@@ -364,13 +366,29 @@ class Checkpoints {
     }
     absl::StatusOr<std::optional<rubato::LoadedCheckpoint>> loaded =
         rubato::LoadNewestCheckpoint(config_.checkpoint_dir, shard_id, step);
-    if (!loaded.ok() || !loaded->has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shard_id, " cannot roll back to step ", step, ": ",
-          !loaded.ok()
-              ? loaded.status().message()
-              : absl::StrCat("it has no checkpoint of that step in ", config_.checkpoint_dir,
-                             " (it keeps its newest --checkpoint_keep)")));
+    if (!loaded.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("shard ", shard_id,
+                                                        " cannot roll back to step ", step, ": ",
+                                                        loaded.status().message()));
+    }
+    if (!loaded->has_value()) {
+      // Skipped by the writer (or pruned): the newest before it, for the worker to pick a step
+      // every shard has.
+      absl::StatusOr<std::vector<rubato::CheckpointFile>> files =
+          rubato::ListCheckpoints(config_.checkpoint_dir, shard_id);
+      int64_t before = -1;
+      if (files.ok()) {
+        for (const rubato::CheckpointFile& f : *files) {
+          if (f.step < step) {
+            before = f.step;
+            break;  // Newest first.
+          }
+        }
+      }
+      RUBATO_LOG(WARNING) << "asked to roll back to step " << step << ": no checkpoint of it in "
+                          << config_.checkpoint_dir << "; the newest before it is "
+                          << (before < 0 ? std::string("none") : absl::StrCat("of step ", before));
+      return before;
     }
     RETURN_IF_ERROR(rubato::WriteRollbackMarker(config_.checkpoint_dir, shard_id,
                                                 rubato::RollbackMarker{step, id}));
@@ -379,7 +397,7 @@ class Checkpoints {
                         << absl::StrCat(absl::Hex(id))
                         << "): another shard was restored from that checkpoint; exiting with "
                         << kExitRollback << " so that this shard is started again from it";
-    return absl::OkStatus();
+    return step;
   }
 
   const ServerConfig& config_;

@@ -331,9 +331,10 @@ TEST(ShardCheckpointTest, RollbackRules) {
   ShardOptions options = Options(sgd, BSP);
   std::vector<std::pair<int64_t, uint64_t>> asked;
   absl::Status hook_answer;
-  options.on_rollback = [&](int64_t step, uint64_t id) {
+  options.on_rollback = [&](int64_t step, uint64_t id) -> absl::StatusOr<int64_t> {
     asked.emplace_back(step, id);
-    return hook_answer;
+    if (!hook_answer.ok()) return hook_answer;
+    return step;
   };
   std::unique_ptr<ParameterShard> shard = NewShard(options);
   for (int w = 0; w < kWorkers; ++w) {
@@ -350,16 +351,36 @@ TEST(ShardCheckpointTest, RollbackRules) {
   absl::StatusOr<RollbackResponse> forward = shard->Rollback(RollbackTo(9, 7));
   EXPECT_EQ(forward.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(forward.status().message(), HasSubstr("cannot go forward"));
+  EXPECT_FALSE(forward.ok() && forward->behind()) << "a shard never restored is not behind";
   EXPECT_TRUE(asked.empty()) << "a refused roll-back reached the hook";
 
-  // The hook's refusal (no checkpoint of that step) is the answer.
-  hook_answer = absl::FailedPreconditionError("no checkpoint of step 4");
+  // The hook's refusal is the answer.
+  hook_answer = absl::FailedPreconditionError("the checkpoint directory cannot be read");
   EXPECT_EQ(shard->Rollback(RollbackTo(4, 7)).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // No checkpoint of that step (the writer skipped it): nothing agreed, and the answer names the
+  // newest before it.
   hook_answer = absl::OkStatus();
+  {
+    auto lacking = [&](int64_t, uint64_t) -> absl::StatusOr<int64_t> { return 0; };
+    ShardOptions o = options;
+    o.on_rollback = lacking;
+    std::unique_ptr<ParameterShard> skipped = NewShard(o);
+    for (int w = 0; w < kWorkers; ++w) {
+      ASSERT_TRUE(skipped->Register(Registration(w, BSP, true)).ok());
+    }
+    ASSERT_NO_FATAL_FAILURE(Train(skipped.get(), 0, 6));
+    absl::StatusOr<RollbackResponse> missing = skipped->Rollback(RollbackTo(4, 7));
+    ASSERT_TRUE(missing.ok()) << missing.status();
+    EXPECT_FALSE(missing->restarting());
+    EXPECT_TRUE(missing->lacks_checkpoint());
+    EXPECT_EQ(missing->newest_checkpoint_before(), 0);
+    EXPECT_EQ(skipped->recovery_id(), 0u) << "it joined a recovery it cannot restore";
+  }
   absl::StatusOr<RollbackResponse> ok = shard->Rollback(RollbackTo(4, 7));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE(ok->restarting());
+  EXPECT_FALSE(ok->lacks_checkpoint());
   ASSERT_EQ(asked.size(), 2u);
   EXPECT_EQ(asked[1], std::make_pair(int64_t{4}, uint64_t{7}));
 
@@ -399,9 +420,9 @@ TEST(ShardCheckpointTest, AShardRestoredAtTheStepAndUntouchedJoinsTheRecoveryInP
     last = std::move(c);
   };
   int hook_calls = 0;
-  options.on_rollback = [&](int64_t, uint64_t) {
+  options.on_rollback = [&](int64_t step, uint64_t) -> absl::StatusOr<int64_t> {
     ++hook_calls;
-    return absl::OkStatus();
+    return step;
   };
   std::unique_ptr<ParameterShard> first = NewShard(options);
   for (int w = 0; w < kWorkers; ++w) {

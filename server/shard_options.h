@@ -32,9 +32,11 @@ struct ShardOptions {
   int64_t checkpoint_every_steps = 0;
   std::function<void(std::shared_ptr<const CapturedCheckpoint>)> on_checkpoint;
   // Rolls this shard back to its checkpoint of `step`, as recovery `recovery_id` (see Rollback):
-  // OK once that is arranged (the server restarts from it), an error naming why it cannot be.
+  // `step` once that is arranged (the server restarts from it); when the shard has no checkpoint
+  // of `step` (its writer skipped it: server/checkpoint_writer.h), nothing is arranged and the
+  // answer is the newest step before it that it has (-1: none); an error names why it cannot be.
   // Null: the shard keeps no checkpoints and refuses roll-backs.
-  std::function<absl::Status(int64_t step, uint64_t recovery_id)> on_rollback;
+  std::function<absl::StatusOr<int64_t>(int64_t step, uint64_t recovery_id)> on_rollback;
   // bsp, backup: decay of the noise scale's moving averages, in [0, 1) (server/noise_scale.h).
   double noise_ema_decay = 0.95;
   // bsp: what all the workers together should have in flight to this shard. Each worker's share

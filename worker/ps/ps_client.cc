@@ -402,16 +402,60 @@ class ShardedPsClient final : public PsClient {
 
   // Asks the shards `plan` names to roll back; FAILED_PRECONDITION naming the shards and the step
   // to restore by hand if one cannot.
-  absl::Status RollBack(const RollbackPlan& plan, const std::vector<RegisterResponse>& responses) {
-    RollbackRequest request = plan.request;
-    request.set_worker_id(options_.worker_id);
+  // Rolls plan.shards back to plan.request's step. A shard without that step's checkpoint (its
+  // writer skipped it to keep up) agrees to nothing and names the newest it has before it; then
+  // every shard, the restored one included, is rolled back to the oldest step so named, as a
+  // recovery every worker names alike (RecoveryIdFor), until all agree.
+  absl::Status RollBack(RollbackPlan plan, const std::vector<RegisterResponse>& responses) {
     RUBATO_LOG(WARNING) << "the shards stand at different recoveries ("
                         << DescribeRecoveries(responses) << "): rolling shard(s) "
-                        << absl::StrJoin(plan.shards, ", ") << " back to step " << request.step()
-                        << ", shard " << plan.behind << "'s checkpoint";
+                        << absl::StrJoin(plan.shards, ", ") << " back to step "
+                        << plan.request.step() << ", shard " << plan.behind << "'s checkpoint";
+    constexpr int kMaxRounds = 8;
+    for (int round = 1;; ++round) {
+      std::vector<RollbackResponse> answers;
+      RETURN_IF_ERROR(RollBackOnce(plan, responses, &answers));
+      int64_t back_to = plan.request.step();
+      std::vector<int> lacking;
+      for (const RollbackResponse& a : answers) {
+        // Another worker's roll-back went further back meanwhile: register again, plan anew.
+        if (a.behind()) return absl::OkStatus();
+      }
+      for (size_t i = 0; i < answers.size(); ++i) {
+        if (!answers[i].lacks_checkpoint()) continue;
+        lacking.push_back(plan.shards[i]);
+        back_to = std::min(back_to, answers[i].newest_checkpoint_before());
+      }
+      if (lacking.empty()) return absl::OkStatus();
+      if (back_to < 0 || round == kMaxRounds) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rolling back to step ", plan.request.step(), ": shard(s) ",
+            absl::StrJoin(lacking, ", "),
+            " have no checkpoint of that step nor of one before it that every shard has; "
+            "restart every shard with --restore_step of a step each has, or afresh"));
+      }
+      RUBATO_LOG(WARNING) << "shard(s) " << absl::StrJoin(lacking, ", ")
+                          << " have no checkpoint of step " << plan.request.step()
+                          << " (their writers skipped it): rolling every shard back to step "
+                          << back_to;
+      plan.request.set_recovery_id(RecoveryIdFor(plan.request.recovery_id(), back_to));
+      plan.request.set_step(back_to);
+      plan.shards.clear();
+      for (int s = 0; s < shards(); ++s) plan.shards.push_back(s);
+    }
+  }
+
+  absl::Status RollBackOnce(const RollbackPlan& plan, const std::vector<RegisterResponse>& responses,
+                            std::vector<RollbackResponse>* answers_out) {
+    RollbackRequest request = plan.request;
+    request.set_worker_id(options_.worker_id);
     FanOutSpec spec;
     spec.shards = plan.shards;
     spec.timeout = options_.rpc_timeout;
+    // Another worker may have asked first: the shard is then restarting to roll back, and answers
+    // UNAVAILABLE, or cannot be reached, until its restarted self does; that one answers this
+    // recovery's roll-back as done. So it is retried as a push is.
+    spec.retry = Retry::kWhileUnavailable;
     std::vector<RollbackResponse> answers(plan.shards.size());
     const absl::Status status = RunFanOut(
         &context_, spec,
@@ -426,6 +470,7 @@ class ShardedPsClient final : public PsClient {
           "; restart every shard with --restore_step=", request.step(),
           " (each keeps its newest --checkpoint_keep checkpoints)"));
     }
+    *answers_out = std::move(answers);
     return absl::OkStatus();
   }
 

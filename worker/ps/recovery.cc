@@ -57,6 +57,15 @@ std::optional<RollbackPlan> PlanRollback(const std::vector<RegisterResponse>& re
   return plan;
 }
 
+uint64_t RecoveryIdFor(uint64_t from, int64_t step) {
+  // splitmix64 of the two.
+  uint64_t z = from ^ (static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return z == 0 ? 1 : z;
+}
+
 std::string DescribeRecoveries(const std::vector<RegisterResponse>& responses) {
   std::vector<std::string> parts;
   for (size_t s = 0; s < responses.size(); ++s) {

@@ -37,6 +37,10 @@ struct RollbackPlan {
 // recovery (or none was ever restored), or in another mode.
 std::optional<RollbackPlan> PlanRollback(const std::vector<RegisterResponse>& responses);
 
+// The recovery id of a roll-back moved back to `step` from recovery `from` because a shard had no
+// checkpoint of `from`'s step: the same in every worker that finds so, never 0.
+uint64_t RecoveryIdFor(uint64_t from, int64_t step);
+
 // "shard 0 at step 40, recovery 1f; shard 1 at step 60, never restored", for messages.
 std::string DescribeRecoveries(const std::vector<RegisterResponse>& responses);
 
