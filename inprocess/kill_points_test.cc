@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "inprocess/in_process_shard_channel.h"
+#include "inprocess/test_jobs.h"
 #include "server/checkpoint.h"
 #include "server/checkpoint_writer.h"
 #include "server/parameter_service.h"
@@ -45,23 +46,6 @@ constexpr int kWorkers = 2;
 constexpr int kShards = 2;
 constexpr int64_t kSteps = 14;
 constexpr int64_t kCheckpointEvery = 4;
-
-Dataset Synthetic(int n, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  Dataset d;
-  d.size = n;
-  d.dim = 8;
-  d.num_classes = 3;
-  d.features.resize(static_cast<size_t>(n) * 8);
-  d.labels.resize(n);
-  for (int i = 0; i < n; ++i) {
-    float sum = 0;
-    for (int k = 0; k < 8; ++k) sum += d.features[i * 8 + k] = u(rng);
-    d.labels[i] = static_cast<int>(sum) % 3;
-  }
-  return d;
-}
 
 // One shard as a supervisor keeps it: started (fresh, or from its newest checkpoint in `dir`),
 // killed, started again; a roll-back it agrees to restarts it from that step's checkpoint, as
@@ -298,8 +282,8 @@ struct Outcome {
 
 // The job, with shard 1 killed at the first push of `kill_step` (none if < 0).
 Outcome RunJob(ConsistencyMode mode, int64_t kill_step, const std::string& name) {
-  const Dataset train = Synthetic(512, 1);
-  const Dataset test = Synthetic(128, 2);
+  const Dataset train = SyntheticDataset(512, 1);
+  const Dataset test = SyntheticDataset(128, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
   ClusterSpec cluster;
   cluster.set_num_workers(kWorkers);
@@ -332,21 +316,10 @@ Outcome RunJob(ConsistencyMode mode, int64_t kill_step, const std::string& name)
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
-      PsClientOptions options;
-      options.worker_id = w;
-      options.num_workers = kWorkers;
-      options.consistency = cluster.consistency();
-      options.steps_per_epoch = 16;
-      options.total_steps = kSteps;
+      PsClientOptions options = InProcessClientOptions(spec, cluster, w, kSteps);
       options.retry_timeout = absl::Seconds(30);
       options.connect_timeout = absl::Seconds(30);
       options.rpc_timeout = absl::Seconds(90);
-      for (const ParamSpec& p : ModelParamSpecs(spec)) {
-        TensorSpec t;
-        t.set_name(p.name);
-        for (int64_t d : p.shape) t.add_shape(d);
-        options.model.push_back(t);
-      }
       std::vector<std::unique_ptr<ShardChannel>> channels;
       for (auto& s : shards) channels.push_back(std::make_unique<SupervisedChannel>(s.get()));
       auto client = CreatePsClient(options, std::move(channels));

@@ -16,6 +16,7 @@
 #include "server/parameter_shard.h"
 #include "worker/data/dataset.h"
 #include "inprocess/in_process_shard_channel.h"
+#include "inprocess/test_jobs.h"
 #include "worker/ps/ps_client.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model_backend.h"
@@ -23,38 +24,6 @@
 
 namespace rubato {
 namespace {
-
-constexpr int kDim = 8;
-constexpr int kClasses = 3;
-
-// Examples whose label is the argmax of a fixed linear map of the features: learnable.
-Dataset Synthetic(int n, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::mt19937 wrng(99);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> w(kDim * kClasses);
-  for (float& v : w) v = g(wrng);
-  Dataset d;
-  d.size = n;
-  d.dim = kDim;
-  d.num_classes = kClasses;
-  d.features.resize(static_cast<size_t>(n) * kDim);
-  d.labels.resize(n);
-  for (int i = 0; i < n; ++i) {
-    float best = -1e30f;
-    for (int k = 0; k < kDim; ++k) d.features[i * kDim + k] = u(rng);
-    for (int c = 0; c < kClasses; ++c) {
-      float s = 0;
-      for (int k = 0; k < kDim; ++k) s += w[k * kClasses + c] * (d.features[i * kDim + k] - 0.5f);
-      if (s > best) {
-        best = s;
-        d.labels[i] = c;
-      }
-    }
-  }
-  return d;
-}
 
 struct JobResult {
   std::vector<std::vector<std::vector<float>>> params;  // per worker
@@ -69,8 +38,8 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
                  std::vector<GetStatsResponse>* shard_stats = nullptr,
                  int64_t push_bucket_bytes = 0, const char* layers = "8-16-3",
                  int64_t push_budget_bytes = ShardOptions().push_budget_bytes) {
-  const Dataset train = Synthetic(512, 1);
-  const Dataset test = Synthetic(256, 2);
+  const Dataset train = SyntheticDataset(512, 1);
+  const Dataset test = SyntheticDataset(256, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers(layers));
   ClusterSpec cluster;
   cluster.set_num_workers(workers);
@@ -102,18 +71,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      PsClientOptions options;
-      options.worker_id = w;
-      options.num_workers = workers;
-      options.consistency = cluster.consistency();
-      options.steps_per_epoch = 16;
-      options.total_steps = steps;
-      for (const ParamSpec& p : ModelParamSpecs(spec)) {
-        TensorSpec t;
-        t.set_name(p.name);
-        for (int64_t d : p.shape) t.add_shape(d);
-        options.model.push_back(t);
-      }
+      PsClientOptions options = InProcessClientOptions(spec, cluster, w, steps);
       options.target_call_bytes = target_call_bytes;
       auto client = CreatePsClient(options, InProcessChannels(shard_ptrs));
       auto backend = CreateCpuBackend(spec, 1);
@@ -350,7 +308,7 @@ class AnnouncingClient : public FakeClient {
 };
 
 TEST(TrainingLoopTest, AdaptiveBatchChangesThatCannotBeAppliedAreErrors) {
-  const Dataset train = Synthetic(64, 1);
+  const Dataset train = SyntheticDataset(64, 1);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
   auto backend = CreateCpuBackend(spec, 1);
   ASSERT_TRUE(backend.ok());
@@ -419,7 +377,7 @@ class RollBackClient : public FakeClient {
 // exactly as if never interrupted. It drew a batch too many before this was fixed, and the job's
 // weights ended elsewhere than the uninterrupted run's.
 TEST(TrainingLoopTest, AStepRolledBackAfterItsPushFailedIsComputedAgainOnTheSameBatch) {
-  const Dataset train = Synthetic(256, 1);
+  const Dataset train = SyntheticDataset(256, 1);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers("8-16-3"));
   auto backend = CreateCpuBackend(spec, 1);
   ASSERT_TRUE(backend.ok());
