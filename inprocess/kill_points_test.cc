@@ -16,8 +16,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,7 +32,6 @@
 #include "server/parameter_shard.h"
 #include "worker/data/dataset.h"
 #include "worker/model/mlp.h"
-#include "worker/model/model_backend.h"
 #include "worker/model/model_spec.h"
 #include "worker/ps/ps_client.h"
 #include "worker/training_loop.h"
@@ -75,19 +72,12 @@ class Supervised {
         if (rollback_->recovery_id == id) return step;
         return absl::UnavailableError("restarting already, for another recovery");
       }
-      absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir_, options_.shard_id);
-      if (!files.ok()) return files.status();
-      int64_t before = -1;
-      for (const CheckpointFile& f : *files) {
-        if (f.step == step) before = step;
-        if (f.step <= step && before < 0) before = f.step;
-      }
-      if (before != step) {
-        std::string steps;
-        for (const CheckpointFile& f : *files) absl::StrAppend(&steps, " ", f.step);
-        std::fprintf(stderr, "shard %d has no checkpoint of step %lld (it has:%s)\n",
-                     options_.shard_id, static_cast<long long>(step), steps.c_str());
-        return before;
+      absl::StatusOr<int64_t> newest = NewestCheckpointStepAtMost(dir_, options_.shard_id, step);
+      if (!newest.ok()) return newest.status();
+      if (*newest != step) {
+        std::fprintf(stderr, "shard %d has no checkpoint of step %lld\n", options_.shard_id,
+                     static_cast<long long>(step));
+        return *newest;
       }
       rollback_ = RollbackMarker{step, id};
       // Its answer goes out first; then it restarts, as the process would exit and come back.
@@ -322,36 +312,18 @@ Outcome RunJob(ConsistencyMode mode, int64_t kill_step, const std::string& name)
       options.rpc_timeout = absl::Seconds(90);
       std::vector<std::unique_ptr<ShardChannel>> channels;
       for (auto& s : shards) channels.push_back(std::make_unique<SupervisedChannel>(s.get()));
-      auto client = CreatePsClient(options, std::move(channels));
-      auto backend = CreateCpuBackend(spec, 1);
-      auto batcher = ShardedBatcher::Create(&train, w, kWorkers, 16, 7);
-      if (!client.ok() || !backend.ok() || !batcher.ok()) {
-        errors[w] = "setup failed";
-        return;
-      }
-      std::vector<std::vector<float>> params = InitModelParams(spec, 5);
-      auto start = (*client)->Register(params, 16, 0);
-      if (!start.ok()) {
-        errors[w] = start.status().ToString();
-        return;
-      }
       TrainingOptions t;
-      t.worker_id = w;
       t.steps = kSteps;
-      t.start_step = *start;
       t.log_every = 1000;
-      t.num_workers = kWorkers;
       t.rewind_on_rejoin = mode == BSP;
-      std::ostringstream progress;
-      auto result =
-          RunTraining(t, spec, client->get(), backend->get(), &*batcher, test, &params, &progress);
-      if (!result.ok()) {
-        errors[w] = result.status().ToString();
+      absl::StatusOr<WorkerRun> run =
+          RunInProcessWorker(options, std::move(channels), spec, train, test, t);
+      if (!run.ok()) {
+        errors[w] = run.status().ToString();
         return;
       }
-      out.results[w] = *result;
-      out.params[w] = params;
-      (void)(*client)->Finish(result->steps);
+      out.results[w] = run->result;
+      out.params[w] = std::move(run->params);
     });
   }
   for (auto& t : threads) t.join();

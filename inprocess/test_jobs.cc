@@ -1,7 +1,13 @@
 #include "inprocess/test_jobs.h"
 
 #include <random>
+#include <sstream>
+#include <utility>
 #include <vector>
+
+#include "common/status_macros.h"
+#include "worker/model/mlp.h"
+#include "worker/model/model_backend.h"
 
 namespace rubato {
 namespace {
@@ -54,6 +60,28 @@ PsClientOptions InProcessClientOptions(const ModelSpec& spec, const ClusterSpec&
     options.model.push_back(t);
   }
   return options;
+}
+
+absl::StatusOr<WorkerRun> RunInProcessWorker(const PsClientOptions& options,
+                                             std::vector<std::unique_ptr<ShardChannel>> channels,
+                                             const ModelSpec& spec, const Dataset& train,
+                                             const Dataset& test, TrainingOptions training) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                   CreatePsClient(options, std::move(channels)));
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> backend, CreateCpuBackend(spec, 1));
+  ASSIGN_OR_RETURN(ShardedBatcher batcher,
+                   ShardedBatcher::Create(&train, options.worker_id, options.num_workers, 16, 7));
+  WorkerRun run;
+  run.params = InitModelParams(spec, 5);
+  ASSIGN_OR_RETURN(training.start_step, client->Register(run.params, 16, 0));
+  training.worker_id = options.worker_id;
+  training.num_workers = options.num_workers;
+  std::ostringstream progress;
+  ASSIGN_OR_RETURN(run.result, RunTraining(training, spec, client.get(), backend.get(), &batcher,
+                                           test, &run.params, &progress));
+  run.progress = progress.str();
+  (void)client->Finish(run.result.steps);
+  return run;
 }
 
 }  // namespace rubato

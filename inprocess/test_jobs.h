@@ -4,11 +4,17 @@
 #define RUBATO_INPROCESS_TEST_JOBS_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "proto/cluster.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/model/model_spec.h"
 #include "worker/ps/ps_client.h"
+#include "worker/ps/shard_channel.h"
+#include "worker/training_loop.h"
 
 namespace rubato {
 
@@ -20,6 +26,22 @@ Dataset SyntheticDataset(int n, uint64_t seed);
 // (16 steps an epoch): its id, the job's workers and consistency, and the model's tensors.
 PsClientOptions InProcessClientOptions(const ModelSpec& spec, const ClusterSpec& cluster,
                                        int worker, int64_t steps);
+
+// What one worker's run ended with.
+struct WorkerRun {
+  TrainingResult result;
+  std::vector<std::vector<float>> params;
+  std::string progress;  // Its JSON lines.
+};
+
+// Worker options.worker_id's whole run over `channels`: a CPU backend, batches of 16 from
+// `train` (shuffle seed 7), initial weights of seed 5, registration, the training loop with
+// `training` (its worker_id, num_workers and start_step are set here), then Finish. The first
+// error, if any.
+absl::StatusOr<WorkerRun> RunInProcessWorker(const PsClientOptions& options,
+                                             std::vector<std::unique_ptr<ShardChannel>> channels,
+                                             const ModelSpec& spec, const Dataset& train,
+                                             const Dataset& test, TrainingOptions training);
 
 }  // namespace rubato
 

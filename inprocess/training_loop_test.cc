@@ -73,39 +73,21 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
     threads.emplace_back([&, w] {
       PsClientOptions options = InProcessClientOptions(spec, cluster, w, steps);
       options.target_call_bytes = target_call_bytes;
-      auto client = CreatePsClient(options, InProcessChannels(shard_ptrs));
-      auto backend = CreateCpuBackend(spec, 1);
-      auto batcher = ShardedBatcher::Create(&train, w, workers, 16, 7);
-      if (!client.ok() || !backend.ok() || !batcher.ok()) {
-        errors[w] = "setup failed";
-        return;
-      }
-      std::vector<std::vector<float>> params = InitModelParams(spec, 5);
-      auto start = (*client)->Register(params, 16, 0);
-      if (!start.ok()) {
-        errors[w] = start.status().ToString();
-        return;
-      }
       TrainingOptions t;
-      t.worker_id = w;
       t.steps = steps;
-      t.start_step = *start;
       t.overlap = overlap;
       t.push_bucket_bytes = push_bucket_bytes;
       t.log_every = 1000;
       t.adaptive_batch = adaptive.max_global_batch() > 0;
-      t.num_workers = workers;
-      std::ostringstream progress;
-      auto result =
-          RunTraining(t, spec, client->get(), backend->get(), &*batcher, test, &params, &progress);
-      if (!result.ok()) {
-        errors[w] = result.status().ToString();
+      absl::StatusOr<WorkerRun> run = RunInProcessWorker(
+          options, InProcessChannels(shard_ptrs), spec, train, test, t);
+      if (!run.ok()) {
+        errors[w] = run.status().ToString();
         return;
       }
-      job.results[w] = *result;
-      job.params[w] = params;
-      job.progress[w] = progress.str();
-      (void)(*client)->Finish(result->steps);
+      job.results[w] = run->result;
+      job.params[w] = std::move(run->params);
+      job.progress[w] = std::move(run->progress);
     });
   }
   for (auto& t : threads) t.join();

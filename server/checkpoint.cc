@@ -120,6 +120,17 @@ absl::StatusOr<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(const std::
   return std::nullopt;
 }
 
+absl::StatusOr<int64_t> NewestCheckpointStepAtMost(const std::string& dir, int shard_id,
+                                                   int64_t step) {
+  absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(dir, shard_id);
+  if (absl::IsNotFound(files.status())) return -1;
+  if (!files.ok()) return files.status();
+  for (const CheckpointFile& f : *files) {  // Newest first.
+    if (f.step <= step) return f.step;
+  }
+  return -1;
+}
+
 absl::StatusOr<int> RemoveStaleTemporaries(const std::string& dir, int shard_id) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {

@@ -32,6 +32,11 @@ struct CheckpointFile {
 // NOT_FOUND if `dir` does not exist.
 absl::StatusOr<std::vector<CheckpointFile>> ListCheckpoints(const std::string& dir, int shard_id);
 
+// The step of the shard's newest checkpoint file in `dir` at or before `step` (names only: a
+// roll-back names a step, and reading it checks it); -1 if there is none, or no directory.
+absl::StatusOr<int64_t> NewestCheckpointStepAtMost(const std::string& dir, int shard_id,
+                                                   int64_t step);
+
 // Writes `checkpoint` (its shard_id and step name the file) as above and keeps the newest `keep`
 // (>= 1). An error names the file and the system's reason (e.g. "No space left on device"); the
 // temporary file is then removed and nothing else changed.

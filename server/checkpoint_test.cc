@@ -112,6 +112,19 @@ TEST(CheckpointTest, KeepsTheNewestAndListsThemNewestFirst) {
   EXPECT_EQ(ListCheckpoints(dir, 1)->size(), 1u);
 }
 
+// What a roll-back to a step the writer skipped answers with: the newest step at or before it.
+TEST(CheckpointTest, TheNewestCheckpointAtOrBeforeAStepIsFoundByName) {
+  const std::string dir = FreshDir("at_most");
+  EXPECT_EQ(*NewestCheckpointStepAtMost(dir + "/none", 0, 100), -1) << "no directory";
+  for (int64_t step : {0, 8, 16}) ASSERT_TRUE(WriteCheckpoint(dir, Sample(0, step), 5).ok());
+  ASSERT_TRUE(WriteCheckpoint(dir, Sample(1, 12), 5).ok());  // Another shard's.
+  EXPECT_EQ(*NewestCheckpointStepAtMost(dir, 0, 16), 16);
+  EXPECT_EQ(*NewestCheckpointStepAtMost(dir, 0, 12), 8);
+  EXPECT_EQ(*NewestCheckpointStepAtMost(dir, 0, 7), 0);
+  EXPECT_EQ(*NewestCheckpointStepAtMost(dir, 0, -1), -1);
+  EXPECT_EQ(*NewestCheckpointStepAtMost(dir, 1, 11), -1);
+}
+
 TEST(CheckpointTest, ADamagedCheckpointIsSkippedForThePreviousOneNamingWhy) {
   struct Case {
     std::string what;

@@ -111,12 +111,12 @@ DataPlaneServer::~DataPlaneServer() {
   std::list<std::unique_ptr<Connection>> all;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& c : connections_) ::shutdown(c->fd, SHUT_RDWR);  // Wakes its reads and writes.
+    for (auto& c : connections_) ::shutdown(c->socket->fd(), SHUT_RDWR);  // Wakes its reads and writes.
     all = std::move(connections_);
   }
   for (auto& c : all) {
     c->thread.join();
-    ::close(c->fd);
+    ::close(c->socket->fd());
   }
 }
 
@@ -144,7 +144,7 @@ void DataPlaneServer::Reap() {
   }
   for (auto& c : ended) {
     c->thread.join();
-    ::close(c->fd);
+    ::close(c->socket->fd());
   }
 }
 
@@ -169,7 +169,6 @@ void DataPlaneServer::AcceptLoop() {
     SetDataSocketOptions(fd);
     WatchPeerLiveness(fd, options_.peer_dead_after);
     auto connection = std::make_unique<Connection>();
-    connection->fd = fd;
     connection->socket = std::make_unique<DataSocket>(fd);
     connection->peer = PeerName(addr);
     Connection* raw = connection.get();
@@ -198,7 +197,7 @@ bool DataPlaneServer::Admit(const std::string& peer) {
   }
   if (pending >= options_.max_pending_hellos && oldest_pending != nullptr) {
     // Its thread sees the end in its hello and ends; Reap joins it.
-    ::shutdown(oldest_pending->fd, SHUT_RDWR);
+    ::shutdown(oldest_pending->socket->fd(), SHUT_RDWR);
     oldest_pending->ended.store(true);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
     if (eviction_said_ != now_s) {  // At most once a second.
@@ -411,7 +410,7 @@ void DataPlaneServer::Serve(Connection* c) {
     absl::MutexLock lock(&mu_);
     --per_worker_[*worker];
   }
-  ::shutdown(c->fd, SHUT_RDWR);
+  ::shutdown(c->socket->fd(), SHUT_RDWR);
   c->ended.store(true);
 }
 
@@ -436,7 +435,7 @@ std::optional<int> DataPlaneServer::AnswerHello(Connection* c) {
       absl::MutexLock lock(&mu_);
       --per_worker_[*worker];
     }
-    ::shutdown(c->fd, SHUT_RDWR);  // The peer sees the end now; Reap closes the fd.
+    ::shutdown(c->socket->fd(), SHUT_RDWR);  // The peer sees the end now; Reap closes the fd.
     c->ended.store(true);
     return std::nullopt;
   }

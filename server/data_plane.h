@@ -125,8 +125,9 @@ class DataPlaneServer {
 
  private:
   struct Connection {
-    int fd = -1;
-    std::unique_ptr<DataSocket> socket;  // Over fd: what its thread reads and writes through.
+    // Its socket (closed by whoever reaps it; shut down from any thread), and the TLS session
+    // its thread reads and writes through.
+    std::unique_ptr<DataSocket> socket;
     bool handshake_failed = false;       // Its TLS handshake failed (its thread's).
     std::string peer;
     int worker = -1;  // Set once its hello is accepted.

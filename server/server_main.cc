@@ -374,17 +374,9 @@ class Checkpoints {
     if (!loaded->has_value()) {
       // Skipped by the writer (or pruned): the newest before it, for the worker to pick a step
       // every shard has.
-      absl::StatusOr<std::vector<rubato::CheckpointFile>> files =
-          rubato::ListCheckpoints(config_.checkpoint_dir, shard_id);
-      int64_t before = -1;
-      if (files.ok()) {
-        for (const rubato::CheckpointFile& f : *files) {
-          if (f.step < step) {
-            before = f.step;
-            break;  // Newest first.
-          }
-        }
-      }
+      ASSIGN_OR_RETURN(
+          const int64_t before,
+          rubato::NewestCheckpointStepAtMost(config_.checkpoint_dir, shard_id, step - 1));
       RUBATO_LOG(WARNING) << "asked to roll back to step " << step << ": no checkpoint of it in "
                           << config_.checkpoint_dir << "; the newest before it is "
                           << (before < 0 ? std::string("none") : absl::StrCat("of step ", before));

@@ -450,9 +450,18 @@ TEST(ShardCheckpointTest, AShardRestoredAtTheStepAndUntouchedJoinsTheRecoveryInP
     ASSERT_TRUE(restored->Register(Registration(w, BSP, false)).ok());
   }
   ASSERT_NO_FATAL_FAILURE(Train(restored.get(), 4, 6));
+  // Asked to roll back to a step after its restore but ahead of where it stands (another worker's
+  // roll-back brought it back meanwhile), it answers behind, agrees to nothing, and stays.
+  r = restored->Rollback(RollbackTo(8, 44));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->behind());
+  EXPECT_FALSE(r->restarting());
+  EXPECT_EQ(hook_calls, 0);
+  EXPECT_EQ(restored->recovery_id(), 22u);
   r = restored->Rollback(RollbackTo(4, 33));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->restarting());
+  EXPECT_FALSE(r->behind());
   EXPECT_EQ(hook_calls, 1);
 }
 

@@ -38,6 +38,16 @@ TEST(RecoveryTest, UnderBspTheShardsAheadRollBackToTheRestoredOneFurthestBehind)
   EXPECT_EQ(plan->shards, (std::vector<int>{0, 2}));
 }
 
+// Workers that each find a shard without the step's checkpoint move the recovery back alike: the
+// same id from the same recovery and step, another for another step, never 0 (no recovery).
+TEST(RecoveryTest, ARecoveryMovedBackGetsTheSameIdInEveryWorker) {
+  EXPECT_EQ(RecoveryIdFor(0xab, 40), RecoveryIdFor(0xab, 40));
+  EXPECT_NE(RecoveryIdFor(0xab, 40), RecoveryIdFor(0xab, 36));
+  EXPECT_NE(RecoveryIdFor(0xab, 40), RecoveryIdFor(0xac, 40));
+  EXPECT_NE(RecoveryIdFor(0xab, 40), 0xabu);
+  for (int64_t step = 0; step < 1000; ++step) EXPECT_NE(RecoveryIdFor(0, step), 0u);
+}
+
 TEST(RecoveryTest, OutsideBspAndBackupShardsAreNeverRolledBack) {
   EXPECT_FALSE(PlanRollback(Answers(ASYNC, {{60, 0}, {40, 0xab}})).has_value());
   EXPECT_FALSE(PlanRollback(Answers(SSP, {{60, 0}, {40, 0xab}})).has_value());
