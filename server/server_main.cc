@@ -10,8 +10,11 @@
 // worker has finished, or the rest were dropped and did not come back within one lease. It then
 // prints its final statistics as one JSON line on stdout ({"event":"stats",...}, a stats record of
 // proto/progress.proto; also written to --stats_file if given) and exits 0. No worker live for
-// --idle_timeout_ms and none finished: exit 1 naming the workers. SIGINT or SIGTERM: the same
-// final statistics, exit 0. Every port serves the gRPC health service (SERVING until shutdown),
+// --idle_timeout_ms and none finished: exit 1 naming the workers. SIGINT or SIGTERM before the job
+// is over (an eviction, a drain, a pod deleted): the same orderly shutdown and final statistics,
+// then exit 128 + the signal's number (130, 143), as a shell reports a process the signal killed,
+// so that a supervisor (Kubernetes, the launcher) sees a shard that did not finish and starts it
+// again from its checkpoints; a signal after the job is over changes nothing (exit 0). Every port serves the gRPC health service (SERVING until shutdown),
 // and --health_listen adds a plaintext port that serves only that, for probes. A bsp or backup
 // shard that agreed to roll back (ParameterShard::Rollback) exits 75 (kExitRollback) to be started
 // again by its supervisor.
@@ -506,9 +509,10 @@ absl::Status WritePortFile(const std::string& bound) {
 }
 
 // Serves until the job is over, a signal arrives or the shard agreed to roll back; returns why
-// the job ended without finishing (an idle timeout), OK otherwise.
+// the job ended without finishing (an idle timeout), OK otherwise, and sets *job_over when every
+// worker has finished or was dropped.
 absl::Status ServeUntilTheEnd(rubato::ParameterShard* shard, absl::Duration idle_timeout,
-                              Checkpoints* checkpoints) {
+                              Checkpoints* checkpoints, bool* job_over) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   // Freed memory is kept for reuse (KeepFreedMemory); give it back now and then, so that a burst
@@ -518,6 +522,7 @@ absl::Status ServeUntilTheEnd(rubato::ParameterShard* shard, absl::Duration idle
     absl::SleepFor(absl::Milliseconds(50));
     absl::StatusOr<bool> finished = shard->JobFinished(idle_timeout);
     if (!finished.ok()) return finished.status();
+    *job_over = *finished;
     if (*finished || checkpoints->RollingBack()) break;
     if (absl::Now() >= next_trim) {
       rubato::ReturnFreedMemory();
@@ -579,12 +584,16 @@ int main(int argc, char** argv) {
     return Fail(std::string(started.message()));
   }
 
-  const absl::Status ended = ServeUntilTheEnd(shard->get(), config->idle_timeout, &checkpoints);
+  bool job_over = false;
+  const absl::Status ended =
+      ServeUntilTheEnd(shard->get(), config->idle_timeout, &checkpoints, &job_over);
   const bool rolling_back = checkpoints.RollingBack();
+  const int signalled = job_over ? 0 : g_signal;
   if (rolling_back) {
     RUBATO_LOG(INFO) << "shutting down to roll back (exit status " << kExitRollback << ")";
-  } else if (g_signal != 0) {
-    RUBATO_LOG(INFO) << "signal " << g_signal << ": shutting down";
+  } else if (signalled != 0) {
+    RUBATO_LOG(WARNING) << "signal " << signalled << " before the job is over: shutting down "
+                        << "(exit status " << 128 + signalled << ": this shard did not finish)";
   } else if (ended.ok()) {
     RUBATO_LOG(INFO) << "job over: every worker has finished or was dropped; shutting down";
   }
@@ -602,5 +611,5 @@ int main(int argc, char** argv) {
   ReportStats(stats);
   if (rolling_back) return kExitRollback;
   if (!ended.ok()) return Fail(std::string(ended.message()), 1);
-  return 0;
+  return signalled != 0 ? 128 + signalled : 0;
 }
