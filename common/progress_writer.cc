@@ -1,8 +1,10 @@
 #include "common/progress_writer.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -225,6 +227,46 @@ std::string ProgressLine(const ProgressRecord& record) {
 void WriteProgress(std::ostream& out, const ProgressRecord& record, bool flush) {
   out << ProgressLine(record) << '\n';
   if (flush) out.flush();
+}
+
+absl::StatusOr<std::unique_ptr<CopyStreamTo>> CopyStreamTo::Open(std::ostream* stream,
+                                                                  const std::string& path) {
+  std::unique_ptr<CopyStreamTo> copy(new CopyStreamTo(stream, path));
+  copy->file_.open(path, std::ios::out | std::ios::app | std::ios::binary);
+  if (!copy->file_.is_open()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot open ", path, " to append the progress records to: ",
+                     std::strerror(errno)));
+  }
+  stream->flush();
+  copy->tee_ = std::make_unique<Tee>(stream->rdbuf(), copy->file_.rdbuf());
+  copy->original_ = stream->rdbuf(copy->tee_.get());
+  return copy;
+}
+
+CopyStreamTo::~CopyStreamTo() {
+  if (tee_ == nullptr) return;  // Open failed: the stream was never touched.
+  stream_->flush();
+  stream_->rdbuf(original_);
+  file_.flush();
+  if (!file_.good()) RUBATO_LOG(ERROR) << "could not write every progress record to " << path_;
+}
+
+int CopyStreamTo::Tee::overflow(int c) {
+  if (c == traits_type::eof()) return traits_type::not_eof(c);
+  second_->sputc(static_cast<char>(c));
+  return first_->sputc(static_cast<char>(c));
+}
+
+std::streamsize CopyStreamTo::Tee::xsputn(const char* s, std::streamsize n) {
+  second_->sputn(s, n);
+  return first_->sputn(s, n);
+}
+
+int CopyStreamTo::Tee::sync() {
+  const int second = second_->pubsync();
+  const int first = first_->pubsync();
+  return first == 0 && second == 0 ? 0 : -1;
 }
 
 double RoundDecimals(double value, int decimals) { return Reprinted("%.*f", decimals, value); }

@@ -13,9 +13,13 @@
 #ifndef RUBATO_COMMON_PROGRESS_WRITER_H_
 #define RUBATO_COMMON_PROGRESS_WRITER_H_
 
+#include <fstream>
+#include <memory>
 #include <ostream>
+#include <streambuf>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "proto/progress.pb.h"
 
 namespace rubato {
@@ -35,6 +39,44 @@ void WriteProgress(std::ostream& out, const ProgressRecord& record, bool flush =
 // finite is returned as it is.
 double RoundDecimals(double value, int decimals);
 double RoundSignificant(double value, int digits);
+
+// While it lives, everything written to `stream` (std::cout: the progress records) is also
+// appended to a file, so that the records outlive a container's log (Kubernetes deletes it with
+// the pod). Appends: a process started again after a failure adds its records to its earlier
+// ones. A write to the file that fails does not stop the stream; the destructor logs it.
+//
+//   auto copy = CopyStreamTo::Open(&std::cout, "/opt/rubato/outputs/worker-0.jsonl");
+class CopyStreamTo {
+ public:
+  // InvalidArgument naming the path when the file cannot be opened for appending.
+  static absl::StatusOr<std::unique_ptr<CopyStreamTo>> Open(std::ostream* stream,
+                                                            const std::string& path);
+  ~CopyStreamTo();  // Flushes the file and gives `stream` its own buffer back.
+  CopyStreamTo(const CopyStreamTo&) = delete;
+  CopyStreamTo& operator=(const CopyStreamTo&) = delete;
+
+ private:
+  class Tee : public std::streambuf {
+   public:
+    Tee(std::streambuf* first, std::streambuf* second) : first_(first), second_(second) {}
+
+   protected:
+    int overflow(int c) override;
+    std::streamsize xsputn(const char* s, std::streamsize n) override;
+    int sync() override;
+
+   private:
+    std::streambuf* const first_;
+    std::streambuf* const second_;
+  };
+  CopyStreamTo(std::ostream* stream, std::string path) : stream_(stream), path_(std::move(path)) {}
+
+  std::ostream* const stream_;
+  const std::string path_;
+  std::ofstream file_;
+  std::unique_ptr<Tee> tee_;
+  std::streambuf* original_ = nullptr;
+};
 
 }  // namespace rubato
 

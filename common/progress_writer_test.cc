@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -164,4 +166,39 @@ TEST(RoundTest, AsPrintfRounds) {
 }
 
 }  // namespace
+TEST(CopyStreamToTest, AppendsWhatTheStreamGetsWhileItLivesAndGivesTheStreamBack) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/records.jsonl";
+  std::ofstream(path) << "{\"event\":\"earlier\"}\n";  // A run before a restart.
+  std::ostringstream out;
+  out << "before\n";
+  {
+    auto copy = CopyStreamTo::Open(&out, path);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    ProgressRecord r;
+    r.mutable_rejoin()->set_worker(1);
+    WriteProgress(out, r);
+    out << 'x' << std::string(5000, 'y') << '\n';  // One character, then more than a buffer.
+  }
+  out << "after\n";
+  const std::string line = ProgressLine([] {
+    ProgressRecord r;
+    r.mutable_rejoin()->set_worker(1);
+    return r;
+  }());
+  const std::string copied = line + "\nx" + std::string(5000, 'y') + "\n";
+  EXPECT_EQ(out.str(), "before\n" + copied + "after\n");
+  std::ifstream in(path);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(file, "{\"event\":\"earlier\"}\n" + copied);
+}
+
+TEST(CopyStreamToTest, AFileThatCannotBeOpenedIsAnErrorNamingIt) {
+  std::ostringstream out;
+  auto copy = CopyStreamTo::Open(&out, "/nonexistent-dir/records.jsonl");
+  ASSERT_FALSE(copy.ok());
+  EXPECT_NE(copy.status().message().find("/nonexistent-dir/records.jsonl"), std::string::npos);
+  out << "still here";
+  EXPECT_EQ(out.str(), "still here");
+}
+
 }  // namespace rubato

@@ -95,6 +95,9 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(std::string, export_model, "",
           "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
           "the --model spec and its named tensors), atomically.");
+ABSL_FLAG(std::string, records_file, "",
+          "Also append every progress record (the JSON lines on stdout) to this file, so that "
+          "they outlive the process's log (a Kubernetes pod's is deleted with it).");
 ABSL_FLAG(std::string, eval_model, "",
           "Evaluate this exported model on the test set (--data_dir, --test_limit, --backend) and "
           "exit; no servers or other workers are needed.");
@@ -716,6 +719,12 @@ int main(int argc, char** argv) {
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));
   if (const std::string t = absl::GetFlag(FLAGS_ps_transport); t != "auto" && t != "grpc") {
     return Fail(kExitUsage, absl::StrCat("--ps_transport=", t, " is not auto or grpc"));
+  }
+  std::unique_ptr<rubato::CopyStreamTo> records_copy;
+  if (const std::string path = absl::GetFlag(FLAGS_records_file); !path.empty()) {
+    auto copy = rubato::CopyStreamTo::Open(&std::cout, path);
+    if (!copy.ok()) return Fail(kExitUsage, absl::StrCat("--records_file: ", copy.status().message()));
+    records_copy = std::move(*copy);
   }
   if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {
     return EvalModel(path);
