@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -229,8 +230,21 @@ void WriteProgress(std::ostream& out, const ProgressRecord& record, bool flush) 
   if (flush) out.flush();
 }
 
+absl::Status MakeParentDirectory(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return absl::OkStatus();
+  std::error_code error;
+  std::filesystem::create_directories(parent, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot make the directory ", parent.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CopyStreamTo>> CopyStreamTo::Open(std::ostream* stream,
                                                                   const std::string& path) {
+  if (absl::Status made = MakeParentDirectory(path); !made.ok()) return made;
   std::unique_ptr<CopyStreamTo> copy(new CopyStreamTo(stream, path));
   copy->file_.open(path, std::ios::out | std::ios::app | std::ios::binary);
   if (!copy->file_.is_open()) {

@@ -40,10 +40,14 @@ void WriteProgress(std::ostream& out, const ProgressRecord& record, bool flush =
 double RoundDecimals(double value, int decimals);
 double RoundSignificant(double value, int digits);
 
+// Makes the directory that will hold `path` (and its parents) if missing, so that an output can
+// go to a fresh per-run directory on a shared volume. InvalidArgument naming it when it cannot.
+absl::Status MakeParentDirectory(const std::string& path);
+
 // While it lives, everything written to `stream` (std::cout: the progress records) is also
 // appended to a file, so that the records outlive a container's log (Kubernetes deletes it with
 // the pod). Appends: a process started again after a failure adds its records to its earlier
-// ones. A write to the file that fails does not stop the stream; the destructor logs it.
+// ones. Its directory is made if missing. A write to the file that fails does not stop the stream; the destructor logs it.
 //
 //   auto copy = CopyStreamTo::Open(&std::cout, "/opt/rubato/outputs/worker-0.jsonl");
 class CopyStreamTo {

@@ -167,7 +167,12 @@ TEST(RoundTest, AsPrintfRounds) {
 
 }  // namespace
 TEST(CopyStreamToTest, AppendsWhatTheStreamGetsWhileItLivesAndGivesTheStreamBack) {
-  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/records.jsonl";
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/run-1/outputs";
+  const std::string path = dir + "/records.jsonl";
+  {
+    auto first = CopyStreamTo::Open(&std::cout, path);  // Makes the directory.
+    ASSERT_TRUE(first.ok()) << first.status();
+  }
   std::ofstream(path) << "{\"event\":\"earlier\"}\n";  // A run before a restart.
   std::ostringstream out;
   out << "before\n";
@@ -193,10 +198,13 @@ TEST(CopyStreamToTest, AppendsWhatTheStreamGetsWhileItLivesAndGivesTheStreamBack
 }
 
 TEST(CopyStreamToTest, AFileThatCannotBeOpenedIsAnErrorNamingIt) {
+  // Its directory would be under a plain file.
+  const std::string file = std::string(std::getenv("TEST_TMPDIR")) + "/a-file";
+  std::ofstream(file) << "x";
   std::ostringstream out;
-  auto copy = CopyStreamTo::Open(&out, "/nonexistent-dir/records.jsonl");
+  auto copy = CopyStreamTo::Open(&out, file + "/outputs/records.jsonl");
   ASSERT_FALSE(copy.ok());
-  EXPECT_NE(copy.status().message().find("/nonexistent-dir/records.jsonl"), std::string::npos);
+  EXPECT_NE(copy.status().message().find(file + "/outputs"), std::string::npos) << copy.status();
   out << "still here";
   EXPECT_EQ(out.str(), "still here");
 }

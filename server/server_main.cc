@@ -540,7 +540,9 @@ void ReportStats(const rubato::GetStatsResponse& stats) {
   const std::string json = rubato::ProgressLine(record);
   std::cout << json << std::endl;
   if (const std::string path = absl::GetFlag(FLAGS_stats_file); !path.empty()) {
-    if (!(std::ofstream(path) << json << "\n")) {
+    if (absl::Status made = rubato::MakeParentDirectory(path); !made.ok()) {
+      RUBATO_LOG(ERROR) << "--stats_file: " << made;
+    } else if (!(std::ofstream(path) << json << "\n")) {
       RUBATO_LOG(ERROR) << "cannot write --stats_file " << path;
     }
   }

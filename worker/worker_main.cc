@@ -529,6 +529,7 @@ absl::Status ExportIfAsked(int worker_id, const rubato::ClusterSpec& cluster,
   about.set_test_accuracy(result.test.accuracy);
   about.set_test_loss(result.test.loss);
   about.set_test_examples(result.test.examples);
+  RETURN_IF_ERROR(rubato::MakeParentDirectory(path));
   RETURN_IF_ERROR(rubato::ExportModel(path, model.text, model.spec, params, about));
   RUBATO_LOG(INFO) << "model exported to " << path;
   return absl::OkStatus();
