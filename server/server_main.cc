@@ -603,11 +603,20 @@ int main(int argc, char** argv) {
   checkpoints.Finish();
   const rubato::GetStatsResponse stats = (*shard)->Stats();
   // Answers parked pulls first, so that the server can drain. Rolling back, the shard comes back
-  // at once: its answer is one that workers retry until it does.
-  (*shard)->Shutdown(rolling_back ? absl::UnavailableError(absl::StrCat(
-                                        "parameter server shard ", config->shard_id,
-                                        " is restarting to roll back"))
-                                  : absl::OkStatus());
+  // at once; signalled before the job is over (an eviction, a drain), its supervisor starts it
+  // again: either answer is one that workers retry (up to --retry_timeout_ms, which
+  // --server_restart_timeout_s raises) until its restarted self answers. The job over: "shutting
+  // down", which no worker retries.
+  absl::Status why = absl::OkStatus();
+  if (rolling_back) {
+    why = absl::UnavailableError(absl::StrCat("parameter server shard ", config->shard_id,
+                                              " is restarting to roll back"));
+  } else if (signalled != 0) {
+    why = absl::UnavailableError(absl::StrCat("parameter server shard ", config->shard_id,
+                                              " was stopped by signal ", signalled,
+                                              " before the job was over"));
+  }
+  (*shard)->Shutdown(why);
   front.Stop();
   checkpoints.StopWriter();
   ReportStats(stats);

@@ -8,9 +8,10 @@ the image's binaries) or "content_b64" (a ConfigMap's or Secret's key); "dirs", 
 "source", "read_only"}: a directory of this machine bind-mounted there (a writable volume: a
 claim, an emptyDir); "hostname"; "uid", "gid",
 "groups"; "env" (the container's whole environment); "argv" (its command and arguments, expanded).
-Every path must be under /opt, which gets a tmpfs of its own (the image's /opt/rubato/bin and the
-volumes mounted under it), remounted read-only once written, as the image and those volumes are.
-/tmp gets an empty read-only tmpfs (readOnlyRootFilesystem). Then it becomes uid:gid with exactly
+Every file must be under /opt, which gets a tmpfs of its own (the image's /opt/rubato/bin and the
+volumes mounted under it), remounted read-only once written, as the image and those volumes are;
+a directory under /opt or at /tmp. /tmp gets an empty read-only tmpfs (readOnlyRootFilesystem)
+unless a volume is mounted there (an emptyDir). Then it becomes uid:gid with exactly
 the supplementary groups given, no capabilities and no_new_privs (runAsUser, runAsGroup, fsGroup,
 drop ALL, allowPrivilegeEscalation false) and execs argv with exactly env.
 """
@@ -50,17 +51,20 @@ def main(spec_path):
             f.write(data)
         os.chown(path, item["uid"], item["gid"])
         os.chmod(path, item["mode"])
-    for item in spec.get("dirs", []):  # Writable volumes (a claim, an emptyDir): bind mounts.
-        path = os.path.normpath(item["path"])
-        if not path.startswith(ROOT + "/"):
-            raise SystemExit("k8s_pod_launcher: %s is not under %s" % (path, ROOT))
-        os.makedirs(path, mode=0o755, exist_ok=True)
+    dirs = [dict(item, path=os.path.normpath(item["path"])) for item in spec.get("dirs", [])]
+    for item in dirs:  # Writable volumes (a claim, an emptyDir): bind mounts.
+        if item["path"] == "/tmp":
+            continue
+        if not item["path"].startswith(ROOT + "/"):
+            raise SystemExit("k8s_pod_launcher: %s is not under %s or /tmp" % (item["path"], ROOT))
+        os.makedirs(item["path"], mode=0o755, exist_ok=True)
     mount("-o", "remount,ro", ROOT)
-    for item in spec.get("dirs", []):
-        mount("--bind", item["source"], os.path.normpath(item["path"]))
+    if not any(item["path"] == "/tmp" for item in dirs):
+        mount("-t", "tmpfs", "-o", "ro,mode=0755,size=1m", "rubato-pod-tmp", "/tmp")
+    for item in dirs:
+        mount("--bind", item["source"], item["path"])
         if item.get("read_only"):
-            mount("-o", "remount,bind,ro", os.path.normpath(item["path"]))
-    mount("-t", "tmpfs", "-o", "ro,mode=0755,size=1m", "rubato-pod-tmp", "/tmp")
+            mount("-o", "remount,bind,ro", item["path"])
     socket.sethostname(spec["hostname"])
     os.chdir("/")  # the image sets no WORKDIR
 

@@ -1,17 +1,27 @@
-"""Replays deploy/k8s's rendered overlays as Kubernetes would run them, without a cluster: every pod
-of every Indexed Job (one per completion index) runs the container's exact command, arguments and
-environment ($(VAR) expanded as the kubelet does, JOB_COMPLETION_INDEX and downward-API fields
-filled in) on a host of its own, a Linux network namespace (tests/netns.py), where the headless
-Services' DNS names (rubato-ps-0.rubato-ps, ...) resolve. Each container sees the image's
-/opt/rubato/bin and its ConfigMap and Secret volumes with the modes and owners the kubelet gives
-them, in a mount namespace of its own, and runs as the pod's user, groups and capabilities
+"""Replays deploy/k8s's jobs (make_job.py's JobSets) as Kubernetes would run them, without a
+cluster. The JobSet becomes its Jobs and headless Service as the JobSet controller makes them
+(render.jobset_children); every pod of every Indexed Job (one per completion index) runs the
+container's exact command, arguments and environment ($(VAR) expanded as the kubelet does,
+JOB_COMPLETION_INDEX and downward-API fields filled in) on a host of its own, a Linux network
+namespace (tests/netns.py), where the headless Service's DNS names (rubato-bsp-ps-0-0.rubato-bsp,
+...) resolve. Each container sees the image's /opt/rubato/bin, its ConfigMap and Secret volumes
+with the modes and owners the kubelet gives them, the job's claim and its own emptyDir at /tmp, in
+a mount namespace of its own, and runs as the pod's user, groups and capabilities
 (tests/k8s_pod_launcher.py). A "kubelet" host sends each pod the readiness probe's gRPC health
-check (tests/grpc_health_probe.py).
+check (tests/grpc_health_probe.py); the workers start once every server is ready (dependsOn Ready).
 
-Checks, per overlay: every pod exits 0 by itself (the servers once the workers are done), the
-workers reach the expected test accuracy, and every pod's health port answered SERVING.
-Needs root and iproute2 (skipped, with the reason, where namespaces cannot be made), kubectl and
-deploy/k8s/validate/node_modules (fails without them: ./rubato setup).
+A failed pod is handled as the Job controller does (Controller): its podFailurePolicy decides
+(render.pod_failure_action) whether it is ignored, counted against its index's
+backoffLimitPerIndex or fails the job, and a replacement with the same host name starts after the
+back-off (Kubernetes' 10 s doubling, scaled down 10x here) once the failed one is gone
+(podReplacementPolicy Failed).
+
+Checks, per job: every index succeeds exactly once (the servers after the workers), the workers
+reach the expected test accuracy and final step, every pod's health port answered SERVING, the
+outputs are on the claim; with failures injected (an eviction of a server mid-job, the roll-back
+of the other shard, a worker killed), the job still ends so, with the failures counted as the
+policy says. Needs root and iproute2 (skipped, with the reason, where namespaces cannot be made)
+and deploy/k8s/validate/node_modules (fails without them: ./rubato setup).
 """
 
 import base64
@@ -45,15 +55,19 @@ IMAGE_FILES = {"/opt/rubato/bin/rubato_server": "server/rubato_server",
                "/opt/rubato/bin/rubato_worker": "worker/rubato_worker"}
 IMAGE_ENV = {"PATH": "/opt/rubato/bin"}
 
-# 1 epoch of Fashion-MNIST, MLP 784-256-10, 3 workers x batch 64, SGD at 0.1 (the base's job):
+# 1 epoch of Fashion-MNIST, MLP 784-256-10, 3 workers x batch 64, SGD at 0.1 (jobs/bsp.yaml):
 # measured 0.8034 under bsp and 0.8030 under allreduce (deterministic: each sums in a fixed
-# order; the stragglers overlay only delays), 0.826-0.832 under ssp:2 (arrival order varies). 0.78
+# order; the stragglers job only delays), 0.826-0.832 under ssp:2 (arrival order varies). 0.78
 # leaves room for a different libm or Eigen build, and still fails a job that did not learn (0.10)
 # or lost a worker's updates for long.
 MIN_ACCURACY = 0.78
 JOB_DEADLINE_S = 300      # every worker done (about 15 s each on an idle 2-core machine)
 SERVER_EXIT_S = 60        # servers exit by themselves this soon after the last worker
-WORKER_HEAD_START_S = 1   # workers start first: they must wait for servers that come up late
+READY_S = 60              # servers ready (SERVING) this soon after they start
+STEPS = -(-60000 // (3 * 64))  # 1 epoch, 3 workers of 64: the job's final step (313)
+# The Job controller's back-off before replacing a counted failure: 10 s, doubling (up to 6 min);
+# scaled down 10x so that the test stays short. An ignored failure is replaced at once.
+BACKOFF_S = 1.0
 
 
 # --- what Kubernetes would make of the objects --------------------------------------------------
@@ -92,6 +106,7 @@ class Pod:
     """One pod that a Job would create, with what its container needs."""
 
     def __init__(self, job, index, objects):
+        self.job_object = job
         self.job = job["metadata"]["name"]
         self.index = index
         self.hostname = "%s-%d" % (self.job, index)  # an Indexed Job's pods are named so
@@ -106,6 +121,7 @@ class Pod:
         self.annotations = dict(template["metadata"].get("annotations", {}))
         self.annotations[index_key] = str(index)
         self.subdomain = self.spec.get("subdomain")
+        self.role = self.labels.get("app.kubernetes.io/component")
         self.objects = objects
         self.ip = None
         if len(self.spec["containers"]) != 1 or self.spec.get("initContainers"):
@@ -205,19 +221,24 @@ class Pod:
             else:
                 raise ValueError("%s: volume %s: only configMap and secret volumes are emulated"
                                  % (self.hostname, volume["name"]))
-            if source.get("items"):
-                raise ValueError("%s: volume %s: items are not emulated"
-                                 % (self.hostname, volume["name"]))
             obj = render.find(self.objects, kind, source[name_field])
             if obj is None:
                 raise ValueError("%s: no %s %s" % (self.hostname, kind, source[name_field]))
-            mode = source.get("defaultMode", 0o644)
-            gid = 0
-            if fs_group is not None:
-                mode, gid = mode | 0o440, fs_group
-            for key, value in sorted(obj.get("data", {}).items()):
+            data = obj.get("data", {})
+            # items: only the keys listed, at their paths (the kubelet fails a pod whose key is
+            # missing); none: every key, named so.
+            items = source.get("items") or [{"key": k, "path": k} for k in sorted(data)]
+            for item in items:
+                if item["key"] not in data:
+                    raise ValueError("%s: volume %s: no key %s in %s %s" % (
+                        self.hostname, volume["name"], item["key"], kind, source[name_field]))
+                mode = item.get("mode", source.get("defaultMode", 0o644))
+                gid = 0
+                if fs_group is not None:
+                    mode, gid = mode | 0o440, fs_group
+                value = data[item["key"]]
                 content = value if kind == "Secret" else base64.b64encode(value.encode()).decode()
-                files.append({"path": os.path.join(mount["mountPath"], key),
+                files.append({"path": os.path.join(mount["mountPath"], item["path"]),
                               "content_b64": content, "mode": mode, "uid": 0, "gid": gid})
         return files
 
@@ -236,9 +257,8 @@ class Pod:
                 if render.find(self.objects, "PersistentVolumeClaim", claim) is None:
                     raise ValueError("%s: no PersistentVolumeClaim %s" % (self.hostname, claim))
                 source = os.path.join(volume_root, "pvc-" + claim)
-            elif "emptyDir" in volume:
-                source = os.path.join(volume_root, "emptydir-%s-%s" % (self.hostname,
-                                                                      volume["name"]))
+            elif "emptyDir" in volume:  # The pod's own: a replacement starts with an empty one.
+                source = os.path.join(volume_root, "emptydir-%s-%s" % (self.name, volume["name"]))
             else:
                 continue
             os.makedirs(source, exist_ok=True)
@@ -254,7 +274,7 @@ class Pod:
 
 
 def plan(objects):
-    """The pods the objects' Jobs would create, workers first. Only Indexed Jobs with every pod
+    """The pods the objects' Jobs would create, servers first. Only Indexed Jobs with every pod
     at once (parallelism = completions) are emulated: that is all Rubato deploys."""
     pods = []
     for job in objects:
@@ -268,7 +288,7 @@ def plan(objects):
             raise ValueError("Job %s: only Indexed Jobs with parallelism = completions are emulated"
                              % job["metadata"]["name"])
         pods += [Pod(job, i, objects) for i in range(spec["completions"])]
-    pods.sort(key=lambda p: (p.job != "rubato-worker", p.hostname))
+    pods.sort(key=lambda p: (p.role != "parameter-server", p.hostname))  # servers first
     return pods
 
 
@@ -304,16 +324,17 @@ def dns_names(pods, objects):
 class Running:
     """A started pod: its process (the container's, after the launcher's execs) and its logs."""
 
-    def __init__(self, pod, proc, log_dir):
+    def __init__(self, pod, proc, base):
         self.pod = pod
         self.proc = proc
-        self.log_dir = log_dir
+        self.base = base  # its logs: BASE.stdout, BASE.stderr
         self.exit_time = None
+        self.exit_code = None  # as the kubelet reports it: 128 + N when killed by signal N
+        self.action = None     # a failure's: Ignore, Count or FailJob
         self.rusage = None
 
     def log(self, stream):
-        with open(os.path.join(self.log_dir, "%s.%s" % (self.pod.hostname, stream)),
-                  errors="replace") as f:
+        with open("%s.%s" % (self.base, stream), errors="replace") as f:
             return f.read()
 
     def json_lines(self):
@@ -347,6 +368,84 @@ def on_sigterm(signum, frame):
     raise SystemExit("terminated (signal %d)" % signum)  # unwinds through the cleanups
 
 
+class Controller:
+    """The Job controller and kubelet for the replayed pods: starts them, collects their exits,
+    applies each Job's podFailurePolicy to a failed pod (ignored, counted against its index's
+    backoffLimitPerIndex, or failing the job) and starts its replacement, with the same host name,
+    after the back-off. `failed` says why the job failed, if it did."""
+
+    def __init__(self, test, net, log_dir):
+        self.test, self.net, self.log_dir = test, net, log_dir
+        self.attempts = {}   # host name -> [Running], in order
+        self.pending = []    # (when, Pod): replacements waiting for their back-off
+        self.counted, self.ignored, self.succeeded = {}, {}, {}
+        self.disrupted = set()  # Running objects given the condition DisruptionTarget
+        self.failed = None
+
+    def start(self, pod):
+        r = self.test.start(self.net, pod, self.log_dir, len(self.attempts.get(pod.hostname, [])))
+        self.attempts.setdefault(pod.hostname, []).append(r)
+        return r
+
+    def current(self, host):
+        return self.attempts[host][-1]
+
+    def running(self):
+        return [a[-1] for a in self.attempts.values() if a[-1].exit_time is None]
+
+    def evict(self, host):
+        """What an eviction, a preemption or a drain does: the condition DisruptionTarget, then
+        SIGTERM."""
+        r = self.current(host)
+        self.disrupted.add(r)
+        os.kill(r.proc.pid, signal.SIGTERM)
+
+    def kill(self, host):
+        """A container killed outright (an OOM kill, a node's kernel): SIGKILL, exit 137."""
+        os.kill(self.current(host).proc.pid, signal.SIGKILL)
+
+    def poll(self):
+        now = time.monotonic()
+        for attempts in self.attempts.values():
+            r = attempts[-1]
+            if r.exit_time is not None:
+                continue
+            pid, status, usage = os.wait4(r.proc.pid, os.WNOHANG)
+            if not pid:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            r.exit_code = 128 - code if code < 0 else code  # as the kubelet reports a signal
+            r.proc.returncode = code
+            r.exit_time, r.rusage = now, usage
+            host = r.pod.hostname
+            if r.exit_code == 0:
+                self.succeeded[host] = self.succeeded.get(host, 0) + 1
+                continue
+            spec = r.pod.job_object["spec"]
+            action = render.pod_failure_action(spec, r.pod.container["name"], r.exit_code,
+                                               disrupted=r in self.disrupted)
+            r.action = action
+            if action == "FailJob":
+                self.failed = "%s exited %d: its Job fails (podFailurePolicy): %s" % (
+                    host, r.exit_code, r.tail())
+            elif action == "Ignore":
+                self.ignored[host] = self.ignored.get(host, 0) + 1
+                self.pending.append((now, Pod(r.pod.job_object, r.pod.index, r.pod.objects)))
+            else:
+                n = self.counted[host] = self.counted.get(host, 0) + 1
+                if n > spec["backoffLimitPerIndex"]:
+                    self.failed = "%s failed %d times, over its backoffLimitPerIndex: %s" % (
+                        host, n, r.tail())
+                else:
+                    self.pending.append((now + BACKOFF_S * 2 ** (n - 1),
+                                         Pod(r.pod.job_object, r.pod.index, r.pod.objects)))
+        for when, pod in list(self.pending):
+            if when <= now:
+                self.pending.remove((when, pod))
+                pod.ip = self.net.ip(pod.hostname)
+                self.start(pod)
+
+
 class ReplayTest(unittest.TestCase):
 
     @classmethod
@@ -355,7 +454,7 @@ class ReplayTest(unittest.TestCase):
         # ip(8) lives in /usr/sbin, which a test's PATH may lack.
         path = os.environ.get("PATH", "").split(":")
         os.environ["PATH"] = ":".join(path + [d for d in ("/usr/sbin", "/sbin") if d not in path])
-        cls.tools = render.Tools()  # fails (not skips) without kubectl or node_modules
+        cls.tools = render.Tools()  # fails (not skips) without node_modules
         cls.skip = netns.skip_reason()
         for tool in ("unshare", "setpriv", "mount"):
             if cls.skip is None and not shutil.which(tool):
@@ -367,26 +466,25 @@ class ReplayTest(unittest.TestCase):
         if self.skip:
             self.skipTest(self.skip)
 
-    def replay(self, overlay, tls=False):
-        """Runs the overlay's pods (with the tls component: mutual TLS, certificates from
-        make-secret.sh --tls) to the end; returns {hostname: Running} after the checks that hold
-        for every overlay."""
-        with render.Checkout(self.tools.kubectl) as k8s:
-            if tls:
-                k8s.make_tls(shards=2, workers=3)
-                k8s.add_overlay(overlay + "-tls", ["../" + overlay], ["../../components/tls"])
-                overlay += "-tls"
-            objects = self.tools.to_objects(k8s.render(overlay))
-        pods = plan(objects)
-        self.assertTrue(pods, "overlays/%s makes no pods" % overlay)
-        log_dir = os.path.join(self.out_dir, overlay)
-        os.makedirs(log_dir, exist_ok=True)
-        # A new job, new claims (a claim left from an earlier replay would resume its job).
-        shutil.rmtree(os.path.join(log_dir, "volumes"), ignore_errors=True)
-        running, prober = {}, None
+    def replay(self, name, settings=(), faults=None, label=None):
+        """Runs deploy/k8s/jobs/NAME.yaml (with `settings`) to the end, calling faults(controller)
+        every poll to inject failures; returns the Controller after the checks that hold for every
+        job."""
+        label = label or name
+        objects = render.job(name, "jobset", settings)
+        rc, out = self.tools.validate(render.dump(objects))
+        self.assertEqual(rc, 0, out)
+        run = render.as_run(objects)
+        pods = plan(run)
+        self.assertTrue(pods, "%s makes no pods" % name)
+        log_dir = os.path.join(self.out_dir, label)
+        shutil.rmtree(log_dir, ignore_errors=True)  # A new job: new claims, new logs.
+        os.makedirs(log_dir)
+        prober = None
         net = netns.Network([p.hostname for p in pods] + ["kubelet"])
+        control = Controller(self, net, log_dir)
         try:
-            net.add_names(dns_names(pods, objects))
+            net.add_names(dns_names(pods, run))
             for p in pods:
                 p.ip = net.ip(p.hostname)
             start = time.monotonic()
@@ -397,19 +495,23 @@ class ReplayTest(unittest.TestCase):
                     + [sys.executable, PROBE, str(JOB_DEADLINE_S)] + targets,
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True)
-            for i, p in enumerate(pods):
-                if i > 0 and p.job != pods[i - 1].job:
-                    time.sleep(WORKER_HEAD_START_S)
-                running[p.hostname] = self.start(net, p, log_dir)
-            self.wait(running, start)
-            wall = max(r.exit_time for r in running.values()) - start
-            # Every shard wrote checkpoints onto the claim (the job is longer than one interval).
-            shards = [p for p in pods if p.job == "rubato-ps"]
-            claim = os.path.join(log_dir, "volumes", "pvc-rubato-checkpoints")
-            for p in shards:
-                files = [f for f in (os.listdir(claim) if os.path.isdir(claim) else [])
-                         if f.startswith("shard-%d-step-" % p.index) and f.endswith(".ckpt")]
-                self.assertTrue(files, "%s wrote no checkpoint into %s" % (p.hostname, claim))
+            servers = [p for p in pods if p.role == "parameter-server"]
+            for p in servers:
+                control.start(p)
+            if servers:
+                # The workers' replicated job dependsOn the servers' being Ready.
+                ready = subprocess.run(
+                    net.exec_prefix("kubelet") + [sys.executable, PROBE, str(READY_S)]
+                    + ["%s:%d" % (p.ip, p.health_port()) for p in servers],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=READY_S + 30)
+                statuses = [json.loads(line)["status"] for line in ready.stdout.splitlines()
+                            if line.startswith("{")]
+                self.assertEqual(statuses, ["SERVING"] * len(servers), ready.stdout)
+            for p in pods:
+                if p.role != "parameter-server":
+                    control.start(p)
+            self.wait(control, start, faults)
+            wall = max(r.exit_time for a in control.attempts.values() for r in a) - start
         finally:
             # The prober reports what it last saw; whatever still runs (on a failure) dies with
             # its whole session; then the hosts go.
@@ -419,7 +521,8 @@ class ReplayTest(unittest.TestCase):
                     prober.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-            for proc in [r.proc for r in running.values()] + [prober]:
+            procs = [r.proc for a in control.attempts.values() for r in a]
+            for proc in procs + [prober]:
                 if proc is not None and proc.poll() is None:
                     try:
                         os.killpg(proc.pid, signal.SIGKILL)
@@ -428,9 +531,10 @@ class ReplayTest(unittest.TestCase):
                     proc.wait()
             net.close()
 
-        failed = ["%s exited %d: %s" % (h, r.proc.returncode, r.tail())
-                  for h, r in running.items() if r.proc.returncode != 0]
-        self.assertFalse(failed, "pods failed (logs in %s):\n" % log_dir + "\n".join(failed))
+        self.assertIsNone(control.failed, "the job failed (logs in %s)" % log_dir)
+        # Every index succeeded exactly once: nothing ran twice to completion.
+        self.assertEqual(control.succeeded, {p.hostname: 1 for p in pods},
+                         "logs in %s" % log_dir)
 
         probes = {}
         with open(os.path.join(log_dir, "probe.stdout")) as f:
@@ -445,13 +549,13 @@ class ReplayTest(unittest.TestCase):
                                  "%s's gRPC health check (%s): %s"
                                  % (p.hostname, target, probes.get(target)))
 
-        workers = [r for r in running.values() if r.pod.job == "rubato-worker"]
-        accuracy = {}
-        finals = {}
+        workers = [control.current(p.hostname) for p in pods if p.role == "worker"]
+        accuracy, finals = {}, {}
         for r in workers:
             done = [rec for rec in r.json_lines() if rec.get("event") == "done"]
             self.assertEqual(len(done), 1, "%s: no done record: %s" % (r.pod.hostname, r.tail()))
             finals[r.pod.hostname] = done[0]
+            self.assertEqual(done[0]["steps"], STEPS, r.pod.hostname)
             if "test_accuracy" in done[0]:
                 accuracy[r.pod.hostname] = done[0]["test_accuracy"]
                 self.assertGreaterEqual(done[0]["test_accuracy"], MIN_ACCURACY, r.pod.hostname)
@@ -463,15 +567,42 @@ class ReplayTest(unittest.TestCase):
                 self.assertEqual(done["params_fnv1a"], finals[first]["params_fnv1a"],
                                  "%s did not evaluate, but its weights differ from %s's"
                                  % (host, first))
-        print("replay %s: %d pods, wall %.1f s, test accuracy %s, peak RSS %s" % (
-            overlay, len(pods), wall,
-            " ".join("%s=%.4f" % kv for kv in sorted(accuracy.items())),
-            " ".join("%s=%.0fMB" % (h, r.rusage.ru_maxrss / 1024)
-                     for h, r in sorted(running.items()))),
-            flush=True)
-        return running
+        self.check_outputs(control, pods, run, log_dir)
+        print("replay %s: %d pods, %d started, wall %.1f s, test accuracy %s, failures counted %s,"
+              " ignored %s, peak RSS %s" % (
+                  label, len(pods), sum(len(a) for a in control.attempts.values()), wall,
+                  " ".join("%s=%.4f" % kv for kv in sorted(accuracy.items())),
+                  control.counted, control.ignored,
+                  " ".join("%s=%.0fMB" % (h, a[-1].rusage.ru_maxrss / 1024)
+                           for h, a in sorted(control.attempts.items()))),
+              flush=True)
+        return control
 
-    def start(self, net, pod, log_dir):
+    def check_outputs(self, control, pods, run, log_dir):
+        """What the job left on its claim, under <run>/: every shard's checkpoints and final
+        stats, every worker's records (those of every attempt), worker 0's model."""
+        claims = [o for o in run if o["kind"] == "PersistentVolumeClaim"]
+        self.assertEqual(len(claims), 1)
+        job_id = [a.split("=", 1)[1] for a in pods[0].container["args"]
+                  if a.startswith("--job_id=")][0]
+        root = os.path.join(log_dir, "volumes", "pvc-" + claims[0]["metadata"]["name"], job_id)
+        outputs = os.path.join(root, "outputs")
+        for p in pods:
+            if p.role == "parameter-server":
+                files = [f for f in os.listdir(os.path.join(root, "checkpoints"))
+                         if f.startswith("shard-%d-step-" % p.index) and f.endswith(".ckpt")]
+                self.assertTrue(files, "%s wrote no checkpoint into %s" % (p.hostname, root))
+                with open(os.path.join(outputs, "server-%d.json" % p.index)) as f:
+                    self.assertEqual(json.loads(f.read())["event"], "stats")
+            else:
+                with open(os.path.join(outputs, "worker-%d.jsonl" % p.index)) as f:
+                    records = [json.loads(line) for line in f]
+                logged = [rec for r in control.attempts[p.hostname] for rec in r.json_lines()]
+                self.assertEqual(records, logged, "%s: the records file is its log's records"
+                                 % p.hostname)
+        self.assertGreater(os.path.getsize(os.path.join(outputs, "model.rubato")), 0)
+
+    def start(self, net, pod, log_dir, attempt):
         uid, gid, groups = pod.identity()
         env = dict(IMAGE_ENV)
         env["HOSTNAME"] = pod.hostname  # the container runtime sets it
@@ -480,84 +611,131 @@ class ReplayTest(unittest.TestCase):
                 "dirs": pod.writable_dirs(os.path.join(log_dir, "volumes")),
                 "hostname": pod.hostname, "uid": uid, "gid": gid, "groups": groups, "env": env,
                 "argv": pod.argv()}
-        spec_path = os.path.join(log_dir, "%s.spec.json" % pod.hostname)
-        with open(spec_path, "w") as f:
+        base = os.path.join(log_dir, pod.hostname + ("" if attempt == 0 else ".%d" % attempt))
+        with open(base + ".spec.json", "w") as f:
             json.dump(spec, f, indent=1)
-        with open(os.path.join(log_dir, "%s.argv" % pod.hostname), "w") as f:
+        with open(base + ".argv", "w") as f:
             f.write(" ".join(spec["argv"]) + "\n")
-        with open(os.path.join(log_dir, pod.hostname + ".stdout"), "w") as out, \
-                open(os.path.join(log_dir, pod.hostname + ".stderr"), "w") as err:
+        with open(base + ".stdout", "w") as out, open(base + ".stderr", "w") as err:
             proc = subprocess.Popen(
                 net.exec_prefix(pod.hostname)
                 + ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                   sys.executable, LAUNCHER, spec_path],
+                   sys.executable, LAUNCHER, base + ".spec.json"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-        return Running(pod, proc, log_dir)
+        return Running(pod, proc, base)
 
-    def wait(self, running, start):
-        """Until every pod has exited: workers within JOB_DEADLINE_S, the others (the servers)
-        within SERVER_EXIT_S after the last worker. Collects each exit's time and resource use."""
-        while True:
+    def wait(self, control, start, faults):
+        """Until every pod has exited and no replacement is due, or the job failed: workers within
+        JOB_DEADLINE_S, the servers within SERVER_EXIT_S after the last worker."""
+        while control.failed is None:
+            control.poll()
+            if faults:
+                faults(control)
             now = time.monotonic()
-            for r in running.values():
-                if r.exit_time is None:
-                    pid, status, usage = os.wait4(r.proc.pid, os.WNOHANG)
-                    if pid:
-                        r.proc.returncode = os.waitstatus_to_exitcode(status)
-                        r.exit_time, r.rusage = now, usage
-            left = [r for r in running.values() if r.exit_time is None]
-            if not left:
+            left = control.running()
+            if not left and not control.pending:
                 return
-            workers_left = [r for r in left if r.pod.job == "rubato-worker"]
-            if workers_left:
+            workers_done = all(a[-1].exit_time is not None and a[-1].exit_code == 0
+                               for a in control.attempts.values()
+                               if a[-1].pod.role == "worker")
+            if not workers_done:
                 self.assertLess(now - start, JOB_DEADLINE_S, "workers still running after %d s: %s"
-                                % (JOB_DEADLINE_S, [r.pod.hostname for r in workers_left]))
+                                % (JOB_DEADLINE_S, [r.pod.hostname for r in left]))
             else:
-                last = max(r.exit_time for r in running.values() if r.pod.job == "rubato-worker")
+                last = max(a[-1].exit_time for a in control.attempts.values()
+                           if a[-1].pod.role == "worker")
                 self.assertLess(now - last, SERVER_EXIT_S,
                                 "still running %d s after the last worker finished: %s" % (
                                     SERVER_EXIT_S, [r.pod.hostname for r in left]))
             time.sleep(0.2)
 
-    def check_servers(self, running, shards):
-        servers = [r for r in running.values() if r.pod.job == "rubato-ps"]
+    def check_servers(self, control, shards):
+        servers = [a[-1] for a in control.attempts.values()
+                   if a[-1].pod.role == "parameter-server"]
         self.assertEqual(len(servers), shards)
         for r in servers:
             stats = [rec for rec in r.json_lines() if rec.get("event") == "stats"]
             self.assertEqual(len(stats), 1, "%s: no final stats line" % r.pod.hostname)
 
-    def check_identical_weights(self, running):
-        fingerprints = {r.pod.hostname: rec["params_fnv1a"] for r in running.values()
-                        for rec in r.json_lines() if rec.get("event") == "done"}
+    def check_identical_weights(self, control):
+        fingerprints = {h: rec["params_fnv1a"] for h, a in control.attempts.items()
+                        for rec in a[-1].json_lines() if rec.get("event") == "done"}
         self.assertEqual(len(set(fingerprints.values())), 1, fingerprints)
 
     def test_bsp(self):
-        running = self.replay("bsp")
-        self.check_servers(running, 2)
-        self.check_identical_weights(running)
+        control = self.replay("bsp")
+        self.check_servers(control, 2)
+        self.check_identical_weights(control)
+        self.assertEqual((control.counted, control.ignored), ({}, {}))
 
     def test_bsp_with_tls(self):
-        running = self.replay("bsp", tls=True)
-        self.check_servers(running, 2)
-        self.assertIn("--tls_ca=/opt/rubato/secret/ca.crt", running["rubato-ps-0"].pod.argv())
+        control = self.replay("bsp", ["tls=true"], label="bsp-tls")
+        self.check_servers(control, 2)
+        self.assertIn("--tls_key=/opt/rubato/secret/server.key",
+                      control.current("rubato-bsp-ps-0-0").pod.argv())
 
     def test_ssp(self):
         self.check_servers(self.replay("ssp"), 2)
 
     def test_stragglers(self):
-        running = self.replay("stragglers")
-        self.check_servers(running, 2)
-        self.check_identical_weights(running)
-        delays = {r.pod.index: sum(rec.get("delay_ms", 0) for rec in r.json_lines()
-                                   if rec.get("event") == "step")
-                  for r in running.values() if r.pod.job == "rubato-worker"}
+        control = self.replay("stragglers")
+        self.check_servers(control, 2)
+        self.check_identical_weights(control)
+        delays = {a[-1].pod.index: sum(rec.get("delay_ms", 0) for rec in a[-1].json_lines()
+                                       if rec.get("event") == "step")
+                  for a in control.attempts.values() if a[-1].pod.role == "worker"}
         self.assertGreater(delays[1], 0, "worker 1 is the straggler: %s" % delays)
         self.assertEqual(delays[0] + delays[2], 0, delays)
 
     def test_allreduce(self):
-        running = self.replay("allreduce")
-        self.assertEqual(sorted(running), ["rubato-worker-0", "rubato-worker-1", "rubato-worker-2"])
-        self.check_identical_weights(running)
+        control = self.replay("allreduce")
+        self.assertEqual(sorted(control.attempts), ["rubato-allreduce-worker-0-%d" % i
+                                                    for i in range(3)])
+        self.check_identical_weights(control)
+
+    def test_bsp_survives_an_eviction_a_roll_back_and_a_killed_worker(self):
+        """Shard 1 is evicted mid-job (SIGTERM with DisruptionTarget: exit 143, not counted) and
+        replaced under the same name; it restores its newest checkpoint, so shard 0 rolls back to
+        it (exit 75, not counted) and is replaced too; later worker 2 is killed (exit 137, counted)
+        and replaced after the back-off, and rejoins. The job ends at its final step, every index
+        succeeded once, and the workers agree on the weights."""
+        ps0, ps1 = "rubato-bsp-ps-0-0", "rubato-bsp-ps-0-1"
+        w0, w2 = "rubato-bsp-worker-0-0", "rubato-bsp-worker-0-2"
+        done = []
+
+        def step_of(control, host):
+            steps = [rec["step"] for rec in control.current(host).json_lines()
+                     if rec.get("event") == "step"]
+            return steps[-1] if steps else 0
+
+        def faults(control):
+            if w0 not in control.attempts:
+                return
+            step = step_of(control, w0)
+            if not done and step >= 100:
+                control.evict(ps1)
+                done.append("evicted")
+            elif len(done) == 1 and len(control.attempts[ps1]) == 2 and step >= 200:
+                control.kill(w2)
+                done.append("killed")
+
+        control = self.replay("bsp", ["checkpoint_every_steps=40"], faults, label="bsp-faults")
+        self.assertEqual(done, ["evicted", "killed"])
+        first_ps1 = control.attempts[ps1][0]
+        self.assertEqual(first_ps1.exit_code, 143, "SIGTERM before the job is over: not success")
+        self.assertEqual(first_ps1.action, "Ignore")
+        self.assertIn(75, [r.exit_code for r in control.attempts[ps0]],
+                      "shard 0 rolled back to shard 1's checkpoint")
+        self.assertEqual(control.attempts[w2][0].exit_code, 137)
+        self.assertEqual(control.counted, {w2: 1}, "only the killed worker counts")
+        self.assertEqual(control.ignored[ps1], 1)
+        self.assertGreaterEqual(control.ignored[ps0], 1)
+        self.check_servers(control, 2)
+        self.check_identical_weights(control)
+        finals = [rec for a in control.attempts.values() for rec in a[-1].json_lines()
+                  if rec.get("event") == "done"]
+        self.assertTrue(any(rec.get("redone_steps", 0) > 0 for rec in finals),
+                        "the job was rolled back: steps were computed again: %s" % finals)
 
 
 class ExpansionTest(unittest.TestCase):

@@ -1,50 +1,48 @@
-"""Renders the Kubernetes overlays of deploy/k8s offline, for tests (manifests_test, the replay).
+"""Renders Rubato's Kubernetes jobs offline, for tests (manifests_test, the replay):
 
-    tools = render.Tools()                     # kubectl and node_modules; raises ToolMissing
-    with render.Checkout() as k8s:             # a copy of deploy/k8s with a throwaway job secret
-        text = k8s.render("bsp")               # kubectl kustomize overlays/bsp
-        objects = tools.to_objects(text)       # YAML -> list of dicts, via validate.js --to-json
-        rc, out = tools.validate(text)         # validate.js: rc 0 when every object is ok
+    tools = render.Tools()                      # node and the validator's packages; ToolMissing
+    objects = render.job("bsp", form="jobset")  # make_job.py on deploy/k8s/jobs/bsp.yaml
+    text = render.dump(objects)
+    rc, out = tools.validate(text)              # validate.js: rc 0 when every object is ok
+    children = render.jobset_children(render.find(objects, "JobSet", "rubato-bsp"))
 
-Files are found through the test's runfiles: deploy/k8s's manifests are data of the test, and the
+Files are found through the test's runfiles: deploy/k8s's job files are data of the test, and the
 real path of validate.js leads back to the source tree, where `./rubato setup` installed
 deploy/k8s/validate/node_modules (it is not a Bazel input: 33 MB of npm packages).
 """
 
+import copy
+import json
 import os
-import secrets
+import re
 import shutil
 import subprocess
-import tempfile
+
+from deploy.k8s import make_job
 
 # The runfiles root: this file is deploy/k8s/render.py below it.
 RUNFILES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K8S = os.path.join(RUNFILES, "deploy", "k8s")
-OVERLAYS = ["allreduce", "bsp", "gpu", "ssp", "stragglers"]
+JOBS = sorted(f[:-len(".yaml")] for f in os.listdir(os.path.join(K8S, "jobs"))
+              if f.endswith(".yaml"))
 
 SETUP_HINT = "run ./rubato setup (it installs them), then rerun the test"
 
 
 class ToolMissing(Exception):
-    """kubectl, node or the validator's node_modules are missing (the message says which)."""
+    """node or the validator's node_modules are missing (the message says which)."""
 
 
 class Tools:
-    """kubectl (with kustomize) and node with deploy/k8s/validate's packages."""
+    """node with deploy/k8s/validate's packages."""
 
     def __init__(self):
-        self.kubectl = shutil.which("kubectl")
-        if not self.kubectl:
-            raise ToolMissing("kubectl is not on PATH: it renders the overlays (`kubectl "
-                              "kustomize`, kubectl >= 1.27 for kustomize v5); install it from "
-                              "your Kubernetes distribution (Debian's kubernetes-client 1.20 is "
-                              "too old)")
         self.node = shutil.which("node") or shutil.which("nodejs")
         if not self.node:
             raise ToolMissing("node is not on PATH: it runs the validator; " + SETUP_HINT)
         self.validate_js = os.path.realpath(os.path.join(K8S, "validate", "validate.js"))
         modules = os.path.join(os.path.dirname(self.validate_js), "node_modules")
-        for package in ("kubernetes-models", "yaml"):
+        for package in ("kubernetes-models", "yaml", "ajv"):
             if not os.path.isdir(os.path.join(modules, package)):
                 raise ToolMissing("%s has no %s: %s" % (modules, package, SETUP_HINT))
 
@@ -58,77 +56,18 @@ class Tools:
     def validate(self, text):
         return self.run_validator([], text)
 
-    def to_objects(self, text):
-        import json
-        rc, out = self.run_validator(["--to-json"], text)
-        if rc != 0:
-            raise ValueError("validate.js --to-json failed (rc %d): %s" % (rc, out))
-        return json.loads(out)
+
+def job_file(name):
+    return os.path.join(K8S, "jobs", name + ".yaml")
 
 
-class Checkout:
-    """A temporary copy of deploy/k8s (base, components, overlays, make-secret.sh) with
-    base/job.secret and base/job.id made up for the occasion (the real ones, and any TLS files, are
-    never read), so that the generators have files to read."""
+def job(name, form="jobset", settings=(), **kwargs):
+    """make_job's objects for deploy/k8s/jobs/NAME.yaml with `settings` ("key=value")."""
+    return make_job.render(make_job.load(job_file(name), settings), form, **kwargs)
 
-    def __init__(self, kubectl=None):
-        self.kubectl = kubectl or shutil.which("kubectl")
-        self.dir = tempfile.mkdtemp(prefix="rubato-k8s-")
-        try:
-            for part in ("base", "components", "overlays"):
-                shutil.copytree(os.path.join(K8S, part), os.path.join(self.dir, part),
-                                ignore=shutil.ignore_patterns("job.secret", "job.id", "*.crt",
-                                                              "*.key"))
-            shutil.copy(os.path.join(K8S, "make-secret.sh"), self.dir)
-            self.secret = secrets.token_hex(32).encode()
-            path = os.path.join(self.dir, "base", "job.secret")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.secret)
-            self.job_id = "rubato-render-" + secrets.token_hex(8)
-            with open(os.path.join(self.dir, "base", "job.id"), "w") as f:
-                f.write(self.job_id)
-        except Exception:
-            self.close()
-            raise
 
-    def path(self, *parts):
-        return os.path.join(self.dir, *parts)
-
-    def add_overlay(self, name, resources, components=()):
-        """Writes overlays/NAME: the given resources (paths relative to it) and components."""
-        os.makedirs(self.path("overlays", name))
-        lines = ["apiVersion: kustomize.config.k8s.io/v1beta1", "kind: Kustomization", "resources:"]
-        lines += ["  - " + r for r in resources]
-        if components:
-            lines += ["components:"] + ["  - " + c for c in components]
-        with open(self.path("overlays", name, "kustomization.yaml"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-
-    def make_tls(self, shards, workers):
-        """Runs make-secret.sh --tls SHARDS WORKERS: components/tls gets its certificate files."""
-        subprocess.run([os.path.join(self.dir, "make-secret.sh"), "--tls", str(shards),
-                        str(workers)], check=True, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=60)
-
-    def render(self, overlay):
-        """`kubectl kustomize overlays/OVERLAY`'s output; raises RuntimeError with its message."""
-        done = subprocess.run([self.kubectl, "kustomize", self.path("overlays", overlay)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError("kubectl kustomize overlays/%s failed (rc %d): %s"
-                               % (overlay, done.returncode, done.stderr.strip()))
-        return done.stdout
-
-    def close(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def dump(objects):
+    return make_job.dump(objects)
 
 
 def find(objects, kind, name):
@@ -139,20 +78,55 @@ def find(objects, kind, name):
     return None
 
 
-def generated(objects, kind, prefix):
-    """The object generated by kustomize from NAME (named NAME-<hash>), or None."""
+def jobset_children(jobset):
+    """What the JobSet controller (kubernetes-sigs/jobset v0.9) makes of a JobSet: for each
+    replicated job R and job index j, the Job <jobset>-R-j with the template's labels, the JobSet's
+    labels (jobset.sigs.k8s.io/...) and, with DNS host names, the pods' subdomain; and the headless
+    Service named the subdomain, selecting every pod of the JobSet. Jobs in replicatedJobs order."""
+    name = jobset["metadata"]["name"]
+    spec = jobset["spec"]
+    network = spec.get("network", {})
+    dns = network.get("enableDNSHostnames", True)
+    subdomain = network.get("subdomain") or name
+    children = []
+    if dns:
+        children.append({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": subdomain},
+            "spec": {"clusterIP": "None",
+                     "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True),
+                     "selector": {"jobset.sigs.k8s.io/jobset-name": name}}})
+    for rjob in spec["replicatedJobs"]:
+        for j in range(rjob.get("replicas", 1)):
+            job = copy.deepcopy(rjob["template"])
+            job_name = "%s-%s-%d" % (name, rjob["name"], j)
+            added = {"jobset.sigs.k8s.io/jobset-name": name,
+                     "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                     "jobset.sigs.k8s.io/job-index": str(j)}
+            meta = job.setdefault("metadata", {})
+            meta["name"] = job_name
+            meta.setdefault("labels", {}).update(added)
+            pod_meta = job["spec"]["template"].setdefault("metadata", {})
+            pod_meta.setdefault("labels", {}).update(added)
+            if dns:
+                job["spec"]["template"]["spec"]["subdomain"] = subdomain
+            children.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+                             "spec": job["spec"]})
+    return children
+
+
+def as_run(objects):
+    """The objects a cluster would run: a JobSet replaced by its children."""
+    out = []
     for obj in objects:
-        name = obj.get("metadata", {}).get("name", "")
-        if obj.get("kind") == kind and (name == prefix or name.startswith(prefix + "-")):
-            return obj
-    return None
+        out += jobset_children(obj) if obj["kind"] == "JobSet" else [obj]
+    return out
 
 
 def cluster_spec(objects):
-    """A rough reading of the rendered cluster.pbtxt (only what the topology checks need):
-    {"servers": [...], "workers": [...], "num_workers": N, "mode": "BSP", "staleness": S}."""
-    import re
-    config = generated(objects, "ConfigMap", "rubato-cluster")
+    """A rough reading of the cluster spec in the job's ConfigMap (only what the topology checks
+    need): {"servers": [...], "workers": [...], "num_workers": N, "mode": "BSP", "staleness": S}."""
+    config = next(o for o in objects if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"].endswith("-cluster"))
     text = config["data"]["cluster.pbtxt"]
     text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
     spec = {
@@ -166,3 +140,27 @@ def cluster_spec(objects):
     m = re.search(r"\bmode:\s*([A-Z_]+)", text)
     spec["mode"] = m.group(1) if m else None
     return spec
+
+
+def to_json(objects):
+    return json.loads(json.dumps(objects))
+
+
+def pod_failure_action(job_spec, container, exit_code, disrupted=False):
+    """What the Job controller does with a failed pod of this Job (its podFailurePolicy, Kubernetes
+    1.31): "Ignore" (replaced, not counted), "FailJob", or "Count" (counted against its index's
+    backoffLimitPerIndex, then replaced). The first rule that matches decides; `disrupted`: the pod
+    has the condition DisruptionTarget (evicted, preempted, its node drained or lost)."""
+    for rule in job_spec.get("podFailurePolicy", {}).get("rules", []):
+        codes = rule.get("onExitCodes")
+        if codes is not None:
+            if codes.get("containerName", container) != container:
+                continue
+            hit = exit_code in codes["values"]
+            if (hit if codes["operator"] == "In" else not hit) and exit_code != 0:
+                return rule["action"]
+        for condition in rule.get("onPodConditions", []):
+            if (condition["type"] == "DisruptionTarget" and disrupted
+                    and condition.get("status", "True") == "True"):
+                return rule["action"]
+    return "Count"

@@ -1,12 +1,14 @@
 #!/usr/bin/env node
 // Offline validation of Kubernetes manifests (`kubectl kustomize DIR | node validate.js -`).
 //
-//   node validate.js [--no-strict] FILE...   validate every object; "-" reads stdin
+//   node validate.js [--no-strict] [--crd CRD.yaml]... FILE...   validate every object ("-": stdin)
 //   node validate.js --to-json FILE...       print the objects as one JSON array (no validation)
 //
 // Each document (YAML, several per file, or JSON; `kind: List` is expanded) is checked against the
 // schema of its apiVersion and kind from kubernetes-models (the API's OpenAPI schema, compiled):
-// types, enums, required fields. An unknown apiVersion/kind fails. The schemas ignore fields they
+// types, enums, required fields. Custom resources are checked against the openAPIV3Schema of their
+// CustomResourceDefinition: JobSet's, vendored in third_party/jobset, is always loaded, and --crd
+// adds others (see crdValidator). An unknown apiVersion/kind fails. The schemas ignore fields they
 // do not know, so a strict pass follows (see unknownFields) and a few checks the API server would
 // make and no schema states (see semanticErrors). Prints "ok KIND/NAME" or "FAIL KIND/NAME: why"
 // per object; exits 0 when all are ok, 1 when any failed, 2 on bad usage or unreadable input.
@@ -80,6 +82,56 @@ function unknownFields(model, obj) {
   return unknown;
 }
 
+// The vendored CRDs (third_party/, beside this file's real path: ../../../third_party).
+const VENDORED_CRDS = [
+  path.join(__dirname, "..", "..", "..", "third_party", "jobset", "jobset.x-k8s.io_jobsets.yaml"),
+];
+const crds = new Map();  // "group/version Kind" -> ajv validate function
+
+// A CRD's schema made strict as the API server's field validation is (kubectl apply's default,
+// Strict, refuses unknown fields): every object schema that lists properties and neither allows
+// additional ones nor preserves unknown fields gets additionalProperties: false. The schema's CEL
+// rules (x-kubernetes-validations) and formats are not checked.
+function strictSchema(schema) {
+  if (Array.isArray(schema)) return schema.map(strictSchema);
+  if (schema === null || typeof schema !== "object") return schema;
+  const out = {};
+  for (const [k, v] of Object.entries(schema)) {
+    out[k] = k === "properties"
+      ? Object.fromEntries(Object.entries(v).map(([p, s]) => [p, strictSchema(s)]))
+      : strictSchema(v);
+  }
+  if (out.properties && out.additionalProperties === undefined &&
+      !out["x-kubernetes-preserve-unknown-fields"]) {
+    out.additionalProperties = false;
+  }
+  return out;
+}
+
+function loadCrds(file) {
+  const Ajv = require("ajv");
+  for (const crd of readDocuments(file)) {
+    if (!crd || crd.kind !== "CustomResourceDefinition" || !crd.spec) {
+      throw new Error(`${file}: not a CustomResourceDefinition`);
+    }
+    for (const version of crd.spec.versions || []) {
+      if (!version.served || !version.schema) continue;
+      const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false });
+      const schema = strictSchema(version.schema.openAPIV3Schema);
+      crds.set(`${crd.spec.group}/${version.name} ${crd.spec.names.kind}`, ajv.compile(schema));
+    }
+  }
+}
+
+function crdErrors(validateFn, obj) {
+  if (validateFn(obj)) return [];
+  return validateFn.errors.map((e) => {
+    const extra = e.params && e.params.additionalProperty;
+    return extra ? `${e.instancePath}/${extra}: unknown field`
+      : `${e.instancePath || "/"} ${e.message}`;
+  });
+}
+
 const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const DNS1035_LABEL = /^[a-z]([-a-z0-9]*[a-z0-9])?$/;
@@ -95,8 +147,25 @@ function semanticErrors(obj) {
     : !DNS1123_SUBDOMAIN.test(name) || name.length > 253) {
     errors.push(`metadata.name "${name}" is not a valid ${obj.kind} name`);
   }
+  if (obj.kind === "JobSet" && obj.spec && Array.isArray(obj.spec.replicatedJobs)) {
+    // Each replicated job makes Jobs <jobset>-<name>-<index>: check them as the API server will.
+    for (const rjob of obj.spec.replicatedJobs) {
+      const jobName = `${name}-${rjob.name}-0`;
+      const child = { kind: "Job", metadata: { name: jobName }, spec: rjob.template.spec };
+      const subdomain = (obj.spec.network && obj.spec.network.subdomain) || name;
+      child.spec = { ...child.spec, template: { ...child.spec.template,
+        spec: { ...child.spec.template.spec, subdomain } } };
+      for (const e of semanticErrors(child)) errors.push(`replicated job ${rjob.name}: ${e}`);
+    }
+  }
   const template = obj.spec && obj.spec.template && obj.spec.template.spec;
   if (obj.kind === "Job" && template) {
+    if (obj.spec.podFailurePolicy && template.restartPolicy !== "Never") {
+      errors.push("a podFailurePolicy needs the pods' restartPolicy Never");
+    }
+    if (obj.spec.backoffLimitPerIndex !== undefined && obj.spec.completionMode !== "Indexed") {
+      errors.push("backoffLimitPerIndex needs completionMode Indexed");
+    }
     if (!["Never", "OnFailure"].includes(template.restartPolicy)) {
       errors.push("a Job's pods need restartPolicy Never or OnFailure, got " +
         template.restartPolicy);
@@ -142,6 +211,11 @@ function describe(obj) {
 // The failures of one object ([] when it is valid).
 function check(obj, strict) {
   if (obj === null || typeof obj !== "object" || Array.isArray(obj)) return ["not an object"];
+  const custom = crds.get(`${obj.apiVersion} ${obj.kind}`);
+  if (custom) {
+    const errors = crdErrors(custom, obj);
+    return errors.length ? errors : semanticErrors(obj);
+  }
   const model = modelFor(obj.apiVersion, obj.kind);
   if (!model) return [`unknown kind ${obj.kind} in ${obj.apiVersion}`];
   obj = JSON.parse(JSON.stringify(obj));
@@ -169,8 +243,11 @@ function main(argv) {
   let strict = true;
   let toJson = false;
   const files = [];
-  for (const arg of argv) {
+  const crdFiles = [...VENDORED_CRDS];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
     if (arg === "--no-strict") strict = false;
+    else if (arg === "--crd" && i + 1 < argv.length) crdFiles.push(argv[++i]);
     else if (arg === "--to-json") toJson = true;
     else if (arg.startsWith("--")) {
       process.stderr.write(`validate.js: unknown flag ${arg}\n`);
@@ -178,11 +255,13 @@ function main(argv) {
     } else files.push(arg);
   }
   if (!files.length) {
-    process.stderr.write("usage: node validate.js [--no-strict | --to-json] FILE... (-: stdin)\n");
+    process.stderr.write(
+      "usage: node validate.js [--no-strict | --to-json] [--crd CRD.yaml]... FILE... (-: stdin)\n");
     return 2;
   }
   let objects = [];
   try {
+    if (!toJson) for (const f of crdFiles) loadCrds(f);
     for (const f of files) objects = objects.concat(readDocuments(f));
   } catch (e) {
     process.stderr.write(`validate.js: ${e.message}\n`);
