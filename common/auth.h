@@ -1,7 +1,7 @@
 // JobAuth: authentication of every Rubato RPC by a secret shared by the job's processes.
 //
 // Each job has an identity, its job id (--job_id): a name and a fresh nonce, made by whoever starts
-// the job (./rubato launch, deploy/k8s/make-secret.sh) and given to every process of it. The job's
+// the job (./rubato launch, deploy/k8s/make_job.py) and given to every process of it. The job's
 // key is HMAC-SHA256(secret, "rubato job <job id>") (RFC 2104 / FIPS 198-1), and every credential
 // is made with that key, so nothing of one job is accepted by another, even one started later
 // with the same secret file (a Kubernetes Secret is kept across runs).

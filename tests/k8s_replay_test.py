@@ -736,6 +736,11 @@ class ReplayTest(unittest.TestCase):
                   if rec.get("event") == "done"]
         self.assertTrue(any(rec.get("redone_steps", 0) > 0 for rec in finals),
                         "the job was rolled back: steps were computed again: %s" % finals)
+        # Bit-identical recovery: the same weights as the same job without failures.
+        clean = self.replay("bsp", ["checkpoint_every_steps=40"], label="bsp-no-faults")
+        self.assertEqual({rec["params_fnv1a"] for rec in finals},
+                         {rec["params_fnv1a"] for a in clean.attempts.values()
+                          for rec in a[-1].json_lines() if rec.get("event") == "done"})
 
 
 class ExpansionTest(unittest.TestCase):

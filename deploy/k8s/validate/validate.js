@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Offline validation of Kubernetes manifests (`kubectl kustomize DIR | node validate.js -`).
+// Offline validation of Kubernetes manifests (`deploy/k8s/make_job.py JOB.yaml | node validate.js -`).
 //
 //   node validate.js [--no-strict] [--crd CRD.yaml]... FILE...   validate every object ("-": stdin)
 //   node validate.js --to-json FILE...       print the objects as one JSON array (no validation)
