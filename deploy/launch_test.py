@@ -470,21 +470,32 @@ class RemoteJobTest(JobTest):
             f.write(text)
 
     def test_restart_servers_restarts_a_dead_shard_from_its_checkpoints(self):
-        # Across hosts the launcher does not supervise shards: a usage error that says so.
+        # Across hosts a dead shard is started again on its host, through the remote shell, on
+        # its fixed ports; its --checkpoint_dir is that host's.
         rc, out, err, summary = self.launch(
-            ["--workers", "2", "--restart_servers", "1", "--checkpoint_dir", "ckpt"])
-        self.assertEqual(rc, 2)
-        self.assertIn("--restart_servers: local runs only", err)
+            ["--workers", "2", "--servers", "2", "--restart_servers", "1", "--checkpoint_dir",
+             "ckpt", "--checkpoint_every_steps", "5"], workers="0:slow,1:slow", server="dies-once")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.states(summary), ["done", "done"])
+        self.assertEqual(self.states(summary, "server_outcomes"), ["done", "done"])
+        self.assertEqual(self.states(summary, "restarted_servers"), ["restarted", "restarted"])
+        self.assertEqual(summary["restarted_servers"][0]["signal"], "SIGKILL")
+        self.assertIn("restarting it on hostb:29501 from its checkpoints (1 of 1)", out + err)
+        self.assertEqual(self.pids()["server-1"][1], "hostb")
+        argv = self.argv("server-1.restart-1")
+        self.assertIn("--listen=0.0.0.0:29501", argv)  # The address the workers know.
+        self.assertIn("--checkpoint_dir=ckpt", argv)
 
-    # Across hosts nothing restarts a shard that stops to roll back: it ends the job (the case
-    # below, inherited), and the supervised case is the usage error above.
-    test_a_shard_that_stops_to_roll_back_is_restarted_without_counting_against_n = None
+    # A shard that stops to roll back (exit 75) is restarted on its host as locally: the case
+    # above, inherited.
     # The remote hosts' directories are theirs: the launcher cannot look into them.
     test_a_checkpoint_dir_of_an_earlier_job_needs_resume = None
 
     def remote_flags(self, rsh=None):
+        # --server_slots 0: the placements these cases were written for (servers beside workers).
         return ["--hostfile", self.hostfile, "--rsh", rsh or self.rsh_exec,
-                "--remote_bin_dir", "bin", "--data_dir", "data", "--preflight_timeout", "10"]
+                "--remote_bin_dir", "bin", "--data_dir", "data", "--preflight_timeout", "10",
+                "--server_slots", "0"]
 
     def launch(self, flags, workers="", server="", timeout=40, rsh=None):
         os.environ["FAKE_ROOT"] = self.root

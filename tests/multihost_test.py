@@ -66,7 +66,7 @@ class MultihostTest(unittest.TestCase):
             f.write("".join("%s slots=1\n" % self.host(h) for h in "abc"))
         argv = [sys.executable, LAUNCH, "--bin_dir", BIN_DIR, "--hostfile", hostfile,
                 "--rsh", "ip netns exec", "--run_dir", run_dir, "--refresh", "0.5",
-                "--timeout", str(JOB_TIMEOUT)] + JOB + flags
+                "--timeout", str(JOB_TIMEOUT), "--server_slots", "0"] + JOB + flags
         began = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         errors = []
@@ -214,6 +214,106 @@ class MultihostTest(unittest.TestCase):
               "(BSP: every step waits for the slowest worker)"
               % (plain["worker_steps_per_s"], delayed["worker_steps_per_s"]), flush=True)
         self.assertLess(delayed["worker_steps_per_s"], plain["worker_steps_per_s"])
+
+
+    def make_tls(self):
+        """A CA and one certificate naming hosts a, b and c (server and client use), for mutual
+        TLS: {flag: path}."""
+        d = os.path.join(self.tmp, "tls")
+        os.makedirs(d)
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+        run = lambda *a: subprocess.run(["openssl"] + list(a), cwd=d, check=True,  # noqa: E731
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+            "-subj", "/CN=multihost CA")
+        with open(os.path.join(d, "ext"), "w") as f:
+            f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n"
+                    % ",".join("DNS:" + self.host(h) for h in "abc"))
+        run("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=multihost")
+        run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "1", "-extfile", "ext", "-out", "tls.crt")
+        return {"--tls_cert": os.path.join(d, "tls.crt"), "--tls_key": os.path.join(d, "tls.key"),
+                "--tls_ca": os.path.join(d, "ca.crt")}
+
+    @staticmethod
+    def processes(program, mark):
+        """{pid: (argv, environment)} of this machine's processes running `program` whose
+        environment has RUBATO_MARK=`mark` (this job's: other tests may run beside it)."""
+        out = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/comm" % pid) as f:
+                    if f.read().strip() != program:
+                        continue
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = [a.decode() for a in f.read().split(b"\0") if a]
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    env = dict(e.decode().partition("=")[::2] for e in f.read().split(b"\0") if e)
+            except OSError:
+                continue
+            if env.get("RUBATO_MARK") == mark:
+                out[int(pid)] = (argv, env)
+        return out
+
+    def test_shard_restarted_on_its_host_with_tls_and_environment(self):
+        """--restart_servers across hosts: shard 1 is killed on host b once worker 0 has done
+        KILL_AT_STEP steps; the launcher starts it again there through the remote shell, from its
+        checkpoint, and shard 0 then rolls back to that step (exit 75) and is started again too.
+        The secret and the TLS files reach every host on the remote shell's stdin (no file of them
+        on the hosts' command lines but the wrapper's own copies); -x's variable (which also tells
+        this job's processes from other tests') and each process's local rank are in its
+        environment."""
+        tls = self.make_tls()
+        ckpt = os.path.join(self.tmp, "ckpt")  # The hosts share this file system: by shard.
+        seen = {}
+        mark = "job in " + self.tmp  # Exported by -x to this job's processes only.
+
+        def kill_shard_1(run_dir):
+            path = os.path.join(run_dir, "worker-0.jsonl")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                steps = [r["step"] for r in read_jsonl(path) if r.get("event") == "step"]
+                if steps and steps[-1] >= self.KILL_AT_STEP:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("worker-0 never reached step %d" % self.KILL_AT_STEP)
+            seen["workers"] = self.processes("rubato_worker", mark)
+            seen["servers"] = self.processes("rubato_server", mark)
+            shard_1 = [pid for pid, (argv, _) in seen["servers"].items()
+                       if "--shard_id=1" in argv]
+            self.assertEqual(len(shard_1), 1, seen["servers"])
+            os.kill(shard_1[0], 9)
+
+        flags = ["--servers", "2", "--workers", "3", "--mode", "bsp", "--checkpoint_dir", ckpt,
+                 "--checkpoint_every_steps", "20", "--restart_servers", "1", "--min_step_ms",
+                 "50", "-x", "RUBATO_MARK=" + mark]
+        for flag, path in sorted(tls.items()):
+            flags += [flag, path]
+        summary, run_dir, _ = self.launch(flags, during=kill_shard_1)
+        restarted = {r["name"]: r for r in summary["restarted_servers"]}
+        self.assertEqual(restarted["server-1"].get("signal"), "SIGKILL", restarted)
+        self.assertEqual(restarted["server-1"]["host"], self.host("b"))
+        self.assertEqual(restarted["server-0"]["exit_status"], 75, "shard 0 rolled back")
+        self.assertTrue(any(d.get("redone_steps", 0) > 0 for d in self.done_records(run_dir, 3)))
+        # Environment and command lines, as the processes had them.
+        self.assertEqual((len(seen["workers"]), len(seen["servers"])), (3, 2), seen)
+        for argv, env in list(seen["workers"].values()) + list(seen["servers"].values()):
+            # Hosts a and b hold a worker and a server each, host c worker 2 alone.
+            self.assertEqual(env.get("LOCAL_WORLD_SIZE"),
+                             "1" if "--worker_id=2" in argv else "2", argv)
+            for flag in ("--tls_cert=", "--tls_key=", "--tls_ca=", "--auth_secret_file="):
+                given = [a for a in argv if a.startswith(flag)]
+                self.assertEqual(len(given), 1, argv)
+                self.assertNotIn(self.tmp, given[0], "the wrapper's copy, not the launcher's")
+        for argv, env in seen["workers"].values():
+            # Each worker is the first process on its host: local rank 0, its GPU 0.
+            self.assertIn("--local_rank=0", argv)
+            self.assertEqual(env.get("LOCAL_RANK"), "0")
+        for argv, env in seen["servers"].values():
+            self.assertEqual(env.get("LOCAL_RANK"), "1", argv)  # After the host's worker.
+
+    KILL_AT_STEP = 40
 
 
 class DelayProxyTest(unittest.TestCase):

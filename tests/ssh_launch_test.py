@@ -222,7 +222,7 @@ class SshLaunchTest(unittest.TestCase):
         argv = self.net.exec_prefix("ctl") + [
             sys.executable, LAUNCH, "--bin_dir", BIN_DIR, "--hostfile", self.hostfile(),
             "--rsh", self.rsh, "--run_dir", run_dir, "--refresh", "0.5",
-            "--timeout", str(JOB_TIMEOUT)] + JOB + flags
+            "--timeout", str(JOB_TIMEOUT), "--server_slots", "0"] + JOB + flags
         out = open(os.path.join(self.tmp, "launcher-%s.out" % name), "w+b")
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT)

@@ -65,8 +65,13 @@ ABSL_FLAG(std::string, layers, "",
 ABSL_FLAG(int, compute_threads, 1,
           "cpu backend: threads for the GEMMs (0: one per core). Mind other workers on the host.");
 ABSL_FLAG(int, cuda_device, -1,
-          "cuda backend: the device's index; -1 (default) takes worker_id mod the number of "
-          "devices, so that the workers on a host with several GPUs spread over them.");
+          "cuda backend: the device's index; -1 (default) takes the local rank (--local_rank) "
+          "mod the number of devices, so that the workers on a host with several GPUs spread "
+          "over them.");
+ABSL_FLAG(int, local_rank, -1,
+          "This worker's rank among the job's processes on its host (./rubato launch sets it); "
+          "-1: the LOCAL_RANK environment variable (torchrun, Slurm through srun's wrappers), "
+          "else the worker id. Picks the GPU with --cuda_device -1.");
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
           "communication with the rest of backprop (false: one push after the whole step).");
@@ -203,12 +208,28 @@ absl::StatusOr<std::optional<double>> SlowdownFor(const std::string& spec, int i
   return mine;
 }
 
+// This worker's rank on its host: --local_rank, else $LOCAL_RANK, else the worker id. InvalidArgument
+// for a value that is not a rank.
+absl::StatusOr<int> LocalRank(int worker_id) {
+  int rank = absl::GetFlag(FLAGS_local_rank);
+  if (rank < -1) return absl::InvalidArgumentError(absl::StrCat("--local_rank=", rank, " < -1"));
+  if (rank >= 0) return rank;
+  if (const char* env = std::getenv("LOCAL_RANK"); env != nullptr && *env != '\0') {
+    if (!absl::SimpleAtoi(env, &rank) || rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LOCAL_RANK=", env, " in the environment is not a rank >= 0"));
+    }
+    return rank;
+  }
+  return worker_id;
+}
+
 // The --backend: cpu, cuda (a clear error where no device or cuBLAS is usable), or auto (cuda when
 // a device is usable, else cpu, saying why in the log). The CUDA device is --cuda_device, or
-// worker_id mod the number of devices.
+// `local_rank` (LocalRank) mod the number of devices.
 absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> CreateBackend(const std::string& name,
                                                                     const rubato::ModelSpec& spec,
-                                                                    int threads, int worker_id,
+                                                                    int threads, int local_rank,
                                                                     int device) {
   if (name == "cuda" || name == "auto") {
     absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> cuda =
@@ -216,7 +237,7 @@ absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> CreateBackend(const std::s
     if (absl::StatusOr<rubato::CudaDevices> gpus = rubato::ProbeCudaDevices(); !gpus.ok()) {
       cuda = gpus.status();
     } else {
-      if (device < 0) device = worker_id % gpus->count;
+      if (device < 0) device = local_rank % gpus->count;
       cuda = rubato::CreateCudaBackend(spec, device);
     }
     if (cuda.ok()) return cuda;
@@ -618,8 +639,9 @@ absl::Status SetUp(Setup* setup, Exit* failure) {
   ASSIGN_OR_RETURN(s.straggler, rubato::StragglerModel::Create(straggler, s.worker_id));
   ASSIGN_OR_RETURN(s.model, ModelFromFlags());
   RETURN_IF_ERROR(LoadData(&s));
+  ASSIGN_OR_RETURN(const int local_rank, LocalRank(s.worker_id));
   ASSIGN_OR_RETURN(s.backend, CreateBackend(absl::GetFlag(FLAGS_backend), s.model.spec,
-                                            absl::GetFlag(FLAGS_compute_threads), s.worker_id,
+                                            absl::GetFlag(FLAGS_compute_threads), local_rank,
                                             absl::GetFlag(FLAGS_cuda_device)));
   const rubato::PsClientOptions client =
       ClientOptionsFromFlags(s.cluster, s.worker_id, s.job, s.model.spec, client_security);

@@ -92,6 +92,43 @@ def auth_flags(args, run_dir):
     return ["--auth_secret_file=" + path, "--job_id=" + new_job_id(run_dir)]
 
 
+TLS_FLAGS = ("tls_cert", "tls_key", "tls_ca")
+
+
+def tls_flags(args):
+    """--tls_cert, --tls_key and --tls_ca of a local job (across hosts the remote wrapper adds
+    its own, naming the copies it was sent)."""
+    return forwarded(args, TLS_FLAGS)
+
+
+def file_flags(args):
+    """The flags whose files a remote process is sent on its stdin (remote.remote_script), in
+    order: the job's secret, then the TLS files."""
+    return ([] if args.insecure else ["auth_secret_file"]) + \
+        [n for n in TLS_FLAGS if getattr(args, n, None) is not None]
+
+
+def process_env(args, local_rank, local_size):
+    """The variables a process gets on top of its environment: -x's, and its local rank."""
+    env = dict(getattr(args, "env_vars", {}))
+    env.update({"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size)})
+    return env
+
+
+def local_rank(args, program, index):
+    """(local rank, local world size) of worker or server `index`: across hosts the plan's; on
+    127.0.0.1 every process shares the host, workers first."""
+    plan = args.plan
+    if plan:
+        if program == WORKER_PROGRAM:
+            r, host = plan.worker_local_ranks[index], plan.worker_hosts[index]
+        else:
+            r, host = plan.server_local_ranks[index], plan.server_hosts[index]
+        return r, plan.local_sizes[host]
+    servers = 0 if args.mode == "allreduce" else args.servers
+    return (index if program == WORKER_PROGRAM else args.workers + index), args.workers + servers
+
+
 def cluster_flags(args, auth):
     """What every server and worker of the job gets: the cluster flags, the number of workers and
     `auth` (auth_flags; [] across hosts, where the remote wrapper adds its own)."""
@@ -135,12 +172,13 @@ def peers_flag(addresses):
 
 def worker_command(args, worker_bin, worker, where, cluster, plan=None):
     """argv of worker `worker`; `where`: servers_flag or peers_flag. An allreduce rank across hosts
-    listens on its fixed ports."""
+    listens on its fixed ports. --local_rank picks its GPU on a host with several."""
     listen = []
     if plan and args.mode == "allreduce":
         listen = ["--listen=0.0.0.0:%d" % plan.rank_ports[worker],
                   "--ring_data_port=%d" % plan.rank_data_ports[worker]]
-    return ([worker_bin, "--worker_id=%d" % worker, where] + listen + cluster
+    rank = ["--local_rank=%d" % local_rank(args, WORKER_PROGRAM, worker)[0]]
+    return ([worker_bin, "--worker_id=%d" % worker, where] + listen + rank + cluster
             + worker_flags(args, worker))
 
 
@@ -164,6 +202,9 @@ def _every_option(mode, insecure):
     args.insecure, args.auth_secret_file = insecure, None if insecure else "job.secret"
     args.server_hosts = args.worker_hosts = None
     args.map_by, args.oversubscribe, args.base_port = "slot", False, 20000
+    args.server_slots, args.plan = 0, None
+    for name in TLS_FLAGS:
+        setattr(args, name, "%s.pem" % name)
     return args
 
 
@@ -178,7 +219,9 @@ def forwarded_flag_names():
             args = _every_option(mode, insecure)
             auth = auth_flags(args, ".")
             for plan in (None, Plan(args, [("h", 4)])):
-                cluster = cluster_flags(args, auth)
+                args.plan = plan
+                cluster = cluster_flags(args, auth) + (tls_flags(args) if plan is None else [
+                    "--%s=f" % f for f in file_flags(args)])
                 server = server_command(args, "s", 0, cluster, plan, ".")
                 names[SERVER_PROGRAM] |= flag_names(server + restart_command(server, "h:1"))
                 for where in (servers_flag(["h:1"]), peers_flag(["h:1"])):

@@ -111,15 +111,19 @@ class CommandLineTest(unittest.TestCase):
             return args_of("--hostfile", f.name, "--base_port", "7000", *argv)
 
     def test_servers_and_workers_across_hosts(self):
-        args = self.plan("--servers", "2", "--workers", "3")
+        args = self.plan("--servers", "2", "--workers", "3", "--server_slots", "0")
         cluster = commands.cluster_flags(args, [])
         self.assertEqual(commands.server_command(args, "s", 1, cluster, plan=args.plan),
                          ["s", "--shard_id=1", "--num_shards=2", "--listen=0.0.0.0:7001",
                           "--data_port=7003"] + cluster)
         where = commands.servers_flag([args.plan.servers()])
         self.assertEqual(where, "--servers=a:7000,b:7001")
+        # Worker 2 is the first process on host b: local rank 0 (its GPU), before shard 1 there.
         self.assertEqual(commands.worker_command(args, "w", 2, where, cluster, args.plan),
-                         ["w", "--worker_id=2", where] + cluster)
+                         ["w", "--worker_id=2", where, "--local_rank=0"] + cluster)
+        self.assertEqual(commands.local_rank(args, "rubato_server", 1), (1, 2))
+        self.assertEqual(commands.process_env(args, 1, 2),
+                         {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
 
     def test_allreduce_ranks_across_hosts_listen(self):
         args = self.plan("--workers", "3", "--mode", "allreduce")
@@ -127,11 +131,12 @@ class CommandLineTest(unittest.TestCase):
         where = commands.peers_flag([args.plan.peers()])
         self.assertEqual(commands.worker_command(args, "w", 2, where, cluster, args.plan),
                          ["w", "--worker_id=2", "--peers=a:7000,a:7001,b:7002",
-                          "--listen=0.0.0.0:7002", "--ring_data_port=7005"] + cluster)
+                          "--listen=0.0.0.0:7002", "--ring_data_port=7005", "--local_rank=0"]
+                         + cluster)
         # Locally the ranks' addresses are in --peers: nothing more to listen on.
         local = args_of("--workers", "3", "--mode", "allreduce")
-        self.assertEqual(commands.worker_command(local, "w", 0, "--peers=x", [], None),
-                         ["w", "--worker_id=0", "--peers=x"])
+        self.assertEqual(commands.worker_command(local, "w", 1, "--peers=x", [], None),
+                         ["w", "--worker_id=1", "--peers=x", "--local_rank=1"])
 
     def test_crash_step_and_flag_names(self):
         self.assertEqual(commands.crash_step(["w", "--seed=1", "--crash_at_step=12"]), "12")
@@ -147,11 +152,12 @@ class CommandLineTest(unittest.TestCase):
         self.assertTrue(set(commands.WORKER_FLAGS) <= worker)
         self.assertFalse(set(commands.WORKER_FLAGS) & server)
         self.assertFalse(set(commands.SERVER_FLAGS) & worker)
+        tls = ("tls_cert", "tls_key", "tls_ca")
         for added in ("shard_id", "num_shards", "listen", "port_file", "stats_file", "data_port",
-                      "num_workers", "auth_secret_file", "insecure"):
+                      "num_workers", "auth_secret_file", "insecure") + tls:
             self.assertIn(added, server)
         for added in ("worker_id", "servers", "peers", "listen", "ring_data_port", "num_workers",
-                      "auth_secret_file", "insecure"):
+                      "auth_secret_file", "insecure", "local_rank") + tls:
             self.assertIn(added, worker)
 
 

@@ -7,7 +7,7 @@ import re
 import shlex
 
 from . import commands
-from .hosts import DEFAULT_BASE_PORT, HostfileError, Plan, parse_hostfile
+from .hosts import DEFAULT_BASE_PORT, HostfileError, Plan, parse_host_list, parse_hostfile
 from .programs import CNN_PARAMETERS, DEFAULT_LAYERS
 from .remote import DEFAULT_RSH
 
@@ -27,8 +27,11 @@ HOSTS_HELP = """\
 Start the processes on the hosts of a host file through a remote shell instead of on 127.0.0.1, \
 in the manner of mpirun and horovodrun. Without --hostfile these flags are not allowed.
 
-Servers are spread round-robin over --server_hosts; workers are placed on --worker_hosts by \
---map_by; a host takes at most `slots` workers unless --oversubscribe. Servers take no slots. \
+Servers are spread round-robin over --server_hosts, each taking --server_slots of its host's \
+slots (1 by default); workers are placed on --worker_hosts by --map_by in the slots left; a host \
+takes at most its `slots` processes unless --oversubscribe. Each process gets its local rank, \
+its place among the job's processes on its host (workers first, by id): LOCAL_RANK and \
+LOCAL_WORLD_SIZE in its environment, and a worker --local_rank, which picks its GPU. \
 Every process listens on a fixed port (see --base_port) and is advertised as HOST:PORT with HOST \
 spelled as in the host file, so the whole --servers or --peers list is known before anything \
 starts (every host must resolve every other host's name).
@@ -48,7 +51,10 @@ on worker hosts and that the other hosts' names resolve; it reports every host t
 something, and what, then exits 2. Each process's stderr goes to <run_dir>/NAME.log and, each line \
 prefixed `[NAME@HOST] `, to <run_dir>/job.log and above the live table. A server's final \
 statistics come from the {"event":"stats",...} line it prints on stdout, so no shared file system \
-is needed."""
+is needed. TLS files (--tls_cert, --tls_key, --tls_ca) travel the same way as the secret: read \
+here, sent on the remote shell's stdin, written to that directory. -x NAME[=VALUE] exports \
+variables to every process. --restart_servers restarts a shard on its host through the remote \
+shell, as locally; its --checkpoint_dir is on that host."""
 
 EPILOG = """\
 Failures: a worker that dies does not end the job. In the parameter-server modes the servers drop \
@@ -103,6 +109,10 @@ def make_parser():
     p.add_argument("--target_accuracy", type=float, default=0.8,
                    help="The summary reports when a worker's test accuracy first reached this.")
     _add_auth_options(p)
+    _add_tls_options(p)
+    p.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="Export NAME to every server and worker (as mpirun -x): VALUE, or NAME's "
+                        "value here when none is given. Repeatable.")
     _add_host_options(p.add_argument_group("several hosts", HOSTS_HELP))
     for name in commands.CLUSTER_FLAGS + commands.WORKER_FLAGS + commands.SERVER_FLAGS:
         p.add_argument("--" + name, default=None, help=OWN_HELP.get(name) or
@@ -160,11 +170,27 @@ def _add_auth_options(p):
                            "local process could then call the servers and workers.")
 
 
+def _add_tls_options(p):
+    for name, what in (("tls_cert", "this process's certificate chain (PEM)"),
+                       ("tls_key", "its private key (PEM)"),
+                       ("tls_ca", "the CA that every peer's certificate must chain to (PEM)")):
+        p.add_argument("--" + name, default=None, metavar="PATH",
+                       help="Mutual TLS on every connection: %s, given to every server and worker "
+                            "(--%s); across hosts its content is sent on the remote shell's "
+                            "stdin. All three, or none." % (what, name))
+
+
 def _add_host_options(hosts):
     hosts.add_argument("--hostfile", default=None, metavar="FILE",
-                       help="One host per line, optionally `slots=N` (how many workers it takes, "
-                            "default 1); `#` comments. Host names are also the processes' "
+                       help="One host per line, optionally `slots=N` (how many processes it "
+                            "takes, default 1); `#` comments. Host names are also the processes' "
                             "advertised addresses and must resolve on every host.")
+    hosts.add_argument("-H", "--host", default=None, metavar="H1:SLOTS,H2,...",
+                       help="The hosts inline instead of a host file (as mpirun -H): "
+                            "comma-separated, each with :SLOTS (default 1).")
+    hosts.add_argument("--server_slots", type=int, default=None, metavar="N",
+                       help="Slots that each server takes on its host (default 1; 0: servers "
+                            "take none, and the workers may fill every slot).")
     hosts.add_argument("--server_hosts", default=None, metavar="H1,H2,...",
                        help="Hosts for the servers, spread round-robin (default: every host).")
     hosts.add_argument("--worker_hosts", default=None, metavar="H1,H2,...",
@@ -195,14 +221,18 @@ def parse_args(argv):
     _check_job(p, args)
     _check_checkpoints(p, args)
     args.plan = None
-    if args.hostfile is None:
+    _check_env(p, args)
+    _check_tls(p, args)
+    if args.hostfile is not None and args.host is not None:
+        p.error("--hostfile and -H: give the hosts one way")
+    if args.hostfile is None and args.host is None:
         remote_only = [f for f in ("server_hosts", "worker_hosts", "rsh", "remote_bin_dir",
-                                   "base_port", "preflight_timeout")
+                                   "base_port", "preflight_timeout", "server_slots")
                        if getattr(args, f) is not None]
         remote_only += ["map_by"] if args.map_by != "slot" else []
         remote_only += ["oversubscribe"] if args.oversubscribe else []
         if remote_only:
-            p.error("--%s: only with --hostfile" % remote_only[0])
+            p.error("--%s: only with --hostfile or -H" % remote_only[0])
     else:
         args.plan = _plan(p, args)
     if args.auth_secret_file is not None and not os.path.isfile(args.auth_secret_file):
@@ -237,7 +267,7 @@ def _check_checkpoints(p, args):
                 "would start empty")
     if args.resume and args.checkpoint_dir is None:
         p.error("--resume needs --checkpoint_dir: the directory of the job to continue")
-    if args.checkpoint_dir is not None and args.hostfile is None:
+    if args.checkpoint_dir is not None and args.hostfile is None and args.host is None:
         # Local runs: the directory is here to look at (remote hosts have their own).
         found = checkpoint_files(args.checkpoint_dir)
         if found and not args.resume:
@@ -248,13 +278,41 @@ def _check_checkpoints(p, args):
         if args.resume and not found:
             p.error("--resume: no checkpoints in --checkpoint_dir %s to resume from"
                     % args.checkpoint_dir)
-    if args.restart_servers and args.hostfile is not None:
-        p.error("--restart_servers: local runs only (with --hostfile, restart shards with your "
-                "own supervisor, or use the Kubernetes manifests)")
+
+
+def _check_env(p, args):
+    """-x NAME[=VALUE] -> args.env_vars, {NAME: VALUE}."""
+    args.env_vars = {}
+    for item in args.env:
+        name, eq, value = item.partition("=")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            p.error("-x %s: %r is not a variable name" % (item, name))
+        if not eq:
+            if name not in os.environ:
+                p.error("-x %s: %s is not set here; give -x %s=VALUE" % (name, name, name))
+            value = os.environ[name]
+        if name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            p.error("-x %s: the launcher sets it for each process" % name)
+        args.env_vars[name] = value
+
+
+def _check_tls(p, args):
+    given = [n for n in ("tls_cert", "tls_key", "tls_ca") if getattr(args, n) is not None]
+    if given and len(given) != 3:
+        p.error("--%s: mutual TLS needs --tls_cert, --tls_key and --tls_ca together" % given[0])
+    if given and args.insecure:
+        p.error("--tls_cert: not with --insecure (TLS without the job's secret authenticates "
+                "nothing but the certificates)")
+    for name in given:
+        path = getattr(args, name)
+        if not os.path.isfile(path):
+            p.error("--%s: no such file: %s" % (name, path))
+        setattr(args, name, os.path.abspath(path))
 
 
 def _plan(p, args):
-    """Several hosts: the remote options' defaults and checks, the host file, and the Plan."""
+    """Several hosts: the remote options' defaults and checks, the host file or -H, and the
+    Plan."""
     args.rsh = args.rsh if args.rsh is not None else DEFAULT_RSH
     args.base_port = args.base_port if args.base_port is not None else DEFAULT_BASE_PORT
     if args.preflight_timeout is None:
@@ -265,13 +323,19 @@ def _plan(p, args):
         p.error("--base_port: expected a port in [1, 65535], got %d" % args.base_port)
     if args.preflight_timeout <= 0:
         p.error("--preflight_timeout must be > 0")
+    args.server_slots = 1 if args.server_slots is None else args.server_slots
+    if args.server_slots < 0:
+        p.error("--server_slots must be >= 0")
     try:
-        with open(args.hostfile) as f:
-            hosts = parse_hostfile(f.read(), args.hostfile)
+        if args.host is not None:
+            hosts = parse_host_list(args.host)
+        else:
+            with open(args.hostfile) as f:
+                hosts = parse_hostfile(f.read(), args.hostfile)
     except OSError as e:
         p.error("--hostfile: %s" % e)
     except HostfileError as e:
-        p.error("--hostfile: %s" % e)
+        p.error(str(e) if args.host is not None else "--hostfile: %s" % e)
     try:
         return Plan(args, hosts)
     except ValueError as e:

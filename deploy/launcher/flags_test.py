@@ -125,7 +125,8 @@ class ParseArgsTest(unittest.TestCase):
 
     def test_host_options_need_a_hostfile(self):
         for argv in (["--rsh", "ssh"], ["--server_hosts", "a"], ["--base_port", "1"],
-                     ["--map_by", "host"], ["--oversubscribe"], ["--preflight_timeout", "3"]):
+                     ["--map_by", "host"], ["--oversubscribe"], ["--preflight_timeout", "3"],
+                     ["--server_slots", "0"]):
             name = argv[0]
             self.assertIn("%s: only with --hostfile" % name, rejected(argv), argv)
 
@@ -187,7 +188,8 @@ class HostFlagsTest(unittest.TestCase):
     def test_parse_args_errors(self):
         self.assertIn("--hostfile: HOSTS:2: slots must be a whole number >= 1, got '-1'",
                       self._rejected("a\nb slots=-1\n"))
-        self.assertIn("3 worker(s) do not fit in the 2 slot(s) of their hosts (a:1, b:1)",
+        # The server takes host a's slot: one is left, on b.
+        self.assertIn("3 worker(s) do not fit in the 1 slot(s) their hosts have left (a:0, b:1)",
                       self._rejected("a\nb\n", "--workers", "3"))
         self.assertIn("--worker_hosts: unknown host zz (the host file lists a, b)",
                       self._rejected("a\nb\n", "--worker_hosts", "a,zz"))
@@ -197,9 +199,46 @@ class HostFlagsTest(unittest.TestCase):
                               stderr=subprocess.PIPE, text=True)
         self.assertEqual(done.returncode, 2)
         self.assertIn("--rsh: only with --hostfile", done.stderr)
-        # With --oversubscribe the same job fits.
+        # With --oversubscribe the same job fits; with --server_slots 0, 2 workers do.
         self.assertEqual(self._args("a\nb\n", "--workers", "3", "--oversubscribe")
-                         .plan.worker_hosts, ["a", "b", "a"])
+                         .plan.worker_hosts, ["b", "a", "b"])
+        self.assertEqual(self._args("a\nb\n", "--workers", "2", "--server_slots", "0")
+                         .plan.worker_hosts, ["a", "b"])
+
+    def test_inline_hosts(self):
+        args = cli.parse_args(["-H", "a:2,b:3", "--servers", "1", "--workers", "4"])
+        self.assertEqual(args.plan.hosts, [("a", 2), ("b", 3)])
+        self.assertEqual(args.plan.worker_hosts, ["a", "b", "b", "b"])  # The server took a slot.
+        done = subprocess.run([sys.executable, LAUNCH, "-H", "a:0"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("-H: slots must be a whole number >= 1, got '0' in 'a:0'", done.stderr)
+        self.assertIn("--hostfile and -H: give the hosts one way",
+                      self._rejected("a\n", "-H", "a"))
+
+    def test_environment_and_tls(self):
+        os.environ["RUBATO_TEST_VAR"] = "from here"
+        try:
+            args = cli.parse_args(["-x", "A=1", "-x", "RUBATO_TEST_VAR", "-x", "B="])
+        finally:
+            del os.environ["RUBATO_TEST_VAR"]
+        self.assertEqual(args.env_vars, {"A": "1", "RUBATO_TEST_VAR": "from here", "B": ""})
+        self.assertIn("-x RUBATO_UNSET_VAR: RUBATO_UNSET_VAR is not set here",
+                      rejected(["-x", "RUBATO_UNSET_VAR"]))
+        self.assertIn("'1A' is not a variable name", rejected(["-x", "1A=2"]))
+        self.assertIn("-x LOCAL_RANK: the launcher sets it", rejected(["-x", "LOCAL_RANK=1"]))
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as f:
+            args = cli.parse_args(["--tls_cert", f.name, "--tls_key", f.name, "--tls_ca", f.name])
+            self.assertEqual(commands.tls_flags(args), ["--tls_cert=" + f.name,
+                                                        "--tls_key=" + f.name,
+                                                        "--tls_ca=" + f.name])
+            self.assertEqual(commands.file_flags(args),
+                             ["auth_secret_file", "tls_cert", "tls_key", "tls_ca"])
+            self.assertIn("mutual TLS needs --tls_cert, --tls_key and --tls_ca together",
+                          rejected(["--tls_cert", f.name]))
+        self.assertIn("--tls_cert: no such file: /nonexistent.pem",
+                      rejected(["--tls_cert", "/nonexistent.pem", "--tls_key", "/x",
+                                "--tls_ca", "/x"]))
 
 
 if __name__ == "__main__":

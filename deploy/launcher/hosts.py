@@ -40,6 +40,27 @@ def parse_hostfile(text, path="hostfile"):
     return hosts
 
 
+def parse_host_list(text):
+    """-H's inline list, "a:2,b,c:4" -> [(host, slots)] (slots 1 when not given), as mpirun's
+    -H takes it. Errors name the entry."""
+    hosts, seen = [], set()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise HostfileError("-H: empty entry in %r" % text)
+        host, colon, slots = item.partition(":")
+        if not HOST_NAME.match(host):
+            raise HostfileError("-H: bad host name %r (letters, digits, '.', '-' and '_')" % host)
+        if host in seen:
+            raise HostfileError("-H: host %s given twice" % host)
+        seen.add(host)
+        if colon and (not slots.isdigit() or int(slots) < 1):
+            raise HostfileError("-H: slots must be a whole number >= 1, got %r in %r"
+                                % (slots, item))
+        hosts.append((host, int(slots) if colon else 1))
+    return hosts
+
+
 def _slots(words, where):
     """The `slots=N` that follows a host name (1 when none)."""
     slots = None
@@ -75,8 +96,37 @@ def select_hosts(hosts, names, flag):
 
 
 def place_servers(hosts, n):
-    """Shard i goes to host i mod len(hosts): round-robin. Servers take no slots."""
+    """Shard i goes to host i mod len(hosts): round-robin."""
     return [hosts[i % len(hosts)][0] for i in range(n)]
+
+
+def slots_left(hosts, server_hosts, server_slots, oversubscribe):
+    """`hosts` with the slots that the servers (`server_hosts`, each taking `server_slots`) leave
+    for workers. Servers that do not fit their host's slots are an error unless
+    `oversubscribe`."""
+    taken = {}
+    for h in server_hosts:
+        taken[h] = taken.get(h, 0) + server_slots
+    slots = dict(hosts)
+    over = [h for h in taken if h in slots and taken[h] > slots[h]]
+    if over and not oversubscribe:
+        raise ValueError(
+            "the servers on %s take %s slot(s) of its %d (--server_slots %d each): give it more "
+            "slots, spread the servers (--server_hosts), --server_slots 0, or --oversubscribe"
+            % (over[0], taken[over[0]], slots[over[0]], server_slots))
+    return [(h, max(0, s - taken.get(h, 0))) for h, s in hosts]
+
+
+def local_ranks(hosts_of):
+    """Each process's rank among the job's processes on its host, and how many those are:
+    `hosts_of` lists every process's host in rank order (workers by id, then servers by shard), so
+    that a host's workers get local ranks 0, 1, ... (a GPU each: --local_rank) before its servers.
+    Returns ([local rank of each], {host: count})."""
+    ranks, counts = [], {}
+    for h in hosts_of:
+        ranks.append(counts.get(h, 0))
+        counts[h] = counts.get(h, 0) + 1
+    return ranks, counts
 
 
 def place_workers(hosts, n, map_by="slot", oversubscribe=False):
@@ -87,8 +137,9 @@ def place_workers(hosts, n, map_by="slot", oversubscribe=False):
     total = sum(s for _, s in hosts)
     if n > total and not oversubscribe:
         raise ValueError(
-            "%d worker(s) do not fit in the %d slot(s) of their hosts (%s): give hosts more slots "
-            "(slots=N in the host file), more --worker_hosts, fewer --workers, or --oversubscribe"
+            "%d worker(s) do not fit in the %d slot(s) their hosts have left (%s): give hosts "
+            "more slots (slots=N in the host file), more --worker_hosts, fewer --workers, "
+            "--server_slots 0 (servers then take none), or --oversubscribe"
             % (n, total, ", ".join("%s:%d" % h for h in hosts)))
     placement = []
     if map_by == "slot":
@@ -116,9 +167,14 @@ class Plan:
         self.hosts = hosts
         self.server_hosts = place_servers(select_hosts(hosts, args.server_hosts,
                                                        "--server_hosts"), args.servers)
-        self.worker_hosts = place_workers(select_hosts(hosts, args.worker_hosts,
+        # Servers take --server_slots slots each on their hosts (1 by default); workers the rest.
+        left = slots_left(hosts, self.server_hosts, args.server_slots, args.oversubscribe)
+        self.worker_hosts = place_workers(select_hosts(left, args.worker_hosts,
                                                        "--worker_hosts"),
                                           args.workers, args.map_by, args.oversubscribe)
+        ranks, self.local_sizes = local_ranks(self.worker_hosts + self.server_hosts)
+        self.worker_local_ranks = ranks[:args.workers]
+        self.server_local_ranks = ranks[args.workers:]
         # Fixed ports, so that every address is known before anything starts. Only one kind
         # listens in a job: servers (parameter-server modes) or ranks (allreduce).
         self.server_ports = [args.base_port + i for i in range(args.servers)]

@@ -77,9 +77,10 @@ class HostfileTest(unittest.TestCase):
         with self.assertRaises(ValueError) as e:
             place(hosts, 7, "slot")
         self.assertEqual(str(e.exception),
-                         "7 worker(s) do not fit in the 6 slot(s) of their hosts (a:2, b:1, c:3): "
-                         "give hosts more slots (slots=N in the host file), more --worker_hosts, "
-                         "fewer --workers, or --oversubscribe")
+                         "7 worker(s) do not fit in the 6 slot(s) their hosts have left (a:2, b:1, "
+                         "c:3): give hosts more slots (slots=N in the host file), more "
+                         "--worker_hosts, fewer --workers, --server_slots 0 (servers then take "
+                         "none), or --oversubscribe")
 
     def test_select_hosts_needs_a_name(self):
         with self.assertRaisesRegex(ValueError, "--worker_hosts: no host names in ' , '"):
@@ -93,7 +94,7 @@ class HostfileTest(unittest.TestCase):
 def plan_args(servers=2, workers=3, base_port=5000, **kwargs):
     args = argparse.Namespace(servers=servers, workers=workers, base_port=base_port,
                               server_hosts=None, worker_hosts=None, map_by="slot",
-                              oversubscribe=False)
+                              oversubscribe=False, server_slots=0)
     for key, value in kwargs.items():
         setattr(args, key, value)
     return args
@@ -118,6 +119,41 @@ class PlanTest(unittest.TestCase):
                           [("a", 1), ("b", 1), ("c", 1)])
         self.assertEqual(plan.server_hosts, ["c", "c", "c"])
         self.assertEqual(plan.worker_hosts, ["b", "a"])
+
+    def test_servers_take_slots(self):
+        # 2 hosts of 4 slots; 2 servers take one each: 6 workers fit, 7 do not.
+        plan = hostfile.Plan(plan_args(servers=2, workers=6, server_slots=1),
+                             [("a", 4), ("b", 4)])
+        self.assertEqual(plan.worker_hosts, ["a"] * 3 + ["b"] * 3)
+        with self.assertRaisesRegex(ValueError, r"7 worker\(s\) do not fit in the 6 slot\(s\) "
+                                                r"their hosts have left \(a:3, b:3\)"):
+            hostfile.Plan(plan_args(servers=2, workers=7, server_slots=1), [("a", 4), ("b", 4)])
+        # Servers that do not fit their own host.
+        with self.assertRaisesRegex(ValueError, "the servers on a take 3 slot"):
+            hostfile.Plan(plan_args(servers=3, workers=1, server_slots=1, server_hosts="a"),
+                          [("a", 2), ("b", 2)])
+        plan = hostfile.Plan(plan_args(servers=3, workers=1, server_slots=1, server_hosts="a",
+                                       oversubscribe=True), [("a", 2), ("b", 2)])
+        self.assertEqual(plan.worker_hosts, ["b"])
+
+    def test_local_ranks_under_map_by_host(self):
+        # 2 hosts x 4 slots, one worker per host in turn: host a has workers 0, 2, 4, 6, which
+        # must get local ranks (and so GPUs) 0, 1, 2, 3, not worker_id mod 4 = 0, 2, 0, 2.
+        plan = hostfile.Plan(plan_args(servers=2, workers=8, map_by="host", server_slots=0),
+                             [("a", 4), ("b", 4)])
+        self.assertEqual(plan.worker_hosts, ["a", "b"] * 4)
+        self.assertEqual(plan.worker_local_ranks, [0, 0, 1, 1, 2, 2, 3, 3])
+        self.assertEqual(plan.server_local_ranks, [4, 4])  # After the host's workers.
+        self.assertEqual(plan.local_sizes, {"a": 5, "b": 5})
+
+    def test_parse_host_list(self):
+        self.assertEqual(hostfile.parse_host_list("a:2,b,c.example:4"),
+                         [("a", 2), ("b", 1), ("c.example", 4)])
+        for bad, message in (("a,,b", "empty entry"), ("a:0", "slots must be"),
+                             ("a:x", "slots must be"), ("a,a", "given twice"),
+                             ("[::1]:2", "bad host name")):
+            with self.assertRaisesRegex(hostfile.HostfileError, message):
+                hostfile.parse_host_list(bad)
 
     def test_too_few_ports(self):
         with self.assertRaisesRegex(ValueError, "--base_port 65531 leaves too few ports"):

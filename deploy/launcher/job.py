@@ -38,16 +38,22 @@ class Job:
         self.server_bin = os.path.join(bins, "server", SERVER_PROGRAM)
         self.worker_bin = os.path.join(bins, "worker", WORKER_PROGRAM)
         auth = commands.auth_flags(args, run_dir)
-        self.secret = None  # Several hosts: the secret's bytes, sent on each remote stdin.
-        if self.plan and not args.insecure:
-            with open(auth[0].partition("=")[2], "rb") as f:
-                self.secret = f.read()
-            # The remote wrapper adds --auth_secret_file, naming its own copy; the job id is no
-            # secret.
-            auth = [a for a in auth if a.startswith("--job_id=")]
-        self.cluster = commands.cluster_flags(args, auth)
+        # Several hosts: the secret's and the TLS files' bytes, sent on each remote stdin; the
+        # remote wrapper adds --auth_secret_file and the --tls_* flags, naming its own copies.
+        self.file_flags, self.files = [], []
+        if self.plan:
+            self.file_flags = commands.file_flags(args)
+            paths = {"auth_secret_file": auth[0].partition("=")[2] if not args.insecure else None}
+            paths.update({n: getattr(args, n) for n in commands.TLS_FLAGS})
+            for flag in self.file_flags:
+                with open(paths[flag], "rb") as f:
+                    self.files.append(f.read())
+            auth = [a for a in auth if not a.startswith("--auth_secret_file=")]  # The job id stays.
+            self.cluster = commands.cluster_flags(args, auth)
+        else:
+            self.cluster = commands.cluster_flags(args, auth) + commands.tls_flags(args)
         self.procs, self.servers, self.workers, self.views, self.readers = [], [], [], [], []
-        self.server_argv = []  # Local servers: the argv of each, for --restart_servers.
+        self.server_argv = []  # The argv of each server, for --restart_servers.
         self.addresses = []  # Local servers: the address of each.
         self.interrupted = []  # Set by the SIGINT and SIGTERM handlers.
         self.screen = Screen(sys.stdout.isatty())
@@ -83,10 +89,15 @@ class Job:
         for w in range(self.args.workers):
             self._start_worker(w, where)
 
-    def _remote(self, name, program, host, argv, **kwargs):
-        argv = rsh_argv(self.rsh, host, remote_script(argv, self.secret is not None), self.joins)
-        return RemoteProc(name, program, host, argv, self.run_dir, self.job_log,
-                          secret=self.secret, **kwargs)
+    def env(self, program, index):
+        """-x's variables and the process's local rank (commands.process_env)."""
+        return commands.process_env(self.args, *commands.local_rank(self.args, program, index))
+
+    def remote(self, name, program, index, host, argv, **kwargs):
+        """Starts `argv` on `host` through the remote shell (also how a shard restarts there)."""
+        script = remote_script(argv, self.file_flags, self.env(program, index))
+        return RemoteProc(name, program, host, rsh_argv(self.rsh, host, script, self.joins),
+                          self.run_dir, self.job_log, files=self.files, **kwargs)
 
     def _start_remote_servers(self):
         """Every address is fixed: servers (or ranks) and workers all start at once; workers
@@ -94,9 +105,9 @@ class Job:
         --servers or --peers flag."""
         args, plan = self.args, self.plan
         for s in range(args.servers):
-            proc = self._remote("server-%d" % s, SERVER_PROGRAM, plan.server_hosts[s],
-                                commands.server_command(args, self.server_bin, s, self.cluster,
-                                                        plan=plan))
+            argv = commands.server_command(args, self.server_bin, s, self.cluster, plan=plan)
+            self.server_argv.append(argv)
+            proc = self.remote("server-%d" % s, SERVER_PROGRAM, s, plan.server_hosts[s], argv)
             self.procs.append(proc)
             self.servers.append(proc)
         if args.mode == "allreduce":
@@ -123,7 +134,8 @@ class Job:
             argv = commands.server_command(args, self.server_bin, s, self.cluster,
                                            run_dir=run_dir)
             self.server_argv.append(argv)
-            proc = Proc("server-%d" % s, SERVER_PROGRAM, argv, run_dir)
+            proc = Proc("server-%d" % s, SERVER_PROGRAM, argv, run_dir,
+                        env=self.env(SERVER_PROGRAM, s))
             self.procs.append(proc)
             self.servers.append(proc)
         for s, proc in enumerate(self.servers):
@@ -145,12 +157,12 @@ class Job:
         view = WorkerView(w, os.path.join(self.run_dir, "worker-%d.jsonl" % w))
         self.views.append(view)
         if self.plan:
-            proc = self._remote("worker-%d" % w, WORKER_PROGRAM, self.plan.worker_hosts[w], argv,
-                                crash_at_step=crash,
-                                stdout_sink=lambda stream: view.feed(stream, self.began))
+            proc = self.remote("worker-%d" % w, WORKER_PROGRAM, w, self.plan.worker_hosts[w],
+                               argv, crash_at_step=crash,
+                               stdout_sink=lambda stream: view.feed(stream, self.began))
         else:
             proc = Proc("worker-%d" % w, WORKER_PROGRAM, argv, self.run_dir,
-                        capture_stdout=True, crash_at_step=crash)
+                        capture_stdout=True, crash_at_step=crash, env=self.env(WORKER_PROGRAM, w))
             t = threading.Thread(target=view.feed, args=(proc.popen.stdout, self.began),
                                  daemon=True)
             t.start()

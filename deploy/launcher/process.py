@@ -45,13 +45,15 @@ class Proc:
 
     host = None  # Local processes; a RemoteProc's host-file name.
 
-    def __init__(self, name, program, argv, run_dir, capture_stdout=False, crash_at_step=None):
+    def __init__(self, name, program, argv, run_dir, capture_stdout=False, crash_at_step=None,
+                 env=None):
+        """`env`: variables added to the launcher's environment (-x, the local rank)."""
         self._setup(name, program, run_dir, crash_at_step)
         self.log = open(self.log_path, "wb")
         self.popen = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else self.log, stderr=self.log,
-            preexec_fn=_die_with_parent)
+            env=dict(os.environ, **env) if env else None, preexec_fn=_die_with_parent)
 
     def _setup(self, name, program, run_dir, crash_at_step):
         self.name = name
@@ -162,9 +164,10 @@ class RemoteProc(Proc):
     """One process started on a host through the remote shell: `argv` runs it there (see
     remote.remote_script). Its stdout and stderr come back through the rsh's; its stdin is a pipe
     that this launcher holds open, whose end (close_stdin, or the launcher's death) stops the remote
-    process. `secret`, if not None, is sent as the pipe's first line."""
+    process. `files` (the job secret, TLS files: bytes each, in remote_script's file_flags order)
+    are sent as the pipe's first lines."""
 
-    def __init__(self, name, program, host, argv, run_dir, job_log, secret=None,
+    def __init__(self, name, program, host, argv, run_dir, job_log, files=(),
                  crash_at_step=None, stdout_sink=None):
         self._setup(name, program, run_dir, crash_at_step)
         self.host = host
@@ -174,12 +177,12 @@ class RemoteProc(Proc):
         self.popen = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_own_process_group)
-        if secret is not None:
-            try:
-                self.popen.stdin.write(encode_secret(secret) + b"\n")
-                self.popen.stdin.flush()
-            except OSError:  # It has ended already: its outcome says how.
-                pass
+        try:
+            for content in files:
+                self.popen.stdin.write(encode_secret(content) + b"\n")
+            self.popen.stdin.flush()
+        except OSError:  # It has ended already: its outcome says how.
+            pass
         self.readers = [threading.Thread(target=self._read_stderr, daemon=True)]
         if stdout_sink is None:
             self.readers.append(threading.Thread(target=self._read_stdout, daemon=True))

@@ -127,7 +127,7 @@ class RemoteProcTest(unittest.TestCase):
             script = ('read -r s; printf "secret %s\\n" "$s"; echo to-stderr >&2; '
                       'echo \'{"event":"stats","applied_updates":3}\'; exit 2')
             p = process.RemoteProc("server-0", programs.SERVER_PROGRAM, "h",
-                                   ["sh", "-c", script], d, Log(), secret=b"ab")
+                                   ["sh", "-c", script], d, Log(), files=[b"ab"])
             p.popen.wait(timeout=10)
             p.join()
             self.assertEqual(p.returncode(), 2)

@@ -15,6 +15,9 @@ DEFAULT_RSH = "ssh -o BatchMode=yes"
 REMOTE_ERROR = "rubato remote: error:"
 REMOTE_WRAPPER_STATUS = 125
 PROBE = "rubato-probe"
+# The file each of remote_script's file_flags is written to, in its temporary directory.
+FILE_NAMES = {"auth_secret_file": "job.secret", "tls_cert": "tls.crt", "tls_key": "tls.key",
+              "tls_ca": "ca.crt"}
 PREFLIGHT_OK = "rubato-preflight-ok"
 
 
@@ -24,12 +27,14 @@ def encode_secret(secret):
     return "".join("\\0%03o" % b for b in secret).encode("ascii")
 
 
-def remote_script(argv, secret):
+def remote_script(argv, file_flags=(), env=None):
     """The one-line sh script that runs `argv` on a host and ties its life to the script's stdin.
 
-    With `secret`, the first stdin line is the job's secret (encode_secret): it goes to a fresh
-    mode-0600 file in a `mktemp -d` directory, removed at exit, and the program gets
-    --auth_secret_file=that file. The program runs in the background with stdin from /dev/null; a
+    For each of `file_flags` (auth_secret_file, tls_cert, tls_key, tls_ca), in order, a stdin line
+    holds a file's bytes (encode_secret): it goes to a fresh mode-0600 file in a `mktemp -d`
+    directory, removed at exit, and the program gets --FLAG=that file: secrets and keys never
+    appear on a command line, and the host needs no copy of them. `env` (NAME -> value) is
+    exported to the program. The program runs in the background with stdin from /dev/null; a
     watcher subshell reads the rest of stdin and, at its end of file, sends it SIGTERM, then SIGKILL
     5 s later (and removes the directory, in case the script itself was killed). SIGTERM, SIGINT or
     SIGHUP to the script are passed on. The script exits with the program's status, 128 + N when
@@ -37,16 +42,23 @@ def remote_script(argv, secret):
     cmd = " ".join(shlex.quote(a) for a in argv)
     fail = "{ echo '%s %%s' >&2; exit %d; }" % (REMOTE_ERROR, REMOTE_WRAPPER_STATUS)
     parts = ["d=", "exec 3<&0"]
-    if secret:
+    for name, value in sorted((env or {}).items()):
+        parts.append("export %s=%s" % (name, shlex.quote(value)))
+    if file_flags:
         parts += [
-            "IFS= read -r s || [ -n \"$s\" ] || " + fail % "no job secret on stdin",
             "d=$(mktemp -d \"${TMPDIR:-/tmp}/rubato.XXXXXX\") || " + fail % "mktemp -d failed",
             "trap 'rm -rf \"$d\"' EXIT",
-            "(umask 077 && printf '%b' \"$s\" >\"$d/job.secret\") || " +
-            fail % "cannot write the job secret",
+        ]
+    for flag in file_flags:
+        secret = flag == "auth_secret_file"
+        parts += [
+            "IFS= read -r s || [ -n \"$s\" ] || "
+            + fail % ("no %s on stdin" % ("job secret" if secret else "--" + flag)),
+            "(umask 077 && printf '%%b' \"$s\" >\"$d/%s\") || " % FILE_NAMES[flag]
+            + fail % ("cannot write %s" % ("the job secret" if secret else "--" + flag)),
             "s=",
         ]
-        cmd += ' "--auth_secret_file=$d/job.secret"'
+        cmd += ' "--%s=$d/%s"' % (flag, FILE_NAMES[flag])
     parts += [
         cmd + " </dev/null 3<&- &",
         "p=$!",

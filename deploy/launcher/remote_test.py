@@ -27,7 +27,8 @@ class RemoteScriptTest(unittest.TestCase):
         """Starts `sh -c remote_script(argv)`; sends the secret; closes its stdin after
         `close_after` seconds (None: at once, after the secret). Returns (status, stdout,
         stderr)."""
-        p = subprocess.Popen(["sh", "-c", remote.remote_script(argv, secret is not None)],
+        flags = ["auth_secret_file"] if secret is not None else []
+        p = subprocess.Popen(["sh", "-c", remote.remote_script(argv, flags)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if secret is not None:
             p.stdin.write(remote.encode_secret(secret) + b"\n")
@@ -66,8 +67,39 @@ class RemoteScriptTest(unittest.TestCase):
         self.assertEqual((bytes.fromhex(content), mode), (secret, 0o600))
         self.assertFalse(os.path.exists(os.path.dirname(path)))  # Removed at exit.
 
+    def test_several_files_and_the_environment(self):
+        # The secret and the TLS files, each on its own stdin line, each to its own flag; -x's
+        # variables and the local rank exported.
+        files = {"auth_secret_file": b"s3cret", "tls_cert": b"-----BEGIN CERTIFICATE-----\nMII\n",
+                 "tls_key": b"key\n", "tls_ca": b"ca\n"}
+        probe = ("import json, os, sys; print(json.dumps([[a.split('=')[0], open(a.split('=')[1],"
+                 " 'rb').read().hex()] for a in sys.argv[1:]] + [os.environ.get('LOCAL_RANK'), "
+                 "os.environ.get('X_Y')]))")
+        script = remote.remote_script([sys.executable, "-c", probe], list(files),
+                                      {"LOCAL_RANK": "3", "X_Y": "a 'b' $c"})
+        p = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        for v in files.values():
+            p.stdin.write(remote.encode_secret(v) + b"\n")
+        p.stdin.flush()
+        p.wait(timeout=15)  # Before stdin ends, which would stop it.
+        p.stdin.close()
+        out, err = p.stdout.read(), p.stderr.read()
+        self.assertEqual(p.returncode, 0, err)
+        got = json.loads(out)
+        self.assertEqual(got[:-2], [["--" + k, v.hex()] for k, v in files.items()])
+        self.assertEqual(got[-2:], ["3", "a 'b' $c"])
+
+    def test_a_missing_tls_file_is_named(self):
+        p = subprocess.Popen(["sh", "-c", remote.remote_script(["true"], ["auth_secret_file",
+                                                                         "tls_cert"])],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(remote.encode_secret(b"s") + b"\n", timeout=10)
+        self.assertEqual(p.returncode, 125)
+        self.assertEqual(err.decode(), "rubato remote: error: no --tls_cert on stdin\n")
+
     def test_no_secret_on_stdin(self):
-        p = subprocess.Popen(["sh", "-c", remote.remote_script(["true"], True)],
+        p = subprocess.Popen(["sh", "-c", remote.remote_script(["true"], ["auth_secret_file"])],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(b"", timeout=10)
         self.assertEqual(p.returncode, 125)
@@ -169,7 +201,7 @@ class PreflightTest(unittest.TestCase):
     def test_preflight_needs(self):
         args = argparse.Namespace(servers=1, workers=2, base_port=5000, server_hosts="c",
                                   worker_hosts="a,b", map_by="slot", oversubscribe=False,
-                                  mode=None, data_dir="/data")
+                                  mode=None, data_dir="/data", server_slots=1)
         plan = hosts.Plan(args, [("a", 1), ("b", 1), ("c", 1), ("unused", 1)])
         needs = remote.preflight_needs(args, plan, "/bin")
         data = [os.path.join("/data", f) for f in programs.DATA_FILES]

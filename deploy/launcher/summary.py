@@ -65,7 +65,8 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
                "servers": args.servers, "workers": args.workers, "mode": args.mode or "bsp",
                "target_accuracy": args.target_accuracy, "max_message_mb": int(args.max_message_mb)}
     if args.plan:
-        summary["hostfile"] = os.path.abspath(args.hostfile)
+        if args.hostfile is not None:
+            summary["hostfile"] = os.path.abspath(args.hostfile)
         summary["hosts"] = [{"host": h, "slots": s} for h, s in args.plan.hosts]
         summary["rsh"] = args.rsh
     # How each process ended: done, failed (with its reason), crashed (injected) or stopped.

@@ -112,13 +112,13 @@ class Supervisor:
         return [s for s, _ in outcomes]
 
     def should_restart(self, s):
-        """--restart_servers: a local shard that died early is started again, at most N times; a
+        """--restart_servers: a shard that died early is started again, at most N times; a
         bsp or backup shard that exits with ROLLBACK_EXIT stopped to roll back to a restarted
         shard's checkpoint, and is started again without counting against N (at most
         MAX_ROLLBACKS times)."""
         p = self.job.servers[s]
         rollback = p.returncode() == ROLLBACK_EXIT and self.rollbacks[s] < MAX_ROLLBACKS
-        return (p.after_workers is False and not self.job.plan and not p.restarted
+        return (p.after_workers is False and not p.restarted
                 and self.args.restart_servers > 0
                 and (rollback or self.restarts[s] < self.args.restart_servers))
 
@@ -133,16 +133,21 @@ class Supervisor:
             self.rollbacks[s] += 1
         else:
             self.restarts[s] += 1
-        new = Proc("server-%d.%s-%d" % (s, "rollback" if rollback else "restart",
-                                         self.rollbacks[s] if rollback else self.restarts[s]),
-                   SERVER_PROGRAM, restart_command(job.server_argv[s], job.addresses[s]),
-                   job.run_dir)
+        name = "server-%d.%s-%d" % (s, "rollback" if rollback else "restart",
+                                    self.rollbacks[s] if rollback else self.restarts[s])
+        if job.plan:  # On its host, through the remote shell, on its fixed ports.
+            where = "%s:%d" % (job.plan.server_hosts[s], job.plan.server_ports[s])
+            new = job.remote(name, SERVER_PROGRAM, s, job.plan.server_hosts[s], job.server_argv[s])
+        else:
+            where = job.addresses[s]
+            new = Proc(name, SERVER_PROGRAM, restart_command(job.server_argv[s], where),
+                       job.run_dir, env=job.env(SERVER_PROGRAM, s))
         if rollback:
             job.screen.note("rubato: server-%d stopped to roll back to another shard's "
-                            "checkpoint; restarting it on %s" % (s, job.addresses[s]))
+                            "checkpoint; restarting it on %s" % (s, where))
         else:
             job.screen.note("rubato: server-%d %s; restarting it on %s from its checkpoints "
-                            "(%d of %d)" % (s, p.outcome()[1], job.addresses[s], self.restarts[s],
+                            "(%d of %d)" % (s, p.outcome()[1], where, self.restarts[s],
                                             self.args.restart_servers))
         job.procs.append(new)
         job.servers[s] = new
