@@ -70,7 +70,7 @@ ABSL_FLAG(int, cuda_device, -1,
           "over them.");
 ABSL_FLAG(int, local_rank, -1,
           "This worker's rank among the job's processes on its host (./rubato launch sets it); "
-          "-1: the LOCAL_RANK environment variable (torchrun, Slurm through srun's wrappers), "
+          "-1: the LOCAL_RANK environment variable (./rubato launch and torchrun set it), "
           "else the worker id. Picks the GPU with --cuda_device -1.");
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
