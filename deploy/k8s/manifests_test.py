@@ -43,13 +43,13 @@ class ManifestsTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tools = render.Tools()  # ToolMissing: the class errors, naming what is missing
 
-    def render_and_validate(self, objects):
-        text = render.dump(objects)
-        rc, out = self.tools.validate(text)
+    def render_and_validate(self, *jobs):
+        """Validates every object of `jobs` (lists of objects), in one run of the validator."""
+        objects = [o for job in jobs for o in job]
+        rc, out = self.tools.validate(render.dump(objects))
         self.assertEqual(rc, 0, "does not validate:\n%s" % out)
         oks = sum(line.startswith("ok ") for line in out.splitlines())
         self.assertEqual(oks, len(objects), out)
-        return text
 
     # --- one job holds together ----------------------------------------------------------------
 
@@ -242,13 +242,15 @@ class ManifestsTest(unittest.TestCase):
     # --- the job files -------------------------------------------------------------------------
 
     def test_every_job_file_in_both_forms(self):
+        rendered = []
         for name in render.JOBS:
             fields = make_job.load(render.job_file(name))
             for form in ("jobset", "jobs"):
                 with self.subTest(job=name, form=form):
                     objects = render.job(name, form)
-                    self.render_and_validate(objects)
+                    rendered.append(objects)
                     self.check_job(objects, fields)
+        self.render_and_validate(*rendered)
 
     def test_the_two_forms_run_the_same_pods(self):
         for name in ("bsp", "allreduce"):
@@ -280,21 +282,24 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "team-a")
 
     def test_sizes(self):
+        rendered = []
         for shards, workers in ((1, 1), (2, 3), (8, 32)):
             for tls in (False, True):
                 with self.subTest(shards=shards, workers=workers, tls=tls):
                     settings = ["shards=%d" % shards, "workers=%d" % workers,
-                                "name=job-%dx%d" % (shards, workers), "tls=%s" % tls]
+                                "name=job-%dx%d-%s" % (shards, workers, "tls" if tls else "plain"),
+                                "tls=%s" % tls]
                     fields = make_job.load(render.job_file("bsp"), settings)
                     objects = render.job("bsp", "jobset", settings)
-                    self.render_and_validate(objects)
+                    rendered.append(objects)
                     self.check_job(objects, fields)
         for workers in (1, 32):
-            settings = ["workers=%d" % workers, "tls=true"]
+            settings = ["workers=%d" % workers, "tls=true", "name=ring-%d" % workers]
             fields = make_job.load(render.job_file("allreduce"), settings)
             objects = render.job("allreduce", "jobs", settings)
-            self.render_and_validate(objects)
+            rendered.append(objects)
             self.check_job(objects, fields)
+        self.render_and_validate(*rendered)
 
     def test_two_jobs_share_a_namespace(self):
         a = render.job("bsp", settings=["name=alpha"])
