@@ -602,10 +602,13 @@ def render(job, form="jobset", job_id=None, secret_key=None, external_secret=Fal
     if form not in ("jobset", "jobs"):
         raise JobError("--form %r is not jobset or jobs" % form)
     if resume is not None:
-        if not re.match(r"^[a-z0-9][-a-z0-9]*$", resume):
-            raise JobError("--resume %r is not a run's name (its job id)" % resume)
         job_id = resume
     job_id = job_id or new_job_id(job["name"])
+    # A job id (common/auth.h) and the run's directory name on the claim.
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", job_id):
+        raise JobError("%s %r is not a job id: 1 to 128 letters, digits, '.', '_' or '-', not "
+                       "starting with '.', '_' or '-'" % ("--resume" if resume else "--job_id",
+                                                            job_id))
     run = job_id
     objects = [config_map(job)]
     if not external_secret:
@@ -640,7 +643,12 @@ def main(argv):
     parser = argparse.ArgumentParser(
         description="Every Kubernetes object of one Rubato job, from one job file (see the "
                     "module's docstring and deploy/k8s/README.md).",
-        epilog="fields: " + "; ".join("%s (%r): %s" % (k, v[0], v[1]) for k, v in FIELDS.items()))
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="fields of the job file (default: meaning):\n" + "\n".join(
+            "  %-26s %s" % (k, "%s: %s" % (yaml.safe_dump(v[0], default_flow_style=True,
+                                                           width=1000).strip().replace(
+                                                               "\n...", ""), v[1]))
+            for k, v in FIELDS.items()))
     parser.add_argument("job_file", nargs="?", help="the job file (YAML); none: the defaults")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field (the value is read as YAML)")

@@ -349,6 +349,11 @@ class ManifestsTest(unittest.TestCase):
                 with self.assertRaises(make_job.JobError) as caught:
                     make_job.load(render.job_file("bsp"), settings)
                 self.assertIn(message, str(caught.exception))
+        for bad in ("../etc", "run 1", "x" * 129):
+            with self.assertRaisesRegex(make_job.JobError, "is not a job id"):
+                render.job("bsp", job_id=bad)
+        with self.assertRaisesRegex(make_job.JobError, "--resume '../x' is not a job id"):
+            render.job("bsp", resume="../x")
         with self.assertRaises(make_job.JobError) as caught:
             make_job.load("/nonexistent/job.yaml")
         self.assertIn("cannot read the job file /nonexistent/job.yaml", str(caught.exception))
