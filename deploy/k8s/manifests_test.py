@@ -12,9 +12,11 @@ import base64
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from contextlib import redirect_stderr
 
@@ -361,6 +363,39 @@ class ManifestsTest(unittest.TestCase):
         with redirect_stderr(err):
             self.assertEqual(make_job.main([render.job_file("bsp"), "--set", "shards=-1"]), 2)
         self.assertIn("make_job.py: shards must be >= 1", err.getvalue())
+
+    def test_every_cluster_spec_is_one_the_server_takes(self):
+        """Each job file's cluster spec, given to the real rubato_server as its pods give it:
+        it serves (a bad spec would exit 2 at once), and stops at SIGTERM with 143."""
+        server = os.path.join(render.RUNFILES, "server", "rubato_server")
+        with tempfile.TemporaryDirectory() as d:
+            for name in render.JOBS:
+                fields = make_job.load(render.job_file(name))
+                if fields["mode"] == "allreduce":
+                    continue
+                spec, port = os.path.join(d, name + ".pbtxt"), os.path.join(d, name + ".port")
+                with open(spec, "w") as f:
+                    f.write(make_job.cluster_spec(fields))
+                proc = subprocess.Popen(
+                    [server, "--cluster_spec=" + spec, "--shard_id=%d" % (fields["shards"] - 1),
+                     "--listen=127.0.0.1:0", "--port_file=" + port, "--insecure"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                try:
+                    deadline = time.monotonic() + 30
+                    while not os.path.exists(port) and proc.poll() is None \
+                            and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    if proc.poll() is not None:
+                        self.fail("%s: the server exited %d: %s" % (
+                            name, proc.returncode, proc.stderr.read().decode(errors="replace")))
+                    self.assertTrue(os.path.exists(port), name)
+                    proc.send_signal(signal.SIGTERM)
+                    self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGTERM, name)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                    proc.stderr.close()
 
     def test_field_lists_follow_the_contract(self):
         with open(os.path.join(render.RUNFILES, "proto", "cluster.proto")) as f:
