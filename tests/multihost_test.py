@@ -143,16 +143,21 @@ class MultihostTest(unittest.TestCase):
     CUT_AT_STEP = 15
     CUT_S = 10
 
-    def cut_worker_2(self, run_dir):
-        path = os.path.join(run_dir, "worker-2.jsonl")
-        deadline = time.monotonic() + 120
+    @staticmethod
+    def wait_for_step(run_dir, worker, step, timeout=120):
+        """Until worker `worker`'s progress records reach `step`; AssertionError after `timeout`
+        seconds."""
+        path = os.path.join(run_dir, "worker-%d.jsonl" % worker)
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             steps = [r["step"] for r in read_jsonl(path) if r.get("event") == "step"]
-            if steps and steps[-1] >= self.CUT_AT_STEP:
-                break
+            if steps and steps[-1] >= step:
+                return
             time.sleep(0.05)
-        else:
-            raise AssertionError("worker-2 never reached step %d" % self.CUT_AT_STEP)
+        raise AssertionError("worker-%d never reached step %d" % (worker, step))
+
+    def cut_worker_2(self, run_dir):
+        self.wait_for_step(run_dir, 2, self.CUT_AT_STEP)
         self.net.cut("c")
         try:
             time.sleep(self.CUT_S)
@@ -269,15 +274,7 @@ class MultihostTest(unittest.TestCase):
         mark = "job in " + self.tmp  # Exported by -x to this job's processes only.
 
         def kill_shard_1(run_dir):
-            path = os.path.join(run_dir, "worker-0.jsonl")
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                steps = [r["step"] for r in read_jsonl(path) if r.get("event") == "step"]
-                if steps and steps[-1] >= self.KILL_AT_STEP:
-                    break
-                time.sleep(0.05)
-            else:
-                raise AssertionError("worker-0 never reached step %d" % self.KILL_AT_STEP)
+            self.wait_for_step(run_dir, 0, self.KILL_AT_STEP)
             seen["workers"] = self.processes("rubato_worker", mark)
             seen["servers"] = self.processes("rubato_server", mark)
             shard_1 = [pid for pid, (argv, _) in seen["servers"].items()
