@@ -580,7 +580,7 @@ class ReplayTest(unittest.TestCase):
 
     def check_outputs(self, control, pods, run, log_dir):
         """What the job left on its claim, under <run>/: every shard's checkpoints and final
-        stats, every worker's records (those of every attempt), worker 0's model."""
+        stats, every worker's records (those of every attempt), worker 0's model and summary."""
         claims = [o for o in run if o["kind"] == "PersistentVolumeClaim"]
         self.assertEqual(len(claims), 1)
         job_id = [a.split("=", 1)[1] for a in pods[0].container["args"]
@@ -601,6 +601,13 @@ class ReplayTest(unittest.TestCase):
                 self.assertEqual(records, logged, "%s: the records file is its log's records"
                                  % p.hostname)
         self.assertGreater(os.path.getsize(os.path.join(outputs, "model.rubato")), 0)
+        # Worker 0's summary: its start record and its last attempt's done record.
+        with open(os.path.join(outputs, "summary.json")) as f:
+            summary = json.load(f)
+        worker_0 = control.current(next(p.hostname for p in pods if p.role == "worker"))
+        records = worker_0.json_lines()
+        self.assertEqual(summary["done"], [r for r in records if r["event"] == "done"][-1])
+        self.assertEqual(summary["start"], [r for r in records if r["event"] == "start"][-1])
 
     def start(self, net, pod, log_dir, attempt):
         uid, gid, groups = pod.identity()

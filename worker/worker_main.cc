@@ -9,9 +9,12 @@
 // --crash_at_step. (Abseil's flag parser itself exits 1 for an unknown flag.)
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -100,6 +103,11 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(std::string, export_model, "",
           "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
           "the --model spec and its named tensors), atomically.");
+ABSL_FLAG(std::string, summary_file, "",
+          "At the end of the job, worker 0 writes the job's summary here, atomically: one JSON "
+          "object {\"start\": its start record, \"done\": its done record} (the model, mode, "
+          "steps, batch, final test accuracy and loss, wall time; proto/progress.proto). Its "
+          "directory is made if missing.");
 ABSL_FLAG(std::string, records_file, "",
           "Also append every progress record (the JSON lines on stdout) to this file, so that "
           "they outlive the process's log (a Kubernetes pod's is deleted with it).");
@@ -556,6 +564,27 @@ absl::Status ExportIfAsked(int worker_id, const rubato::ClusterSpec& cluster,
   return absl::OkStatus();
 }
 
+// --summary_file: worker 0's start and done records as one JSON object, written atomically.
+absl::Status WriteSummaryIfAsked(int worker_id, const rubato::ProgressRecord& start,
+                                 const rubato::ProgressRecord& done) {
+  const std::string path = absl::GetFlag(FLAGS_summary_file);
+  if (path.empty() || worker_id != 0) return absl::OkStatus();
+  RETURN_IF_ERROR(rubato::MakeParentDirectory(path));
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "{\"start\":" << rubato::ProgressLine(start)
+        << ",\"done\":" << rubato::ProgressLine(done) << "}\n";
+    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to --summary_file ", path,
+                                               ": ", std::strerror(errno)));
+  }
+  RUBATO_LOG(INFO) << "summary written to " << path;
+  return absl::OkStatus();
+}
+
 // A worker that dies without a word to the servers: no error status, no "done" record.
 void InjectedCrash(int64_t step) {
   std::cout.flush();
@@ -698,11 +727,11 @@ int Train(Setup* s) {
   std::string no_overlap_reason;
   const bool overlap = rubato::OverlapEnabled(options, *client, &no_overlap_reason);
   if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
-  rubato::WriteProgress(
-      std::cout, rubato::StartProgress(s->worker_id, s->job, s->batch_size, s->model.text,
-                                       rubato::ModelParamCount(s->model.spec), s->backend->name(),
-                                       overlap, rubato::FormatConsistency(s->cluster.consistency()),
-                                       s->batcher->shard_size()));
+  const rubato::ProgressRecord start_record = rubato::StartProgress(
+      s->worker_id, s->job, s->batch_size, s->model.text, rubato::ModelParamCount(s->model.spec),
+      s->backend->name(), overlap, rubato::FormatConsistency(s->cluster.consistency()),
+      s->batcher->shard_size());
+  rubato::WriteProgress(std::cout, start_record);
   std::atomic<int64_t> current_step{*start_step};
   options.current_step = &current_step;
   absl::StatusOr<rubato::TrainingResult> result;
@@ -717,10 +746,14 @@ int Train(Setup* s) {
   if (absl::Status st = client->Finish(result->steps); !st.ok()) {
     RUBATO_LOG(WARNING) << "could not tell every shard that this worker finished: " << st;
   }
-  rubato::WriteProgress(std::cout,
-                        rubato::DoneProgress(s->worker_id, *result, params, s->evaluates));
+  const rubato::ProgressRecord done_record =
+      rubato::DoneProgress(s->worker_id, *result, params, s->evaluates);
+  rubato::WriteProgress(std::cout, done_record);
   if (absl::Status st = ExportIfAsked(s->worker_id, s->cluster, s->job, s->model, *result, params);
       !st.ok()) {
+    return Fail(kExitRuntime, std::string(st.message()));
+  }
+  if (absl::Status st = WriteSummaryIfAsked(s->worker_id, start_record, done_record); !st.ok()) {
     return Fail(kExitRuntime, std::string(st.message()));
   }
   RUBATO_LOG(INFO) << "done: " << result->computed_steps << " of " << result->steps

@@ -367,7 +367,9 @@ def worker_template(job, run):
         # Pods start in any order and a lost one is replaced after a back-off of up to 300 s.
         "--connect_timeout_ms=%d" % (job["server_restart_timeout_s"] * 1000),
         "--records_file=%s/data/%s/outputs/worker-$(JOB_COMPLETION_INDEX).jsonl" % (MOUNT, run),
-        "--export_model=%s/data/%s/outputs/model.rubato" % (MOUNT, run),  # Worker 0 writes it.
+        # Worker 0 writes these two: the trained model, and the job's summary (start and done).
+        "--export_model=%s/data/%s/outputs/model.rubato" % (MOUNT, run),
+        "--summary_file=%s/data/%s/outputs/summary.json" % (MOUNT, run),
     ]
     if not allreduce:
         args.append("--server_restart_timeout_s=%d" % job["server_restart_timeout_s"])

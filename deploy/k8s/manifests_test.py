@@ -164,6 +164,7 @@ class ManifestsTest(unittest.TestCase):
                 self.assertIn("--records_file=%soutputs/worker-$(JOB_COMPLETION_INDEX).jsonl"
                               % data, args)
                 self.assertIn("--export_model=%soutputs/model.rubato" % data, args)
+                self.assertIn("--summary_file=%soutputs/summary.json" % data, args)
                 self.assertIn("--epochs=%d" % fields["epochs"], args)
                 self.assertIn("--model=" + fields["model"], args)
                 if fields["gpu"]:
