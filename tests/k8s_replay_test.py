@@ -369,20 +369,86 @@ def on_sigterm(signum, frame):
 
 
 class Controller:
-    """The Job controller and kubelet for the replayed pods: starts them, collects their exits,
-    applies each Job's podFailurePolicy to a failed pod (ignored, counted against its index's
-    backoffLimitPerIndex, or failing the job) and starts its replacement, with the same host name,
-    after the back-off. `failed` says why the job failed, if it did."""
+    """The Job and JobSet controllers and the kubelet for the replayed pods: starts them (servers
+    first, workers once the servers are ready: dependsOn Ready), collects their exits, applies
+    each Job's podFailurePolicy to a failed pod (ignored, counted against its index's
+    backoffLimitPerIndex, or failing the Job) and starts its replacement, with the same host name,
+    after the back-off. A failed Job goes through the JobSet's failurePolicy: a rule naming its
+    reason decides, else the whole JobSet is recreated (BlockingRecreate: every pod stopped first)
+    up to maxRestarts times. `failed` says why the job failed, if it did."""
 
-    def __init__(self, test, net, log_dir):
+    def __init__(self, test, net, log_dir, pods, jobset):
         self.test, self.net, self.log_dir = test, net, log_dir
+        self.pods, self.jobset = pods, jobset
         self.attempts = {}   # host name -> [Running], in order
         self.pending = []    # (when, Pod): replacements waiting for their back-off
         self.counted, self.ignored, self.succeeded = {}, {}, {}
         self.disrupted = set()  # Running objects given the condition DisruptionTarget
+        self.restarts = 0    # Whole-JobSet restarts
         self.failed = None
 
+    def launch(self):
+        """Every pod, as the JobSet starts them: the servers, then (once they are ready) the
+        rest."""
+        servers = [p for p in self.pods if p.role == "parameter-server"]
+        for p in servers:
+            self.start(Pod(p.job_object, p.index, p.objects))
+        if servers:
+            ready = subprocess.run(
+                self.net.exec_prefix("kubelet") + [sys.executable, PROBE, str(READY_S)]
+                + ["%s:%d" % (p.ip, p.health_port()) for p in servers],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                timeout=READY_S + 30)
+            statuses = [json.loads(line)["status"] for line in ready.stdout.splitlines()
+                        if line.startswith("{")]
+            if statuses != ["SERVING"] * len(servers):
+                self.failed = "the servers were not ready within %d s: %s" % (READY_S,
+                                                                             ready.stdout)
+                return
+        for p in self.pods:
+            if p.role != "parameter-server":
+                self.start(Pod(p.job_object, p.index, p.objects))
+
+    def job_failed(self, reason, why):
+        """A Job failed with `reason` (PodFailurePolicy, FailedIndexes): the JobSet's
+        failurePolicy decides."""
+        policy = (self.jobset or {}).get("spec", {}).get("failurePolicy")
+        if policy is None:
+            self.failed = why
+            return
+        for rule in policy.get("rules", []):
+            if reason in rule.get("onJobFailureReasons", [reason]):
+                if rule["action"] == "FailJobSet":
+                    self.failed = "%s; the JobSet fails (rule %s)" % (why, rule["name"])
+                    return
+                break
+        if self.restarts >= policy.get("maxRestarts", 0):
+            self.failed = "%s; the JobSet has no restarts left (%d)" % (why, self.restarts)
+            return
+        self.restarts += 1
+        # BlockingRecreate: every pod of the old Jobs is gone before the new ones start. A pod
+        # deleted gets SIGTERM, SIGKILL after its grace period.
+        stopping = self.running()
+        for r in stopping:
+            os.kill(r.proc.pid, signal.SIGTERM)
+        grace = time.monotonic() + 60  # The servers' terminationGracePeriodSeconds.
+        while stopping:
+            for r in list(stopping):
+                pid, status = os.waitpid(r.proc.pid, os.WNOHANG)
+                if pid:
+                    r.proc.returncode = os.waitstatus_to_exitcode(status)
+                    r.exit_code, r.exit_time = r.proc.returncode, time.monotonic()
+                    r.action = "deleted: JobSet restart"
+                    stopping.remove(r)
+                elif time.monotonic() > grace:
+                    os.kill(r.proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+        self.pending = []
+        self.counted, self.succeeded = {}, {}  # New Jobs: new counts.
+        self.launch()
+
     def start(self, pod):
+        pod.ip = self.net.ip(pod.hostname)
         r = self.test.start(self.net, pod, self.log_dir, len(self.attempts.get(pod.hostname, [])))
         self.attempts.setdefault(pod.hostname, []).append(r)
         return r
@@ -426,16 +492,18 @@ class Controller:
                                                disrupted=r in self.disrupted)
             r.action = action
             if action == "FailJob":
-                self.failed = "%s exited %d: its Job fails (podFailurePolicy): %s" % (
-                    host, r.exit_code, r.tail())
+                self.job_failed("PodFailurePolicy", "%s exited %d: its Job fails "
+                                "(podFailurePolicy): %s" % (host, r.exit_code, r.tail()))
+                return
             elif action == "Ignore":
                 self.ignored[host] = self.ignored.get(host, 0) + 1
                 self.pending.append((now, Pod(r.pod.job_object, r.pod.index, r.pod.objects)))
             else:
                 n = self.counted[host] = self.counted.get(host, 0) + 1
                 if n > spec["backoffLimitPerIndex"]:
-                    self.failed = "%s failed %d times, over its backoffLimitPerIndex: %s" % (
-                        host, n, r.tail())
+                    self.job_failed("FailedIndexes", "%s failed %d times, over its "
+                                    "backoffLimitPerIndex: %s" % (host, n, r.tail()))
+                    return
                 else:
                     self.pending.append((now + BACKOFF_S * 2 ** (n - 1),
                                          Pod(r.pod.job_object, r.pod.index, r.pod.objects)))
@@ -466,10 +534,10 @@ class ReplayTest(unittest.TestCase):
         if self.skip:
             self.skipTest(self.skip)
 
-    def replay(self, name, settings=(), faults=None, label=None):
+    def replay(self, name, settings=(), faults=None, label=None, expect_failure=False):
         """Runs deploy/k8s/jobs/NAME.yaml (with `settings`) to the end, calling faults(controller)
         every poll to inject failures; returns the Controller after the checks that hold for every
-        job."""
+        job (with `expect_failure`, once the job has failed, as it must)."""
         label = label or name
         objects = render.job(name, "jobset", settings)
         rc, out = self.tools.validate(render.dump(objects))
@@ -482,7 +550,8 @@ class ReplayTest(unittest.TestCase):
         os.makedirs(log_dir)
         prober = None
         net = netns.Network([p.hostname for p in pods] + ["kubelet"])
-        control = Controller(self, net, log_dir)
+        control = Controller(self, net, log_dir, pods,
+                             next((o for o in objects if o["kind"] == "JobSet"), None))
         try:
             net.add_names(dns_names(pods, run))
             for p in pods:
@@ -495,23 +564,10 @@ class ReplayTest(unittest.TestCase):
                     + [sys.executable, PROBE, str(JOB_DEADLINE_S)] + targets,
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True)
-            servers = [p for p in pods if p.role == "parameter-server"]
-            for p in servers:
-                control.start(p)
-            if servers:
-                # The workers' replicated job dependsOn the servers' being Ready.
-                ready = subprocess.run(
-                    net.exec_prefix("kubelet") + [sys.executable, PROBE, str(READY_S)]
-                    + ["%s:%d" % (p.ip, p.health_port()) for p in servers],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=READY_S + 30)
-                statuses = [json.loads(line)["status"] for line in ready.stdout.splitlines()
-                            if line.startswith("{")]
-                self.assertEqual(statuses, ["SERVING"] * len(servers), ready.stdout)
-            for p in pods:
-                if p.role != "parameter-server":
-                    control.start(p)
+            control.launch()
             self.wait(control, start, faults)
-            wall = max(r.exit_time for a in control.attempts.values() for r in a) - start
+            wall = max((r.exit_time for a in control.attempts.values() for r in a
+                        if r.exit_time is not None), default=time.monotonic()) - start
         finally:
             # The prober reports what it last saw; whatever still runs (on a failure) dies with
             # its whole session; then the hosts go.
@@ -531,6 +587,9 @@ class ReplayTest(unittest.TestCase):
                     proc.wait()
             net.close()
 
+        if expect_failure:
+            self.assertIsNotNone(control.failed, "the job did not fail (logs in %s)" % log_dir)
+            return control
         self.assertIsNone(control.failed, "the job failed (logs in %s)" % log_dir)
         # Every index succeeded exactly once: nothing ran twice to completion.
         self.assertEqual(control.succeeded, {p.hostname: 1 for p in pods},
@@ -700,6 +759,50 @@ class ReplayTest(unittest.TestCase):
                                                     for i in range(3)])
         self.check_identical_weights(control)
 
+    @staticmethod
+    def step_of(control, host):
+        """The newest step record's step of `host`'s current attempt (0 before any)."""
+        steps = [rec["step"] for rec in control.current(host).json_lines()
+                 if rec.get("event") == "step"]
+        return steps[-1] if steps else 0
+
+    def fingerprints(self, control):
+        return {rec["params_fnv1a"] for a in control.attempts.values()
+                for rec in a[-1].json_lines() if rec.get("event") == "done"}
+
+    def test_a_failed_job_restarts_the_whole_jobset_from_the_checkpoints(self):
+        """restarts_per_index 0: shard 1 killed once (SIGKILL, exit 137, counted) fails its Job;
+        the JobSet's failurePolicy then recreates every pod (BlockingRecreate), the shards restore
+        their newest checkpoints, the new workers go on from there, and the job ends at its final
+        step on the weights of the same job without the failure."""
+        ps1, w0 = "rubato-bsp-ps-0-1", "rubato-bsp-worker-0-0"
+        done = []
+
+        def faults(control):
+            if not done and w0 in control.attempts and self.step_of(control, w0) >= 100:
+                control.kill(ps1)
+                done.append("killed")
+
+        settings = ["checkpoint_every_steps=40", "restarts_per_index=0"]
+        control = self.replay("bsp", settings, faults, label="bsp-jobset-restart")
+        self.assertEqual((done, control.restarts), (["killed"], 1))
+        self.assertEqual(control.attempts[ps1][0].exit_code, 137)
+        self.assertEqual(len(control.attempts[w0]), 2, "every pod was recreated")
+        starts = [rec for rec in control.current(w0).json_lines() if rec["event"] == "step"]
+        self.assertGreater(starts[0]["step"], 0, "the new workers went on from the checkpoint")
+        clean = self.replay("bsp", settings, label="bsp-jobset-no-restart")
+        self.assertEqual(self.fingerprints(control), self.fingerprints(clean))
+        self.assertEqual(len(self.fingerprints(control)), 1)
+
+    def test_a_usage_error_fails_the_jobset(self):
+        """A model the workers cannot build: exit 2, FailJob, and the JobSet's rule usage-error
+        fails it without a restart."""
+        control = self.replay("bsp", ["model=mlp:784"], label="bsp-usage-error",
+                              expect_failure=True)
+        self.assertIn("the JobSet fails (rule usage-error)", control.failed)
+        self.assertIn("exited 2", control.failed)
+        self.assertEqual(control.restarts, 0)
+
     def test_bsp_survives_an_eviction_a_roll_back_and_a_killed_worker(self):
         """Shard 1 is evicted mid-job (SIGTERM with DisruptionTarget: exit 143, not counted) and
         replaced under the same name; it restores its newest checkpoint, so shard 0 rolls back to
@@ -710,15 +813,10 @@ class ReplayTest(unittest.TestCase):
         w0, w2 = "rubato-bsp-worker-0-0", "rubato-bsp-worker-0-2"
         done = []
 
-        def step_of(control, host):
-            steps = [rec["step"] for rec in control.current(host).json_lines()
-                     if rec.get("event") == "step"]
-            return steps[-1] if steps else 0
-
         def faults(control):
             if w0 not in control.attempts:
                 return
-            step = step_of(control, w0)
+            step = self.step_of(control, w0)
             if not done and step >= 100:
                 control.evict(ps1)
                 done.append("evicted")
@@ -745,9 +843,7 @@ class ReplayTest(unittest.TestCase):
                         "the job was rolled back: steps were computed again: %s" % finals)
         # Bit-identical recovery: the same weights as the same job without failures.
         clean = self.replay("bsp", ["checkpoint_every_steps=40"], label="bsp-no-faults")
-        self.assertEqual({rec["params_fnv1a"] for rec in finals},
-                         {rec["params_fnv1a"] for a in clean.attempts.values()
-                          for rec in a[-1].json_lines() if rec.get("event") == "done"})
+        self.assertEqual({rec["params_fnv1a"] for rec in finals}, self.fingerprints(clean))
 
 
 class ExpansionTest(unittest.TestCase):

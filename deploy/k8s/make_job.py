@@ -92,6 +92,15 @@ OPTIMIZER_FIELDS = {"type", "learning_rate", "weight_decay", "momentum", "nester
 LR_SCHEDULE_FIELDS = {"reference_batch", "scaling", "warmup_steps", "warmup_epochs", "decay",
                       "decay_steps", "decay_factor", "power", "final_lr_fraction"}
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The binaries' flags, from the generated reference (docs/gen_flags.py): worker_args and
+# server_args are checked against it, since a flag the binary does not know makes it exit 1 (Abseil's
+# parser), which a pod failure policy cannot tell from a runtime error.
+FLAGS_MD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.realpath(__file__)))), "docs", "flags.md")
+# Flags make_job gives the pods itself.
+OWN_FLAGS = {"shard_id", "listen", "data_port", "cluster_spec", "auth_secret_file", "job_id",
+             "health_listen", "checkpoint_dir", "stats_file", "worker_id", "records_file",
+             "export_model", "summary_file", "tls_cert", "tls_key", "tls_ca", "ring_data_port"}
 
 
 class JobError(Exception):
@@ -188,10 +197,45 @@ def validate(job):
     if not re.match(r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$", job["health_from"]):
         raise JobError("health_from %r is not an IPv4 CIDR such as 10.0.0.0/8"
                        % job["health_from"])
-    for key in ("worker_args", "server_args"):
-        for arg in job[key]:
-            if not isinstance(arg, str) or not arg.startswith("--"):
-                raise JobError("%s: %r is not a --flag" % (key, arg))
+    known = binary_flags()
+    check_args("worker_args", job["worker_args"], "rubato_worker", known)
+    check_args("server_args", job["server_args"], "rubato_server", known)
+
+
+def binary_flags(path=FLAGS_MD):
+    """{"rubato_server": names, "rubato_worker": names} from docs/flags.md; None without it (a copy
+    of make_job.py outside the repository: the flags are then not checked)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    flags = {"rubato_server": set(), "rubato_worker": set()}
+    section = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip()
+            section = list(flags) if title == "Both binaries" else \
+                [title] if title in flags else []
+        m = re.match(r"^\| `--([A-Za-z0-9_]+)` \|", line)
+        if m and section:
+            for binary in section:
+                flags[binary].add(m.group(1))
+    return flags
+
+
+def check_args(key, args, binary, known):
+    for arg in args:
+        if not isinstance(arg, str) or not arg.startswith("--"):
+            raise JobError("%s: %r is not a --flag" % (key, arg))
+        name = arg[2:].partition("=")[0]
+        if name in OWN_FLAGS:
+            raise JobError("%s: --%s is set by make_job.py (see the job file's fields)"
+                           % (key, name))
+        # Abseil's --noFLAG form of a boolean flag.
+        if known is not None and name not in known[binary] and not (
+                name.startswith("no") and name[2:] in known[binary]):
+            raise JobError("%s: --%s is not a flag of %s (docs/flags.md)" % (key, name, binary))
 
 
 # --- names ---------------------------------------------------------------------------------------

@@ -344,6 +344,9 @@ class ManifestsTest(unittest.TestCase):
             (["optimizer={type: sgd}"], "needs type and learning_rate"),
             (["storage_access_mode=ReadOnlyMany"], "storage_access_mode"),
             (["worker_args=[slow]"], "'slow' is not a --flag"),
+            (["worker_args=[--slow_worker=1:4]"], "--slow_worker is not a flag of rubato_worker"),
+            (["server_args=[--batch_size=3]"], "--batch_size is not a flag of rubato_server"),
+            (["worker_args=[--worker_id=3]"], "--worker_id is set by make_job.py"),
             (["mode=backup", "backup_workers=3"], "backup_workers must be in [1, workers)"),
             (["shards"], "expected KEY=VALUE"),
         ]
@@ -397,6 +400,16 @@ class ManifestsTest(unittest.TestCase):
                         proc.kill()
                         proc.wait()
                     proc.stderr.close()
+
+    def test_the_flag_reference_is_read(self):
+        flags = make_job.binary_flags()
+        self.assertIsNotNone(flags, make_job.FLAGS_MD)
+        self.assertIn("slow_workers", flags["rubato_worker"])
+        self.assertIn("checkpoint_keep", flags["rubato_server"])
+        self.assertIn("learning_rate", flags["rubato_server"] & flags["rubato_worker"])
+        self.assertNotIn("batch_size", flags["rubato_server"])
+        make_job.check_args("worker_args", ["--nooverlap", "--overlap=false"], "rubato_worker",
+                            flags)
 
     def test_field_lists_follow_the_contract(self):
         with open(os.path.join(render.RUNFILES, "proto", "cluster.proto")) as f:
