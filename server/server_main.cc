@@ -32,7 +32,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -44,6 +43,7 @@
 #include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/parse_flags.h"
 #include "common/net_diagnose.h"
 #include "common/optimizer.h"
 #include "common/progress_writer.h"
@@ -558,7 +558,7 @@ int main(int argc, char** argv) {
   rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::SetProgramUsageMessage(
       "One Rubato parameter-server shard. Its flags: docs/flags.md (or --helpfull).");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> rest = rubato::ParseFlagsOrExit(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   rubato::SkipMutexDeadlockDetection();
   if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument '", rest[1], "'"));

@@ -182,11 +182,27 @@ TEST_F(BadInputTest, WorkerLayersThatDoNotMatchTheData) {
 
 TEST_F(BadInputTest, WorkerUnknownFlag) {
   const ProcessResult r = RunWorker({"--no_such_flag=3"});
-  // Abseil's flag parser rejects it before main() can: it prints its own "ERROR: Unknown command
-  // line flag" line and exits 1, not the worker's usage status 2.
-  EXPECT_NE(r.exit_status, 0);
+  // Abseil's flag parser rejects it before main() can, with its own "ERROR: Unknown command line
+  // flag" line; the status is still the usage status 2 (common/parse_flags.h), so that a
+  // Kubernetes pod failure policy fails the job rather than restarting the pod.
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
   EXPECT_TRUE(HasLineContaining(r.stderr_text, "'no_such_flag'")) << r.stderr_text;
   EXPECT_EQ(r.stdout_text, "");
+}
+
+TEST_F(BadInputTest, FlagValuesAbseilRefusesAreUsageErrors) {
+  ProcessResult r = RunWorker({"--batch_size=abc"});
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  EXPECT_TRUE(HasLineContaining(r.stderr_text, "'batch_size'")) << r.stderr_text;
+  r = RunServer({"--no_such_flag=1"});
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  EXPECT_TRUE(HasLineContaining(r.stderr_text, "'no_such_flag'")) << r.stderr_text;
+  r = RunServer({"--update_threads=many"});
+  EXPECT_EQ(r.exit_status, kExitUsage) << r.stderr_text;
+  // --helpfull is no error: Abseil's own status (1), with the flags on stdout.
+  r = RunServer({"--helpfull"});
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_NE(r.stdout_text.find("--checkpoint_dir"), std::string::npos);
 }
 
 TEST_F(BadInputTest, WorkerMissingDataDir) {

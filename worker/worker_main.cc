@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +36,7 @@
 #include "common/health.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/parse_flags.h"
 #include "common/placement.h"
 #include "common/progress_writer.h"
 #include "common/security.h"
@@ -769,7 +769,7 @@ int Train(Setup* s) {
 int main(int argc, char** argv) {
   rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::SetProgramUsageMessage("One Rubato worker. Its flags: docs/flags.md (or --helpfull).");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> rest = rubato::ParseFlagsOrExit(argc, argv);
   rubato::KeepFreedMemory();  // Tensor-sized buffers every step: reuse them, do not re-fault them.
   rubato::SkipMutexDeadlockDetection();
   if (rest.size() > 1) return Fail(kExitUsage, absl::StrCat("unexpected argument '", rest[1], "'"));

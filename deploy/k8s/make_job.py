@@ -93,8 +93,8 @@ LR_SCHEDULE_FIELDS = {"reference_batch", "scaling", "warmup_steps", "warmup_epoc
                       "decay_steps", "decay_factor", "power", "final_lr_fraction"}
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # The binaries' flags, from the generated reference (docs/gen_flags.py): worker_args and
-# server_args are checked against it, since a flag the binary does not know makes it exit 1 (Abseil's
-# parser), which a pod failure policy cannot tell from a runtime error.
+# server_args are checked against it, so that a misspelt flag is refused here, not by every pod
+# (which would exit 2 and fail the job).
 FLAGS_MD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.realpath(__file__)))), "docs", "flags.md")
 # Flags make_job gives the pods itself.
