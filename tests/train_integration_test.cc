@@ -2,6 +2,7 @@
 // MLP on a subset of Fashion-MNIST under BSP, and must learn well above chance (10%).
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -156,6 +157,60 @@ TEST(TrainIntegrationTest, InjectedSlowdownDelaysOneWorkerAndTheOtherWaits) {
   double comm0_mean = 0;
   for (double c : comm0) comm0_mean += c / comm0.size();
   EXPECT_GE(comm0_mean, 5.0) << out0;
+  EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
+}
+
+TEST(TrainIntegrationTest, AStragglerThatAppearsMidRunAndADelayTrace) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  auto cluster = TestCluster::Create();
+  ASSERT_TRUE(IsOk(cluster));
+  TestServerOptions options;
+  options.num_workers = 2;
+  ASSERT_TRUE(IsOk((*cluster)->StartServers(options)));
+  // Worker 1 sleeps 200 ms at steps 10 and 11 (its rows of the trace); worker 0's row is 0 ms.
+  const std::string trace = absl::StrCat(std::getenv("TEST_TMPDIR"), "/delays.txt");
+  std::ofstream(trace) << "# step worker delay_ms\n10 1 200\n11 1 200\n12 0 0\n";
+  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
+                                          "--train_limit=2000",
+                                          "--test_limit=500",
+                                          "--steps=40",
+                                          "--eval_every=40",
+                                          "--log_every=5",
+                                          "--delay_trace=" + trace};
+  // Worker 0: 3x slower from step 20 on (at least 10 ms a step with the 5 ms floor).
+  std::vector<std::string> flags0 = flags;
+  for (const char* f : {"--slowdown=3", "--min_step_ms=5", "--slow_from_step=20"}) {
+    flags0.push_back(f);
+  }
+  ASSERT_TRUE(IsOk((*cluster)->StartWorker(0, flags0)));
+  ASSERT_TRUE(IsOk((*cluster)->StartWorker(1, flags)));
+  absl::StatusOr<std::map<int, int>> exit_statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
+  ASSERT_TRUE(IsOk(exit_statuses));
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(exit_statuses->at(w), 0) << (*cluster)->worker(w)->ReadStderr();
+  }
+  const std::string out0 = (*cluster)->worker(0)->ReadStdout();
+  const std::string out1 = (*cluster)->worker(1)->ReadStdout();
+  // Records every 5 steps: the mean delay of the 5 steps before each.
+  const std::vector<double> delay0 = StepRecordField(out0, "delay_ms");
+  const std::vector<double> step0 = StepRecordField(out0, "step");
+  ASSERT_EQ(delay0.size(), 8u) << out0;
+  for (size_t i = 0; i < delay0.size(); ++i) {
+    if (step0[i] <= 20) {  // Only the floor pads its steps: under 5 ms.
+      EXPECT_LT(delay0[i], 5.0) << "step " << step0[i] << "\n" << out0;
+    } else {
+      EXPECT_GE(delay0[i], 10.0) << "step " << step0[i] << "\n" << out0;
+    }
+  }
+  const std::vector<double> delay1 = StepRecordField(out1, "delay_ms");
+  const std::vector<double> step1 = StepRecordField(out1, "step");
+  ASSERT_EQ(delay1.size(), 8u) << out1;
+  for (size_t i = 0; i < delay1.size(); ++i) {
+    // Steps 10 and 11 are in the interval that ends at step 15: 400 ms over 5 steps (the time
+    // slept, which oversleeps a little).
+    EXPECT_NEAR(delay1[i], step1[i] == 15 ? 80.0 : 0.0, 1.0) << "step " << step1[i] << "\n"
+                                                              << out1;
+  }
   EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
 }
 

@@ -3,10 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace rubato {
 namespace {
@@ -78,7 +83,70 @@ absl::Status ValidateStragglerOptions(const StragglerOptions& o) {
   if (!(o.min_step_ms >= 0 && std::isfinite(o.min_step_ms))) {
     return Bad("min_step_ms", o.min_step_ms, ">= 0");
   }
+  if (o.slow_from_step < 0) return Bad("slow_from_step", o.slow_from_step, ">= 0");
+  if (o.slow_period_steps < 0) return Bad("slow_period_steps", o.slow_period_steps, ">= 0");
+  if (o.slow_period_steps > 0 &&
+      !(o.slow_for_steps >= 1 && o.slow_for_steps <= o.slow_period_steps)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--slow_for_steps must be in [1, --slow_period_steps=", o.slow_period_steps, "], got ",
+        o.slow_for_steps));
+  }
+  if (o.slow_period_steps == 0 && o.slow_for_steps != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--slow_for_steps=", o.slow_for_steps,
+                                                   " needs --slow_period_steps > 0"));
+  }
+  if (o.rotate_slow && (o.slow_period_steps == 0 || o.num_workers < 1)) {
+    return absl::InvalidArgumentError(
+        "--rotate_slow needs --slow_period_steps > 0 (each worker is slow for one period in "
+        "turn) and the number of workers");
+  }
+  for (const auto& [step, ms] : o.trace_ms) {
+    if (step < 0 || !(ms >= 0 && std::isfinite(ms))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--delay_trace: step ", step, " delay ", ms, " ms is not a step >= 0 "
+                       "with a finite delay >= 0"));
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<int64_t, double>> ParseDelayTrace(absl::string_view text,
+                                                          absl::string_view path, int worker_id,
+                                                          int num_workers) {
+  std::map<int64_t, double> mine;
+  std::set<std::pair<int64_t, int>> seen;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    const auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--delay_trace ", path, ":", number, ": ", why, " (rows are STEP WORKER "
+                       "DELAY_MS)"));
+    };
+    int64_t step = 0;
+    int worker = 0;
+    double ms = 0;
+    if (words.size() != 3 || !absl::SimpleAtoi(words[0], &step) ||
+        !absl::SimpleAtoi(words[1], &worker) || !absl::SimpleAtod(words[2], &ms)) {
+      return bad(absl::StrCat("cannot read '", absl::StripAsciiWhitespace(line), "'"));
+    }
+    if (step < 0) return bad(absl::StrCat("step ", step, " < 0"));
+    if (worker < 0 || worker >= num_workers) {
+      return bad(absl::StrCat("worker ", worker, " is not in [0, ", num_workers, ")"));
+    }
+    if (!(ms >= 0 && std::isfinite(ms))) {
+      return bad(absl::StrCat("delay ", words[2], " ms is not a finite delay >= 0"));
+    }
+    if (!seen.insert({step, worker}).second) {
+      return bad(absl::StrCat("step ", step, " of worker ", worker, " given twice"));
+    }
+    if (worker == worker_id) mine[step] = ms;
+  }
+  return mine;
 }
 
 absl::StatusOr<StragglerModel> StragglerModel::Create(const StragglerOptions& options,
@@ -108,9 +176,22 @@ StragglerModel::StragglerModel(const StragglerOptions& options, int worker_id)
 }
 
 absl::Duration StragglerModel::ComputeDelay(absl::Duration compute_time) const {
-  if (options_.slowdown == 1 && options_.min_step_ms == 0) return absl::ZeroDuration();
+  return ComputeDelay(compute_time, options_.slowdown);
+}
+
+absl::Duration StragglerModel::ComputeDelay(absl::Duration compute_time, double slowdown) const {
+  if (slowdown == 1 && options_.min_step_ms == 0) return absl::ZeroDuration();
   const absl::Duration floored = std::max(compute_time, absl::Milliseconds(options_.min_step_ms));
-  return floored * options_.slowdown - compute_time;
+  return floored * slowdown - compute_time;
+}
+
+bool StragglerModel::SlowAt(int64_t step) const {
+  const StragglerOptions& o = options_;
+  if (step < o.slow_from_step) return false;
+  if (o.slow_period_steps == 0) return true;
+  const int64_t since = step - o.slow_from_step;
+  if (since % o.slow_period_steps >= o.slow_for_steps) return false;
+  return !o.rotate_slow || (since / o.slow_period_steps) % o.num_workers == worker_id_;
 }
 
 absl::Duration StragglerModel::RandomDelay(int64_t step) const {
@@ -146,7 +227,11 @@ absl::Duration StragglerModel::RandomDelay(int64_t step) const {
 }
 
 absl::Duration StragglerModel::DelayFor(int64_t step, absl::Duration compute_time) {
-  absl::Duration delay = ComputeDelay(compute_time) + RandomDelay(step);
+  absl::Duration delay =
+      ComputeDelay(compute_time, SlowAt(step) ? options_.slowdown : 1) + RandomDelay(step);
+  if (auto row = options_.trace_ms.find(step); row != options_.trace_ms.end()) {
+    delay += absl::Milliseconds(row->second);
+  }
   if (options_.pause_at_step.has_value() && step == *options_.pause_at_step && !paused_) {
     paused_ = true;
     delay += absl::Milliseconds(options_.pause_ms);
@@ -157,14 +242,26 @@ absl::Duration StragglerModel::DelayFor(int64_t step, absl::Duration compute_tim
 bool StragglerModel::enabled() const {
   return options_.slowdown != 1 || options_.min_step_ms > 0 ||
          (options_.delay_probability > 0 && options_.delay_mean_ms > 0) ||
-         options_.pause_at_step.has_value() || options_.crash_at_step.has_value();
+         options_.pause_at_step.has_value() || options_.crash_at_step.has_value() ||
+         !options_.trace_ms.empty();
 }
 
 std::string StragglerModel::Describe() const {
   std::vector<std::string> parts;
   if (options_.min_step_ms > 0)
     parts.push_back(absl::StrCat("floor ", options_.min_step_ms, " ms"));
-  if (options_.slowdown != 1) parts.push_back(absl::StrCat("slowdown ", options_.slowdown));
+  if (options_.slowdown != 1) {
+    std::string slow = absl::StrCat("slowdown ", options_.slowdown);
+    if (options_.slow_from_step > 0) absl::StrAppend(&slow, " from step ", options_.slow_from_step);
+    if (options_.slow_period_steps > 0) {
+      absl::StrAppend(&slow, " for ", options_.slow_for_steps, " of every ",
+                      options_.slow_period_steps, " steps");
+      if (options_.rotate_slow) {
+        absl::StrAppend(&slow, ", in turn with the other ", options_.num_workers - 1, " worker(s)");
+      }
+    }
+    parts.push_back(std::move(slow));
+  }
   if (options_.delay_probability > 0 && options_.delay_mean_ms > 0) {
     std::string random = absl::StrCat("p=", options_.delay_probability, " ",
                                       DelayDistributionName(options_.delay_distribution), " mean ",
@@ -183,6 +280,9 @@ std::string StragglerModel::Describe() const {
   }
   if (options_.crash_at_step.has_value()) {
     parts.push_back(absl::StrCat("crash at step ", *options_.crash_at_step));
+  }
+  if (!options_.trace_ms.empty()) {
+    parts.push_back(absl::StrCat("delay trace: ", options_.trace_ms.size(), " step(s)"));
   }
   return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
 }

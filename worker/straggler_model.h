@@ -2,12 +2,19 @@
 // training copes with slow, paused and dead workers. Pure arithmetic over a seeded random stream:
 // the training loop asks for each step's delay and sleeps it.
 //
-// Per step, with c the measured compute time and T the floor (--min_step_ms):
+// Per step s, with c the measured compute time and T the floor (--min_step_ms):
 //
-//   emulated compute  = max(c, T) * slowdown
+//   emulated compute  = max(c, T) * (slow(s) ? slowdown : 1)
 //   delay             = (emulated compute - c)                   floor, then slowdown
 //                     + [u <= p] * X, X ~ exponential | lognormal | pareto with mean M
 //                     + pause_ms      at pause_at_step only, once
+//                     + trace(s)      this worker's row for step s of --delay_trace, if any
+//
+// slow(s), the straggler pattern (SlowAt): always, by default (a constant straggler); from step
+// slow_from_step on (one that appears mid-run); with slow_period_steps P > 0, only in the first
+// slow_for_steps steps of every period of P steps counted from slow_from_step (a transient one);
+// with rotate_slow, only in the periods k whose k mod num_workers is this worker (each worker slow
+// in turn). Steps, not seconds: a pattern is the same on every machine and in every rerun.
 //
 // Random draws come from one std::mt19937_64 seeded by (seed, worker id), three outputs per step
 // whether or not the delay is taken: step s uses outputs 3s, 3s + 1 and 3s + 2. So a step's delay
@@ -17,6 +24,7 @@
 #define RUBATO_WORKER_STRAGGLER_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -54,7 +62,24 @@ struct StragglerOptions {
   // Exit abruptly at the start of this step (>= 0); unset: never.
   std::optional<int64_t> crash_at_step;
   double min_step_ms = 0;  // >= 0: compute time is padded up to this.
+  // The straggler pattern: when the slowdown applies (see the top of this file).
+  int64_t slow_from_step = 0;     // >= 0.
+  int64_t slow_period_steps = 0;  // >= 0; 0: no period, slow from slow_from_step on.
+  int64_t slow_for_steps = 0;     // In [1, slow_period_steps] when there is a period.
+  bool rotate_slow = false;       // Needs a period and num_workers.
+  int num_workers = 0;            // For rotate_slow.
+  // Extra delay (ms) at given steps, this worker's rows of a --delay_trace file.
+  std::map<int64_t, double> trace_ms;
 };
+
+// This worker's rows of a delay trace (--delay_trace): one row per line, "STEP WORKER DELAY_MS"
+// (whitespace between; `#` starts a comment; blank lines skipped), e.g. a per-step trace recorded on
+// a real cluster. InvalidArgument naming `path` and the line: a row that does not parse, a step
+// < 0, a worker outside [0, num_workers), a delay that is negative or not finite, a (step, worker)
+// given twice.
+absl::StatusOr<std::map<int64_t, double>> ParseDelayTrace(absl::string_view text,
+                                                          absl::string_view path, int worker_id,
+                                                          int num_workers);
 
 // OK, or InvalidArgument naming the first bad flag and its value. NaN and infinities are bad.
 absl::Status ValidateStragglerOptions(const StragglerOptions& options);
@@ -72,7 +97,11 @@ class StragglerModel {
   // The parts of DelayFor, without side effects on the results. (RandomDelay moves the engine to
   // `step`: cheap in step order, a reseed and a discard of 3 * step outputs otherwise.)
   absl::Duration ComputeDelay(absl::Duration compute_time) const;  // Floor and slowdown.
+  absl::Duration ComputeDelay(absl::Duration compute_time, double slowdown) const;
   absl::Duration RandomDelay(int64_t step) const;  // Zero if the step's Bernoulli draw fails.
+
+  // Whether the slowdown applies at `step` (the pattern at the top of this file).
+  bool SlowAt(int64_t step) const;
 
   // Whether the worker should die at the start of `step`.
   bool CrashAt(int64_t step) const {

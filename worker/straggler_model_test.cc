@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -326,6 +327,124 @@ TEST(StragglerModelTest, ParsesDistributionNames) {
   for (const char* bad : {"", "normal", "Exponential", "pareto "}) {
     SCOPED_TRACE(bad);
     ExpectRejected(ParseDelayDistribution(bad).status(), "delay_distribution");
+  }
+}
+
+// ---- Straggler patterns.
+
+// The steps in [0, n) at which the slowdown applies.
+std::vector<int64_t> SlowSteps(const StragglerModel& model, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t s = 0; s < n; ++s) {
+    if (model.SlowAt(s)) out.push_back(s);
+  }
+  return out;
+}
+
+TEST(StragglerPatternTest, ConstantAndMidRun) {
+  StragglerOptions o;
+  o.slowdown = 4;
+  EXPECT_EQ(SlowSteps(MakeOrDie(o), 4), (std::vector<int64_t>{0, 1, 2, 3}));
+  o.slow_from_step = 2;
+  StragglerModel model = MakeOrDie(o);
+  EXPECT_EQ(SlowSteps(model, 4), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(model.DelayFor(1, absl::Milliseconds(10)), absl::ZeroDuration());
+  EXPECT_EQ(model.DelayFor(2, absl::Milliseconds(10)), absl::Milliseconds(30));
+  EXPECT_NE(model.Describe().find("slowdown 4 from step 2"), std::string::npos)
+      << model.Describe();
+}
+
+TEST(StragglerPatternTest, TransientSlowForPartOfEveryPeriod) {
+  StragglerOptions o;
+  o.slowdown = 4;
+  o.slow_from_step = 1;
+  o.slow_period_steps = 5;
+  o.slow_for_steps = 2;
+  EXPECT_EQ(SlowSteps(MakeOrDie(o), 13), (std::vector<int64_t>{1, 2, 6, 7, 11, 12}));
+  // The floor still pads every step; the slowdown only the slow ones.
+  o.min_step_ms = 10;
+  StragglerModel model = MakeOrDie(o);
+  EXPECT_EQ(model.DelayFor(3, absl::Milliseconds(4)), absl::Milliseconds(6));
+  EXPECT_EQ(model.DelayFor(6, absl::Milliseconds(4)), absl::Milliseconds(36));
+}
+
+TEST(StragglerPatternTest, RotatingEachWorkerSlowInTurn) {
+  StragglerOptions o;
+  o.slowdown = 2;
+  o.slow_period_steps = 3;
+  o.slow_for_steps = 3;
+  o.rotate_slow = true;
+  o.num_workers = 3;
+  // Period k (steps 3k..3k+2) is worker k mod 3's; every step has exactly one slow worker.
+  for (int64_t s = 0; s < 30; ++s) {
+    int slow = 0;
+    for (int w = 0; w < 3; ++w) slow += MakeOrDie(o, w).SlowAt(s) ? 1 : 0;
+    EXPECT_EQ(slow, 1) << "step " << s;
+  }
+  EXPECT_EQ(SlowSteps(MakeOrDie(o, 1), 12), (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(SlowSteps(MakeOrDie(o, 2), 20), (std::vector<int64_t>{6, 7, 8, 15, 16, 17}));
+}
+
+TEST(StragglerPatternTest, RejectsPatternsThatCannotBe) {
+  StragglerOptions o;
+  o.slow_from_step = -1;
+  ExpectRejected(ValidateStragglerOptions(o), "slow_from_step");
+  o = StragglerOptions();
+  o.slow_period_steps = 4;
+  ExpectRejected(ValidateStragglerOptions(o), "slow_for_steps");  // 0 of every 4.
+  o.slow_for_steps = 5;
+  ExpectRejected(ValidateStragglerOptions(o), "slow_for_steps");
+  o = StragglerOptions();
+  o.slow_for_steps = 2;
+  ExpectRejected(ValidateStragglerOptions(o), "slow_period_steps");
+  o = StragglerOptions();
+  o.rotate_slow = true;
+  o.num_workers = 3;
+  ExpectRejected(ValidateStragglerOptions(o), "rotate_slow");
+}
+
+TEST(StragglerPatternTest, DelayTraceRowsOfThisWorker) {
+  const std::string trace =
+      "# step worker delay_ms\n"
+      "0 1 250\n"
+      "\n"
+      "3 0 12.5   # worker 0's\n"
+      "3\t1\t0\n"
+      "7 1 1e3\n";
+  auto mine = ParseDelayTrace(trace, "t.txt", 1, 2);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(*mine, (std::map<int64_t, double>{{0, 250}, {3, 0}, {7, 1000}}));
+  StragglerOptions o;
+  o.trace_ms = *mine;
+  StragglerModel model = MakeOrDie(o, 1);
+  EXPECT_TRUE(model.enabled());
+  EXPECT_EQ(model.DelayFor(0, absl::Milliseconds(5)), absl::Milliseconds(250));
+  EXPECT_EQ(model.DelayFor(1, absl::Milliseconds(5)), absl::ZeroDuration());
+  EXPECT_EQ(model.DelayFor(7, absl::Milliseconds(5)), absl::Seconds(1));
+  auto other = ParseDelayTrace(trace, "t.txt", 0, 2);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(*other, (std::map<int64_t, double>{{3, 12.5}}));
+}
+
+TEST(StragglerPatternTest, DelayTraceErrorsNameTheLine) {
+  const struct {
+    const char* text;
+    const char* says;
+  } cases[] = {
+      {"0 0 1\n1 0\n", "t.txt:2: cannot read '1 0'"},
+      {"x 0 1\n", "t.txt:1: cannot read"},
+      {"-1 0 1\n", "t.txt:1: step -1 < 0"},
+      {"0 2 1\n", "t.txt:1: worker 2 is not in [0, 2)"},
+      {"0 0 -5\n", "t.txt:1: delay -5 ms"},
+      {"0 0 nan\n", "t.txt:1: delay nan ms"},
+      {"0 0 1\n0 0 2\n", "t.txt:2: step 0 of worker 0 given twice"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto parsed = ParseDelayTrace(c.text, "t.txt", 0, 2);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_NE(parsed.status().message().find(c.says), std::string::npos) << parsed.status();
+    EXPECT_NE(parsed.status().message().find("--delay_trace"), std::string::npos);
   }
 }
 

@@ -174,6 +174,19 @@ ABSL_FLAG(std::optional<int64_t>, pause_at_step, std::nullopt,
 ABSL_FLAG(int64_t, pause_ms, 0, "Length of the --pause_at_step stall, in ms.");
 ABSL_FLAG(std::optional<int64_t>, crash_at_step, std::nullopt,
           "Exit abruptly (status 3) at the start of this step, to simulate a dead worker.");
+// The straggler pattern: when --slowdown (or this worker's --slow_workers factor) applies.
+ABSL_FLAG(int64_t, slow_from_step, 0,
+          "The slowdown applies from this step on (a straggler that appears mid-run).");
+ABSL_FLAG(int64_t, slow_period_steps, 0,
+          "With --slow_for_steps: the slowdown applies in the first --slow_for_steps steps of "
+          "every period of this many steps (a transient straggler); 0: always.");
+ABSL_FLAG(int64_t, slow_for_steps, 0, "See --slow_period_steps.");
+ABSL_FLAG(bool, rotate_slow, false,
+          "With --slow_period_steps: worker k mod num_workers is the slow one in period k (a "
+          "different worker slow each period); give every worker the same --slowdown.");
+ABSL_FLAG(std::string, delay_trace, "",
+          "Replay a per-step delay trace: a file of rows STEP WORKER DELAY_MS (# comments); this "
+          "worker sleeps its rows' delays at those steps, on top of any other injection.");
 
 namespace {
 
@@ -431,6 +444,17 @@ absl::StatusOr<rubato::StragglerOptions> StragglerFromFlags(int worker_id, int n
   o.pause_at_step = absl::GetFlag(FLAGS_pause_at_step);
   o.pause_ms = absl::GetFlag(FLAGS_pause_ms);
   o.crash_at_step = absl::GetFlag(FLAGS_crash_at_step);
+  o.slow_from_step = absl::GetFlag(FLAGS_slow_from_step);
+  o.slow_period_steps = absl::GetFlag(FLAGS_slow_period_steps);
+  o.slow_for_steps = absl::GetFlag(FLAGS_slow_for_steps);
+  o.rotate_slow = absl::GetFlag(FLAGS_rotate_slow);
+  o.num_workers = num_workers;
+  if (const std::string path = absl::GetFlag(FLAGS_delay_trace); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("--delay_trace: cannot read ", path));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSIGN_OR_RETURN(o.trace_ms, rubato::ParseDelayTrace(text, path, worker_id, num_workers));
+  }
   return o;
 }
 

@@ -29,7 +29,8 @@ WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", 
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
                 "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",
-                "pause_ms", "crash_at_step", "export_model")
+                "pause_ms", "crash_at_step", "slow_from_step", "slow_period_steps",
+                "slow_for_steps", "rotate_slow", "delay_trace", "export_model")
 
 # A local server's address until it has one: it picks a free port and writes it to its port file.
 LOCAL_LISTEN = "--listen=127.0.0.1:0"
