@@ -182,7 +182,13 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual(sorted(globals_), [64, 256, 1024, 4096, 8192])
         self.assertEqual({f["optimizer"] for _, f in study.cells},
                          {"sgd", "lars", "larc", "lamb"})
-        for s in (stragglers, severity, delays, crash, scaling, study):
+        patterns = suite.load("patterns")
+        self.assertEqual(len(patterns.cells), 5 * 7)
+        rotating = dict(patterns.cells)["mode=bsp,pattern=rotating"]
+        self.assertEqual((rotating["slowdown"], rotating["rotate_slow"],
+                          rotating["slow_period_steps"]), (4, "true", 60))
+        self.assertNotIn("slow_workers", dict(patterns.cells)["mode=async,pattern=none"])
+        for s in (stragglers, severity, delays, crash, scaling, study, patterns):
             self.assertGreaterEqual(s.seeds, 3, s.name)
 
 
