@@ -115,32 +115,40 @@ std::vector<double> StepRecordField(absl::string_view worker_stdout, absl::strin
   return values;
 }
 
-TEST(TrainIntegrationTest, InjectedSlowdownDelaysOneWorkerAndTheOtherWaits) {
-  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+// One BSP server and two workers of 40 steps (a step record every 5), worker w with `extra[w]` on
+// top; their stdout once both have exited 0, the servers stopped.
+void RunTwoWorkers(const std::vector<std::string> (&extra)[2], std::string* out0,
+                   std::string* out1) {
   auto cluster = TestCluster::Create();
   ASSERT_TRUE(IsOk(cluster));
   TestServerOptions options;
   options.num_workers = 2;
   options.extra_flags = {"--learning_rate=0.1"};
   ASSERT_TRUE(IsOk((*cluster)->StartServers(options)));
-  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
-                                          "--train_limit=2000",
-                                          "--test_limit=500",
-                                          "--steps=40",
-                                          "--eval_every=40",
-                                          "--log_every=5"};
-  std::vector<std::string> slow_flags = flags;
-  slow_flags.push_back("--slowdown=3");
-  slow_flags.push_back("--min_step_ms=5");
-  ASSERT_TRUE(IsOk((*cluster)->StartWorker(0, flags)));
-  ASSERT_TRUE(IsOk((*cluster)->StartWorker(1, slow_flags)));
+  for (int w = 0; w < 2; ++w) {
+    std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
+                                      "--train_limit=2000",
+                                      "--test_limit=500",
+                                      "--steps=40",
+                                      "--eval_every=40",
+                                      "--log_every=5"};
+    flags.insert(flags.end(), extra[w].begin(), extra[w].end());
+    ASSERT_TRUE(IsOk((*cluster)->StartWorker(w, flags)));
+  }
   absl::StatusOr<std::map<int, int>> exit_statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
   ASSERT_TRUE(IsOk(exit_statuses));
   for (int w = 0; w < 2; ++w) {
     EXPECT_EQ(exit_statuses->at(w), 0) << (*cluster)->worker(w)->ReadStderr();
   }
-  const std::string out0 = (*cluster)->worker(0)->ReadStdout();
-  const std::string out1 = (*cluster)->worker(1)->ReadStdout();
+  *out0 = (*cluster)->worker(0)->ReadStdout();
+  *out1 = (*cluster)->worker(1)->ReadStdout();
+  EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
+}
+
+TEST(TrainIntegrationTest, InjectedSlowdownDelaysOneWorkerAndTheOtherWaits) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
+  std::string out0, out1;
+  RunTwoWorkers({{}, {"--slowdown=3", "--min_step_ms=5"}}, &out0, &out1);
 
   // Worker 1 emulates steps of max(compute, 5 ms) * 3, so it sleeps at least 10 ms a step.
   const std::vector<double> delay1 = StepRecordField(out1, "delay_ms");
@@ -157,40 +165,19 @@ TEST(TrainIntegrationTest, InjectedSlowdownDelaysOneWorkerAndTheOtherWaits) {
   double comm0_mean = 0;
   for (double c : comm0) comm0_mean += c / comm0.size();
   EXPECT_GE(comm0_mean, 5.0) << out0;
-  EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
 }
 
 TEST(TrainIntegrationTest, AStragglerThatAppearsMidRunAndADelayTrace) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
-  auto cluster = TestCluster::Create();
-  ASSERT_TRUE(IsOk(cluster));
-  TestServerOptions options;
-  options.num_workers = 2;
-  ASSERT_TRUE(IsOk((*cluster)->StartServers(options)));
   // Worker 1 sleeps 200 ms at steps 10 and 11 (its rows of the trace); worker 0's row is 0 ms.
   const std::string trace = absl::StrCat(std::getenv("TEST_TMPDIR"), "/delays.txt");
   std::ofstream(trace) << "# step worker delay_ms\n10 1 200\n11 1 200\n12 0 0\n";
-  const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
-                                          "--train_limit=2000",
-                                          "--test_limit=500",
-                                          "--steps=40",
-                                          "--eval_every=40",
-                                          "--log_every=5",
-                                          "--delay_trace=" + trace};
   // Worker 0: 3x slower from step 20 on (at least 10 ms a step with the 5 ms floor).
-  std::vector<std::string> flags0 = flags;
-  for (const char* f : {"--slowdown=3", "--min_step_ms=5", "--slow_from_step=20"}) {
-    flags0.push_back(f);
-  }
-  ASSERT_TRUE(IsOk((*cluster)->StartWorker(0, flags0)));
-  ASSERT_TRUE(IsOk((*cluster)->StartWorker(1, flags)));
-  absl::StatusOr<std::map<int, int>> exit_statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
-  ASSERT_TRUE(IsOk(exit_statuses));
-  for (int w = 0; w < 2; ++w) {
-    EXPECT_EQ(exit_statuses->at(w), 0) << (*cluster)->worker(w)->ReadStderr();
-  }
-  const std::string out0 = (*cluster)->worker(0)->ReadStdout();
-  const std::string out1 = (*cluster)->worker(1)->ReadStdout();
+  std::string out0, out1;
+  RunTwoWorkers({{"--delay_trace=" + trace, "--slowdown=3", "--min_step_ms=5",
+                  "--slow_from_step=20"},
+                 {"--delay_trace=" + trace}},
+                &out0, &out1);
   // Records every 5 steps: the mean delay of the 5 steps before each.
   const std::vector<double> delay0 = StepRecordField(out0, "delay_ms");
   const std::vector<double> step0 = StepRecordField(out0, "step");
@@ -211,7 +198,6 @@ TEST(TrainIntegrationTest, AStragglerThatAppearsMidRunAndADelayTrace) {
     EXPECT_NEAR(delay1[i], step1[i] == 15 ? 80.0 : 0.0, 1.0) << "step " << step1[i] << "\n"
                                                               << out1;
   }
-  EXPECT_TRUE(IsOk((*cluster)->StopServers(absl::Seconds(15))));
 }
 
 }  // namespace
