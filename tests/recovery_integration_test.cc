@@ -273,6 +273,10 @@ TEST(RecoveryIntegrationTest, AKilledBspShardRollsTheJobBackToItsCheckpointBitId
     killed_at = std::max(killed_at, LastStep((*job)->worker(w)->ReadStdout()));
   }
   ASSERT_LT(killed_at, kSteps - 1) << "the job ended before the shard was killed";
+  // The killed shard's writer works behind the job: on a loaded machine the job may be past
+  // step 80 before that checkpoint is on disk, and the shard then restores the one before.
+  const int64_t restored = newest(1);
+  const bool writer_behind = restored < killed_at / kEvery * kEvery;
   ASSERT_TRUE(IsOk((*job)->RestartServer(1)));
   int rollbacks = 0;
   absl::StatusOr<std::map<int, int>> exits =
@@ -297,13 +301,17 @@ TEST(RecoveryIntegrationTest, AKilledBspShardRollsTheJobBackToItsCheckpointBitId
   EXPECT_TRUE(IsOk((*job)->WaitForServers(absl::Seconds(30))));
   std::printf(
       "bsp: shard 1 killed %lld ms after its checkpoint of step 60 (the job near step "
-      "%lld); %d roll-back restart(s); at most %lld steps redone by a worker (interval "
-      "%d)\n",
-      static_cast<long long>(extra_ms), static_cast<long long>(killed_at), rollbacks,
-      static_cast<long long>(redone), kEvery);
+      "%lld, its newest checkpoint of step %lld); %d roll-back restart(s); at most %lld steps "
+      "redone by a worker (interval %d)\n",
+      static_cast<long long>(extra_ms), static_cast<long long>(killed_at),
+      static_cast<long long>(restored), rollbacks, static_cast<long long>(redone), kEvery);
   ::testing::Test::RecordProperty("redone_steps", static_cast<int>(redone));
+  EXPECT_GE(restored, 60);
   EXPECT_GE(redone, 0);
-  EXPECT_LE(redone, kEvery + 1) << "more than one checkpoint interval was redone";
+  // At most one interval beyond the newest checkpoint; two when the shard's writer had not yet
+  // written the newest interval's checkpoint when it was killed.
+  EXPECT_LE(redone, (writer_behind ? 2 : 1) * kEvery + 1)
+      << "more checkpoint intervals were redone than the shard's newest checkpoint explains";
 }
 
 // Shard 1 killed once a worker has reached `at_step`, then restarted: it restores its newest
