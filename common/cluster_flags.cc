@@ -48,9 +48,11 @@ ABSL_FLAG(
 ABSL_FLAG(std::optional<double>, clip_global_norm, std::nullopt,
           "> 0: each worker clips its gradient to this global L2 norm before pushing.");
 ABSL_FLAG(std::optional<int64_t>, lr_reference_batch, std::nullopt,
-          "Global batch at which --learning_rate is tuned (default: the job's; no scaling).");
+          "Batch at which --learning_rate is tuned (default: the job's update batch; no scaling).");
 ABSL_FLAG(std::optional<std::string>, lr_scaling, std::nullopt,
-          "none (default), linear or sqrt: scale the LR by the global batch over the reference.");
+          "none (default), linear or sqrt: scale the LR by one update's batch over the reference: "
+          "the global batch in bsp and allreduce, members - b workers' in backup:b, one "
+          "worker's in async and ssp.");
 ABSL_FLAG(std::optional<int64_t>, warmup_steps, std::nullopt, "Linear warmup, in updates.");
 ABSL_FLAG(std::optional<double>, warmup_epochs, std::nullopt, "Linear warmup, in epochs.");
 ABSL_FLAG(std::optional<std::string>, lr_decay, std::nullopt,

@@ -218,7 +218,7 @@ std::string LearningRateScheduler::Describe() const {
   const double k = c.reference_batch() == 0
                        ? 1.0
                        : static_cast<double>(context_.global_batch) / c.reference_batch();
-  absl::StrAppend(&out, ", global batch ", context_.global_batch, " (k = ", k, "), scaling ",
+  absl::StrAppend(&out, ", update batch ", context_.global_batch, " (k = ", k, "), scaling ",
                   c.scaling(), " -> peak ", peak_, "\n");
 
   absl::StrAppend(&out, "  warmup: ");

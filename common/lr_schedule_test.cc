@@ -222,7 +222,7 @@ TEST(LrScheduleTest, DescribeNamesEveryPart) {
   s.set_decay("cosine");
   const auto lr = MakeOrDie(0.1, s, Context(8192, 156, 14040));
   const std::string d = lr.Describe();
-  for (const char* part : {"base 0.1", "reference batch 256", "global batch 8192", "linear",
+  for (const char* part : {"base 0.1", "reference batch 256", "update batch 8192", "linear",
                            "peak 3.2", "780 updates", "5 epochs", "cosine", "update 14040", "t=0 ",
                            "(t=779) 3.2", "half-way (t=7410) 1.6", "last (t=14039)"}) {
     EXPECT_NE(d.find(part), std::string::npos) << "missing '" << part << "' in\n" << d;

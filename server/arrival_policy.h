@@ -18,6 +18,10 @@ class ArrivalPolicy : public ConsistencyPolicy {
   }
   double LearningRate(const LearningRateScheduler& schedule, int64_t version, int members,
                       int64_t staleness) const override;
+  // One worker's batch (the workers' mean, rounded, if theirs differ): each gradient is applied
+  // alone, so scaling the rate for the sum of the batches would take a step sized for a batch
+  // several times larger than the one that computed the gradient.
+  int64_t UpdateBatch(const Membership& members) const override;
   int64_t NeededVersion(int64_t step) const override { return 0; }
   bool KeepsClocks() const override { return true; }
   absl::Status CheckPushStep(int worker, int64_t step, int64_t pulled, int shard) const override;

@@ -19,6 +19,12 @@ class BackupPolicy final : public StepPolicy {
     if (received == 0) return false;
     return all_members_in || received >= std::max(1, members - config().backup_workers());
   }
+  // The members - b gradients that make a step: its update averages that many batches.
+  int64_t UpdateBatch(const Membership& members) const override {
+    const int n = std::max(1, members.num_workers());
+    const int contributors = std::max(1, n - config().backup_workers());
+    return StepPolicy::UpdateBatch(members) * contributors / n;
+  }
 };
 
 }  // namespace rubato

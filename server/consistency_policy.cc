@@ -58,6 +58,19 @@ int64_t BspPolicy::PartElements(int num_workers, int64_t push_budget_bytes) cons
   return std::clamp<int64_t>(share / sizeof(float), kMin, kMax) / 1024 * 1024;
 }
 
+int64_t StepPolicy::UpdateBatch(const Membership& members) const {
+  int64_t sum = 0;
+  for (int w = 0; w < members.num_workers(); ++w) sum += members.worker(w).batch_size;
+  return sum;
+}
+
+int64_t ArrivalPolicy::UpdateBatch(const Membership& members) const {
+  int64_t sum = 0;
+  for (int w = 0; w < members.num_workers(); ++w) sum += members.worker(w).batch_size;
+  const int64_t n = std::max(1, members.num_workers());
+  return (sum + n / 2) / n;
+}
+
 double ArrivalPolicy::LearningRate(const LearningRateScheduler& schedule, int64_t version,
                                    int members, int64_t staleness) const {
   double lr = schedule.At(version / std::max(1, members));

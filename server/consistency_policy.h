@@ -53,6 +53,10 @@ class ConsistencyPolicy {
   // The part size (elements) in which workers push large tensors, so that what each has in flight
   // stays within its share of `push_budget_bytes`; 0: whole tensors.
   virtual int64_t PartElements(int num_workers, int64_t push_budget_bytes) const { return 0; }
+  // The examples behind one update, the batch the learning rate is scaled for (--lr_scaling):
+  // a step's sum of the members' batches where gradients are gathered, one worker's batch where
+  // each is applied alone.
+  virtual int64_t UpdateBatch(const Membership& members) const = 0;
 
   // ---- Pulls and pushes (the shard) ----
   // The version a pull for `step` needs before it is answered.

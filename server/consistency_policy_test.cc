@@ -112,6 +112,32 @@ TEST(AsyncPolicyTest, StalenessAwareRateIsDividedByTau) {
   EXPECT_DOUBLE_EQ(aware->LearningRate(schedule, 0, 2, 1), 0.6);  // tau <= 1: unchanged.
 }
 
+// --lr_scaling scales for the batch of one update: the sum of the batches where a step averages
+// every worker's gradient, members - b of them under backup:b, one worker's where each gradient
+// is applied alone (issue 33: async and ssp were scaled for the sum).
+TEST(ConsistencyPolicyTest, TheRateIsScaledForTheBatchOfOneUpdate) {
+  Membership members(/*shard_id=*/0, /*num_workers=*/4, /*lease_ms=*/1000);
+  for (int w = 0; w < 4; ++w) members.Enroll(w, /*batch_size=*/64, 100, 1000, 0, absl::Now());
+  LearningRateSchedule linear;
+  linear.set_scaling("linear");
+  linear.set_reference_batch(256);
+  auto peak = [&](const std::string& mode) {
+    auto policy = PolicyOf(mode);
+    const int64_t batch = policy->UpdateBatch(members);
+    return LearningRateScheduler::Create(0.4, linear, {batch, 100, 1000})->At(0);
+  };
+  EXPECT_DOUBLE_EQ(peak("bsp"), 0.4);
+  EXPECT_DOUBLE_EQ(peak("backup:1"), 0.3);
+  EXPECT_DOUBLE_EQ(peak("async"), 0.1);
+  EXPECT_DOUBLE_EQ(peak("ssp:2"), 0.1);
+  // Workers of different batches: async scales for their mean.
+  Membership mixed(0, 2, 1000);
+  mixed.Enroll(0, 32, 100, 1000, 0, absl::Now());
+  mixed.Enroll(1, 96, 100, 1000, 0, absl::Now());
+  EXPECT_EQ(PolicyOf("async")->UpdateBatch(mixed), 64);
+  EXPECT_EQ(PolicyOf("bsp")->UpdateBatch(mixed), 128);
+}
+
 TEST(SspPolicyTest, APullStartsOnceEveryMemberIsWithinTheBound) {
   auto ssp = PolicyOf("ssp:2");
   Membership members(/*shard_id=*/0, /*num_workers=*/2, /*lease_ms=*/1000);

@@ -191,7 +191,7 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
   if (schedule_.has_value() || members_.members() < options_.cluster.num_workers()) {
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(schedule_, ScheduleFor(members_, options_.cluster));
+  ASSIGN_OR_RETURN(schedule_, ScheduleFor(members_, options_.cluster, *policy_));
   schedule_ptr_.store(&*schedule_, std::memory_order_release);
   pulls_.StartTraining();
   // A fresh job's first checkpoint, of step 0 (nothing can be applied before this), so that a

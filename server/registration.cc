@@ -134,11 +134,10 @@ absl::Status ValidateRollbackRequest(const RollbackRequest& request, const Clust
 }
 
 absl::StatusOr<LearningRateScheduler> ScheduleFor(const Membership& members,
-                                                  const ClusterSpec& cluster) {
+                                                  const ClusterSpec& cluster,
+                                                  const ConsistencyPolicy& policy) {
   ScheduleContext context;
-  for (int w = 0; w < members.num_workers(); ++w) {
-    context.global_batch += members.worker(w).batch_size;
-  }
+  context.global_batch = policy.UpdateBatch(members);
   context.steps_per_epoch = members.worker(0).steps_per_epoch;
   context.total_steps = members.worker(0).total_steps;
   absl::StatusOr<LearningRateScheduler> schedule = LearningRateScheduler::Create(

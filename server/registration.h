@@ -56,11 +56,13 @@ class InitialValuesElection {
 absl::Status ValidateRollbackRequest(const RollbackRequest& request, const ClusterSpec& cluster,
                                      const ConsistencyPolicy& policy);
 
-// The job's learning-rate schedule once every worker has registered: over the sum of their
-// batches, their steps per epoch and total steps. The scheduler's error, prefixed "cannot start
-// training: ", for a schedule the job cannot run.
+// The job's learning-rate schedule once every worker has registered: for the batch of one update
+// under `policy` (ConsistencyPolicy::UpdateBatch: the sum of the workers' batches in bsp and
+// backup, one worker's in async and ssp), their steps per epoch and total steps. The scheduler's
+// error, prefixed "cannot start training: ", for a schedule the job cannot run.
 absl::StatusOr<LearningRateScheduler> ScheduleFor(const Membership& members,
-                                                  const ClusterSpec& cluster);
+                                                  const ClusterSpec& cluster,
+                                                  const ConsistencyPolicy& policy);
 
 }  // namespace rubato
 

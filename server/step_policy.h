@@ -15,6 +15,8 @@ class StepPolicy : public ConsistencyPolicy {
                       int64_t staleness) const override {
     return schedule.At(version);
   }
+  // The sum of the members' batches (every worker's gradient, averaged into one update).
+  int64_t UpdateBatch(const Membership& members) const override;
   int64_t NeededVersion(int64_t step) const override { return step; }
   int64_t ResumeStep(int64_t min_version, int64_t own_clock) const override { return min_version; }
   int64_t VersionsPerStep(int num_workers) const override { return 1; }
