@@ -3,6 +3,10 @@ so that each can be tested on known inputs:
 
 - accuracy_at(evals, t): a run's test accuracy at wall time t (its latest evaluation by then);
 - pick_budget(rows, given): the wall-clock budget at which cells are compared;
+- updates_at_evals(evals, steps_by_worker, started, per_gradient), model_updates(summary),
+  pick_update_budget(rows), accuracy_at_updates(update_evals, n): the comparison at an equal
+  number of model updates (issue 33: async applies every worker's gradient as an update, bsp one
+  mean per step, so equal epochs are not equal optimizer steps);
 - band(curves, grid): the median and the min..max over seeds of accuracy against time;
 - severity(flags): how much slower than the others a run's slowest worker computes;
 - timeline(records_by_worker, started): per worker and log interval, the time spent computing,
@@ -28,6 +32,63 @@ def accuracy_at(evals, t):
     best = None
     for e in evals:
         if e["t"] <= t and (best is None or e["t"] >= best["t"]):
+            best = e
+    return None if best is None else best["test_accuracy"]
+
+
+def per_gradient(mode):
+    """Whether each worker's gradient is an update of its own in `mode` (async, ssp), rather than
+    one update per step averaging the workers' (bsp, backup, the ring)."""
+    return str(mode).startswith(("async", "ssp"))
+
+
+def model_updates(summary):
+    """The updates a run applied to the model: its steps where a step is one update, else the sum
+    of the steps each worker computed (skipped steps apply nothing)."""
+    if not per_gradient(summary.get("mode", "")):
+        return summary.get("steps")
+    workers = summary.get("per_worker") or []
+    if not workers:
+        return None
+    return sum(int(w.get("computed_steps", w.get("steps", 0))) for w in workers)
+
+
+def updates_at_evals(evals, steps_by_worker, started, per_grad):
+    """Each evaluation as {"t", "updates", "test_accuracy"}: the model updates applied by its time.
+    With one update per step, the evaluation's step; with every gradient an update, the sum over
+    workers of the latest step each had logged by then (`steps_by_worker`: {worker: its step
+    records, "t" from its own start}; `started`: each worker's start on the launch's clock), so a
+    count low by at most one log interval per worker."""
+    out = []
+    for e in evals:
+        if not per_grad:
+            updates = int(e["step"])
+        else:
+            updates = 0
+            for w, records in steps_by_worker.items():
+                t0 = started[w] if w < len(started) else 0.0
+                updates += max([int(r["step"]) for r in records if t0 + r["t"] <= e["t"]] or [0])
+        out.append({"t": e["t"], "updates": updates, "test_accuracy": e["test_accuracy"]})
+    return out
+
+
+def pick_update_budget(rows):
+    """The number of model updates at which cells are compared: the smallest per-cell median of
+    the runs' model_updates (the cell that applies fewest, e.g. bsp's one per step), or None."""
+    cells = {}
+    for r in rows:
+        if r.get("ok") and r.get("model_updates") not in (None, ""):
+            cells.setdefault(r["cell"], []).append(float(r["model_updates"]))
+    if not cells:
+        return None
+    return min(median(v) for v in cells.values())
+
+
+def accuracy_at_updates(update_evals, n):
+    """The test accuracy of the latest evaluation with at most `n` updates applied, or None."""
+    best = None
+    for e in update_evals:
+        if e["updates"] <= n and (best is None or e["updates"] >= best["updates"]):
             best = e
     return None if best is None else best["test_accuracy"]
 

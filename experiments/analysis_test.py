@@ -40,6 +40,31 @@ class AnalysisTest(unittest.TestCase):
         self.assertEqual(analysis.pick_budget(rows, 7), 7.0)
         self.assertIsNone(analysis.pick_budget([{"cell": "c", "ok": False, "wall_s": "1"}]))
 
+    def test_updates_are_steps_in_bsp_and_every_workers_steps_in_async(self):
+        evals = [{"t": 2.0, "step": 10, "test_accuracy": 0.5},
+                 {"t": 4.0, "step": 20, "test_accuracy": 0.7}]
+        steps = {0: [{"t": 0.5, "step": 10}, {"t": 2.5, "step": 20}],
+                 1: [{"t": 1.5, "step": 10}, {"t": 3.5, "step": 20}]}
+        bsp = analysis.updates_at_evals(evals, steps, [0.0, 0.0], False)
+        self.assertEqual([e["updates"] for e in bsp], [10, 20])
+        # Worker 1 started 1 s later: at t=2 it has logged nothing yet; at t=4, step 10.
+        async_ = analysis.updates_at_evals(evals, steps, [0.0, 1.0], True)
+        self.assertEqual([e["updates"] for e in async_], [10, 30])
+        self.assertEqual(analysis.accuracy_at_updates(async_, 29), 0.5)
+        self.assertEqual(analysis.accuracy_at_updates(async_, 30), 0.7)
+        self.assertIsNone(analysis.accuracy_at_updates(async_, 9))
+        self.assertTrue(analysis.per_gradient("ssp:2"))
+        self.assertFalse(analysis.per_gradient("backup:1"))
+        self.assertEqual(analysis.model_updates({"mode": "bsp", "steps": 705}), 705)
+        self.assertEqual(analysis.model_updates(
+            {"mode": "async", "steps": 705, "per_worker": [{"computed_steps": 705},
+                                                          {"computed_steps": 600}]}), 1305)
+        rows = [{"cell": "bsp", "ok": True, "model_updates": 705},
+                {"cell": "async", "ok": True, "model_updates": "2820"},
+                {"cell": "x", "ok": False, "model_updates": 5}]
+        self.assertEqual(analysis.pick_update_budget(rows), 705.0)
+        self.assertIsNone(analysis.pick_update_budget(rows[2:]))
+
     def test_the_band_is_the_median_and_the_extremes_of_the_runs(self):
         runs = [[{"t": 1, "test_accuracy": 0.5}, {"t": 3, "test_accuracy": 0.7}],
                 [{"t": 2, "test_accuracy": 0.6}],

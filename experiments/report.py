@@ -665,11 +665,13 @@ def environment(out):
 def table(data):
     """The summary table: (header, rows) of strings."""
     budget = data.suite.get("budget_s_used")
+    updates = data.suite.get("updates_budget_used")
     epochs = sorted({str(f.get("epochs", "?")) for _, f in data.cells})
     header = ["cell", "runs ok", "time to %.2f (s)" % data.suite["target_accuracy"],
               "epochs to %.2f" % data.suite["target_accuracy"],
               "final accuracy (epochs: %s)" % "/".join(epochs),
               "accuracy at %s" % ("%.1f s" % budget if budget else "budget"),
+              "accuracy at %s updates" % ("%d" % updates if updates else "equal"),
               "wall (s)", "examples/s", "updates applied", "mean staleness >=",
               "B_simple", "busiest CPU"]
     rows = {r["cell"]: r for r in data.summary}
@@ -685,7 +687,8 @@ def table(data):
         out.append([
             cell, "%d/%s" % (ok, r["runs"]),
             _pm(r, "time_to_target_s", 1) + ("" if ttt_n == ok else " (%d/%d)" % (ttt_n, ok)),
-            _pm(r, "epochs_to_target", 2), _pm(r, "test_accuracy", 4), _pm(r, "accuracy_at_budget", 4), _pm(r, "wall_s", 1),
+            _pm(r, "epochs_to_target", 2), _pm(r, "test_accuracy", 4), _pm(r, "accuracy_at_budget", 4),
+            _pm(r, "accuracy_at_updates", 4), _pm(r, "wall_s", 1),
             _pm(r, "examples_per_s", 0), _pm(r, "applied_updates", 0),
             _pm(r, "mean_staleness_lower_bound", 2), _pm(r, "noise_scale", 0),
             "%.0f%%" % (100 * max(busy)) if busy else "",
@@ -767,6 +770,10 @@ def notes(data):
         "equal work (%s)." % ("%.1f s" % budget if budget else "the budget",
                                "the suite's budget_s" if s.get("budget_s") else
                                "the fastest cell's median wall time"),
+        "Accuracy at %s updates is each run's latest evaluation by then: equal optimizer steps "
+        "on the model (one per step under bsp, backup and the ring; one per gradient under async "
+        "and ssp, counted from the workers' step logs), the fewest any cell applies."
+        % (s.get("updates_budget_used") and "%d" % s["updates_budget_used"] or "equal"),
         "Updates applied counts the tensor updates the servers made, summed over shards: one per "
         "tensor per step under bsp and backup, one per tensor per gradient under async and ssp; "
         "the all-reduce mode has no servers (n/a).",

@@ -25,7 +25,10 @@ about, since its timings measure the machine, not the consistency model.
 
 Accuracy at an equal wall-clock budget (accuracy_at_budget) is each run's latest evaluation by
 the suite's budget_s, or by default by the fastest cell's median wall time
-(experiments/analysis.py pick_budget); it is filled in once every run is done.
+(experiments/analysis.py pick_budget); it is filled in once every run is done. Accuracy at an
+equal number of model updates (accuracy_at_updates) is each run's latest evaluation by the cell
+that applies fewest updates (its median model_updates: bsp's one per step, where async applies
+every worker's gradient), from the workers' step records (analysis.updates_at_evals).
 """
 
 import argparse
@@ -49,8 +52,10 @@ METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "steps_to_target", "ep
            "worker_steps_per_s",
            "examples_per_s",
            "applied_updates", "dropped_gradients", "dropped_workers",
-           "mean_staleness_lower_bound", "noise_scale", "accuracy_at_budget")
-RESULT_COLUMNS = ("suite", "cell", "seed", "ok", "error", "cpu_busy", "budget_s") + METRICS
+           "mean_staleness_lower_bound", "noise_scale", "accuracy_at_budget", "model_updates",
+           "accuracy_at_updates")
+RESULT_COLUMNS = ("suite", "cell", "seed", "ok", "error", "cpu_busy", "budget_s",
+                  "updates_budget") + METRICS
 SATURATED = 0.95
 
 
@@ -121,11 +126,40 @@ def run_one(run, out_dir, bin_dir, target, log):
     if summary.get("mode") == "allreduce":  # No servers: every rank applies every step itself.
         row["applied_updates"] = row["mean_staleness_lower_bound"] = ""
     row["evals"] = summary.get("evals") or []  # For accuracy_at_budget; not a CSV column.
+    updates = analysis.model_updates(summary) if row["ok"] else None
+    row["model_updates"] = "" if updates is None else updates
+    row["update_evals"] = analysis.updates_at_evals(  # For accuracy_at_updates; not a column.
+        row["evals"], step_records(run_dir), summary.get("worker_started_s") or [],
+        analysis.per_gradient(summary.get("mode", "")))
     if cpu is not None and cpu > SATURATED:
         log("warning: %s: the machine was %.0f%% busy during the run: its timings measure the "
             "machine, not the mode (raise --min_step_ms or use fewer workers)" % (run.name,
                                                                                  100 * cpu))
     return row
+
+
+def step_records(run_dir):
+    """{worker: its "step" records} from a run's worker-N.jsonl files ({} if there are none)."""
+    out = {}
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return out
+    for name in names:
+        m = re.fullmatch(r"worker-(\d+)\.jsonl", name)
+        if not m:
+            continue
+        records = []
+        with open(os.path.join(run_dir, name), errors="replace") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("event") == "step" and "t" in r and "step" in r:
+                    records.append(r)
+        out[int(m.group(1))] = records
+    return out
 
 
 def last_error(log_path):
@@ -256,9 +290,17 @@ def main(argv):
         if row["ok"] and budget is not None:
             acc = analysis.accuracy_at(row["evals"], budget)
             row["accuracy_at_budget"] = "" if acc is None else acc
+    # And at an equal number of model updates.
+    updates_budget = analysis.pick_update_budget(rows)
+    for row in rows:
+        row["updates_budget"] = "" if updates_budget is None else "%d" % updates_budget
+        if row["ok"] and updates_budget is not None:
+            acc = analysis.accuracy_at_updates(row["update_evals"], updates_budget)
+            row["accuracy_at_updates"] = "" if acc is None else acc
     write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
     write_csv(os.path.join(out, "summary.csv"), summary_columns(), summarize(rows))
     described["budget_s_used"] = budget
+    described["updates_budget_used"] = updates_budget
     write_json(os.path.join(out, "suite.json"), described)
     failed = sum(1 for r in rows if not r["ok"])
     log("rubato experiment: %d runs, %d failed; %s, %s" % (
