@@ -67,6 +67,11 @@ ABSL_FLAG(std::optional<std::string>, adaptive_batch, std::nullopt,
           "MIN:MAX (bsp): the servers move the global batch towards the measured gradient noise "
           "scale within [MIN, MAX], every --adaptive_batch_every steps (common/batch_plan.h). "
           "--batch_size is where it starts.");
+ABSL_FLAG(std::optional<bool>, reassign, std::nullopt,
+          "async: hand each epoch's data out in units through shard 0, so that workers done with "
+          "their own share take units from the slowest's (server/work_queue.h).");
+ABSL_FLAG(std::optional<int32_t>, reassign_unit_batches, std::nullopt,
+          "With --reassign: batches per unit (default 4).");
 ABSL_FLAG(std::optional<int64_t>, adaptive_batch_every, std::nullopt,
           "With --adaptive_batch: steps between decisions (default 50, at least 2).");
 ABSL_FLAG(std::optional<int64_t>, lease_ms, std::nullopt,
@@ -164,6 +169,19 @@ absl::Status ApplyAdaptiveBatchFlags(ClusterSpec* spec) {
   return absl::OkStatus();
 }
 
+// --reassign, --reassign_unit_batches (which needs reassignment on).
+absl::Status ApplyReassignFlags(ClusterSpec* spec) {
+  const std::optional<bool> on = absl::GetFlag(FLAGS_reassign);
+  const std::optional<int32_t> unit = absl::GetFlag(FLAGS_reassign_unit_batches);
+  if (on.has_value()) spec->mutable_reassign()->set_unit_batches(*on ? unit.value_or(4) : 0);
+  if (!unit.has_value()) return absl::OkStatus();
+  if (spec->reassign().unit_batches() == 0) {
+    return absl::InvalidArgumentError("--reassign_unit_batches needs --reassign");
+  }
+  spec->mutable_reassign()->set_unit_batches(*unit);
+  return absl::OkStatus();
+}
+
 // --lease_ms, --wait_timeout_ms, --max_message_mb; InvalidArgument for a bad message limit.
 absl::Status ApplyLimitFlags(ClusterSpec* spec) {
   if (auto v = absl::GetFlag(FLAGS_lease_ms)) spec->set_lease_ms(*v);
@@ -194,6 +212,7 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromFlags(bool need_servers) {
   ApplyOptimizerFlags(spec.mutable_optimizer());
   ApplyLrScheduleFlags(spec.mutable_lr_schedule());
   RETURN_IF_ERROR(ApplyAdaptiveBatchFlags(&spec));
+  RETURN_IF_ERROR(ApplyReassignFlags(&spec));
   RETURN_IF_ERROR(ApplyLimitFlags(&spec));
   RETURN_IF_ERROR(ValidateClusterSpec(spec, need_servers));
   return spec;

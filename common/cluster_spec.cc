@@ -219,6 +219,29 @@ absl::Status ValidateAdaptiveBatchPairing(const ClusterSpec& spec) {
   return absl::OkStatus();
 }
 
+// Work reassignment (when on): async only, and units of a sane size.
+absl::Status ValidateReassign(const ClusterSpec& spec) {
+  const int32_t unit = spec.reassign().unit_batches();
+  if (unit == 0) return absl::OkStatus();
+  if (unit < 0 || unit > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reassign.unit_batches must be in [1, 2^20] (0: off), got ", unit));
+  }
+  // Under bsp and backup every step takes one batch from every worker, so there is no work to
+  // move; under ssp the bound counts each worker's own steps, so the fast workers that took the
+  // slow one's units would wait for it at the bound.
+  if (spec.consistency().mode() != ASYNC) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reassign needs the async consistency mode, not ", FormatConsistency(spec.consistency()),
+        ": under bsp and backup every step takes a batch from every worker, and under ssp the "
+        "bound counts each worker's own steps, which reassignment makes unequal"));
+  }
+  if (spec.adaptive_batch().max_global_batch() > 0) {
+    return absl::InvalidArgumentError("reassign and adaptive_batch cannot be combined");
+  }
+  return absl::OkStatus();
+}
+
 // The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for
 // cosine decay) is checked again when the servers know the job (ParameterShard).
 absl::Status ValidateScheduleFields(const ClusterSpec& spec) {
@@ -255,6 +278,7 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, bool need_servers) {
   RETURN_IF_ERROR(ValidateOptimizerConfig(spec.optimizer()));
   RETURN_IF_ERROR(ValidateAdaptiveBatch(spec.adaptive_batch(), spec.num_workers()));
   RETURN_IF_ERROR(ValidateAdaptiveBatchPairing(spec));
+  RETURN_IF_ERROR(ValidateReassign(spec));
   RETURN_IF_ERROR(ValidateScheduleFields(spec));
   return ValidateTimeouts(spec);
 }

@@ -76,6 +76,15 @@ TEST(ClusterSpecTest, EachBadFieldIsNamed) {
   s = Good();
   s.set_wait_timeout_ms(-5);
   ExpectFieldError(s, "wait_timeout_ms");
+
+  // Work reassignment: async only (bsp, backup and ssp are refused saying why), units >= 1.
+  s = Good();
+  s.mutable_reassign()->set_unit_batches(4);
+  ExpectFieldError(s, "reassign needs the async consistency mode");
+  s.mutable_consistency()->set_mode(ASYNC);
+  EXPECT_TRUE(ValidateClusterSpec(s, /*need_servers=*/true).ok());
+  s.mutable_reassign()->set_unit_batches(-1);
+  ExpectFieldError(s, "reassign.unit_batches");
 }
 
 TEST(ClusterSpecTest, ReadsTextFormatFiles) {

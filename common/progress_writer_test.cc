@@ -71,7 +71,8 @@ TEST(ProgressLineTest, ServerStatsInSnakeCaseWithNumbersInsideMessagesAndLists) 
        {R"("min_version":40,)", R"("dropped_workers":1,)", R"("staleness_histogram":[3,-1],)",
         R"("tensors":[{"name":"fc0.weight","elements":200704,"version":40}],)",
         R"("noise_scale":{"shard_id":0,"step":0,"g2":0,"trace":0,"g2_ema":0.5,)",
-        R"("finished_workers":0,)", R"("batch_plan":[],)", R"("refused_updates":0})"}) {
+        R"("finished_workers":0,)", R"("batch_plan":[],)", R"("refused_updates":0,)",
+        R"("reassigned_units":0})"}) {
     EXPECT_NE(line.find(part), std::string::npos) << part << " in " << line;
   }
   EXPECT_EQ(line.find("Version"), std::string::npos) << line;  // No camelCase.
@@ -87,7 +88,8 @@ TEST(ProgressLineTest, StringsStayStringsEvenWhenTheyHoldDigitsOrQuotes) {
   EXPECT_EQ(ProgressLine(r),
             R"({"event":"done","worker":0,"steps":3,"computed_steps":0,"skipped_steps":0,)"
             R"("redone_steps":0,"rejoins":0,"wall_s":0,"params_fnv1a":"0123456789012345",)"
-            R"("train_loss":"NaN","final_batch":0,"test_accuracy":0.8})");
+            R"("train_loss":"NaN","final_batch":0,"units":0,"reassigned_units":0,)"
+            R"("test_accuracy":0.8})");
 
   ProgressRecord eval;
   eval.mutable_eval_model()->set_path(R"(a "quoted" \path","steps":"5)");

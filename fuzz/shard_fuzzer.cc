@@ -5,9 +5,9 @@
 // parse is skipped. The harness builds a shard for the case's job (1..4 workers, pulls that wait at
 // most 1 ms, a 1 s lease or a very short one; under bsp, tensors kept in parts of 0 to 4 elements),
 // optionally registers every worker with a small valid model first, then replays the actions
-// (gradients pushed whole or part by part) through Register, Push, Pull, Heartbeat, Finish and
-// Stats, exactly as ParameterService would hand them over from the network. After each action it
-// checks what the contract promises and is cheap to check:
+// (gradients pushed whole or part by part) through Register, Push, Pull, Heartbeat, Finish,
+// TakeWork and Stats, exactly as ParameterService would hand them over from the network. After
+// each action it checks what the contract promises and is cheap to check:
 //   - Stats(): tensor versions never decrease; applied_updates is the sum of the versions; bytes
 //   and
 //     min_version agree with the tensors; pushes + rejected_pushes counts every Push call; the
@@ -158,6 +158,8 @@ void CheckStats(const GetStatsResponse& s, const ClusterSpec& cluster, int shard
                 Expected* expected) {
   FUZZ_CHECK(s.shard_id() == shard_id, absl::StrCat(s.shard_id()));
   FUZZ_CHECK(s.num_workers() == cluster.num_workers(), absl::StrCat(s.num_workers()));
+  FUZZ_CHECK(s.reassigned_units() >= 0 && s.reassigned_units() <= s.work_units(),
+             absl::StrCat(s.reassigned_units(), " of ", s.work_units()));
   int64_t sum_versions = 0, bytes = 0;
   int64_t min_version = s.tensors().empty() ? 0 : s.tensors(0).version();
   for (const TensorStats& t : s.tensors()) {
@@ -470,6 +472,22 @@ void RunCase(const ShardFuzzCase& c) {
         }
         absl::StatusOr<bool> over = shard->JobFinished(absl::Hours(1));
         FUZZ_CHECK(over.ok(), over.status().ToString());
+        break;
+      }
+      case ShardAction::kTakeWork: {
+        const TakeWorkRequest& request = action.take_work();
+        absl::StatusOr<TakeWorkResponse> r = shard->TakeWork(request);
+        Trace("take_work", request.worker_id(), r.status());
+        if (r.ok() && !r->done()) {
+          // A unit that exists in the layout the job fixed, which the request repeated.
+          const WorkUnit& u = r->unit();
+          FUZZ_CHECK(u.owner() >= 0 && u.owner() < request.units_per_worker_size(),
+                     absl::StrCat(u.owner()));
+          FUZZ_CHECK(u.index() >= 0 && u.index() < request.units_per_worker(u.owner()),
+                     absl::StrCat(u.index()));
+          FUZZ_CHECK(u.epoch() >= 0 && u.epoch() < request.epochs(), absl::StrCat(u.epoch()));
+          FUZZ_CHECK(u.seq() >= 0, absl::StrCat(u.seq()));
+        }
         break;
       }
       case ShardAction::kStats:

@@ -132,6 +132,15 @@ grpc::ServerUnaryReactor* ParameterService::Rollback(grpc::CallbackServerContext
   return Answer(context, shard_->Rollback(*request), response);
 }
 
+grpc::ServerUnaryReactor* ParameterService::TakeWork(grpc::CallbackServerContext* context,
+                                                     const TakeWorkRequest* request,
+                                                     TakeWorkResponse* response) {
+  if (absl::Status s = security_.CheckCall(*context, request->worker_id()); !s.ok()) {
+    return Refuse(context, s);
+  }
+  return Answer(context, shard_->TakeWork(*request), response);
+}
+
 grpc::ServerUnaryReactor* ParameterService::GetStats(grpc::CallbackServerContext* context,
                                                      const GetStatsRequest* /*request*/,
                                                      GetStatsResponse* response) {

@@ -5,7 +5,7 @@
 // or the shard's deadline thread).
 //
 // Every call is authenticated first (common/security.h) when the job has a secret: Register, Pull,
-// Push, Heartbeat, Finish and Rollback only with the token of the request's own worker_id,
+// Push, Heartbeat, Finish, Rollback and TakeWork only with the token of the request's own worker_id,
 // GetStats with any valid token. A refused call changes nothing, not even the caller's lease.
 #ifndef RUBATO_SERVER_PARAMETER_SERVICE_H_
 #define RUBATO_SERVER_PARAMETER_SERVICE_H_
@@ -42,7 +42,8 @@ using ParameterServiceBase =
     ParameterServer::WithGenericMethod_Pull<ParameterServer::WithGenericMethod_Push<
         ParameterServer::WithCallbackMethod_Register<ParameterServer::WithCallbackMethod_Heartbeat<
             ParameterServer::WithCallbackMethod_Finish<ParameterServer::WithCallbackMethod_GetStats<
-                ParameterServer::WithCallbackMethod_Rollback<ParameterServer::Service>>>>>>>;
+                ParameterServer::WithCallbackMethod_Rollback<
+                    ParameterServer::WithCallbackMethod_TakeWork<ParameterServer::Service>>>>>>>>;
 
 // A PullResponse as slices: each tensor's framing, then its weights in place (the slices hold
 // references to the shared weights).
@@ -107,6 +108,9 @@ class ParameterService final : public ParameterServiceBase {
   grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
                                      const RollbackRequest* request,
                                      RollbackResponse* response) override;
+  grpc::ServerUnaryReactor* TakeWork(grpc::CallbackServerContext* context,
+                                     const TakeWorkRequest* request,
+                                     TakeWorkResponse* response) override;
 
  private:
   // Push and Pull: a reactor per call that checks the token, then reads the one request.

@@ -58,6 +58,9 @@ ParameterShard::ParameterShard(const ShardOptions& options,
       pushes_(options.shard_id, &tensors_.all(), &tensors_.index(), this) {
   if (options.update_threads > 1) pool_ = std::make_unique<ThreadPool>(options.update_threads);
   update_pool_ = std::make_unique<UpdatePool>(options.apply_threads);
+  if (options.shard_id == 0 && options.cluster.reassign().unit_batches() > 0) {
+    work_ = std::make_unique<WorkQueue>(options.cluster.num_workers());
+  }
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
@@ -513,6 +516,27 @@ absl::StatusOr<FinishResponse> ParameterShard::Finish(const FinishRequest& reque
   return response;
 }
 
+absl::StatusOr<TakeWorkResponse> ParameterShard::TakeWork(const TakeWorkRequest& request) {
+  if (work_ == nullptr) {
+    return absl::FailedPreconditionError(
+        options_.cluster.reassign().unit_batches() > 0
+            ? absl::StrCat("TakeWork: shard ", options_.shard_id,
+                           " hands out no work; shard 0 does")
+            : std::string("TakeWork: this job does not reassign work (--reassign is off)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(members_.CheckMember(request.worker_id()));
+  }
+  ASSIGN_OR_RETURN(TakeWorkResponse response, work_->Take(request));
+  if (const WorkUnit& u = response.unit(); !response.done() && u.owner() != request.worker_id()) {
+    RUBATO_LOG(INFO) << "reassign: worker " << request.worker_id() << " takes unit " << u.index()
+                     << " of worker " << u.owner() << "'s share of epoch " << u.epoch() << " ("
+                     << u.owner_had() << " left there)";
+  }
+  return response;
+}
+
 absl::StatusOr<bool> ParameterShard::JobFinished(absl::Duration idle_timeout) {
   absl::MutexLock lock(&mu_);
   return members_.JobOver(clock_->Now(), idle_timeout, &last_live_);
@@ -534,6 +558,10 @@ GetStatsResponse ParameterShard::Stats() const {
   }
   if (policy_->MeasuresNoiseScale()) *s.mutable_noise_scale() = noise_.Stats();
   s.set_pending_pulls(pulls_.Pending());
+  if (work_ != nullptr) {
+    s.set_work_units(work_->handed_out());
+    s.set_reassigned_units(work_->reassigned());
+  }
   return s;
 }
 

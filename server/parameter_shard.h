@@ -66,6 +66,7 @@
 #include "server/shard_tensors.h"
 #include "server/tensor_aggregator.h"
 #include "server/update_pool.h"
+#include "server/work_queue.h"
 
 namespace rubato {
 
@@ -127,6 +128,11 @@ class ParameterShard : private PushStages {
   // A worker (registered, or dropped) has finished training: its lease no longer runs. Repeating
   // it is harmless; registering again makes the worker a live member again.
   absl::StatusOr<FinishResponse> Finish(const FinishRequest& request);
+
+  // Work reassignment (ClusterSpec.reassign): the registered worker's next unit of data, from
+  // shard 0's WorkQueue. FAILED_PRECONDITION on another shard, in a job without reassignment, or
+  // for a worker that is not a member.
+  absl::StatusOr<TakeWorkResponse> TakeWork(const TakeWorkRequest& request);
 
   // Whether the job is over for this shard, polled by the server's main loop:
   //   true    every worker has finished; or none is live (registered, not finished, heard from
@@ -236,6 +242,7 @@ class ParameterShard : private PushStages {
   // When some worker was last live (JobFinished); the shard's creation at first.
   absl::Time last_live_ ABSL_GUARDED_BY(mu_);
   ShardCounters counters_;
+  std::unique_ptr<WorkQueue> work_;  // Shard 0 of a job with reassignment; thread-safe.
   std::unique_ptr<CheckpointAssembler> checkpoints_;  // Set with the tensors, if checkpointing.
   std::atomic<uint64_t> recovery_id_{0};
   int64_t restored_versions_ = 0;  // Their sum at the restore (set before training).
