@@ -38,6 +38,11 @@ void InProcessShardChannel::Finish(const FinishRequest& request, FinishResponse*
   Answer(shard_->Finish(request), response, done);
 }
 
+void InProcessShardChannel::TakeWork(const TakeWorkRequest& request, TakeWorkResponse* response,
+                                     const CallOptions&, Done done) {
+  Answer(shard_->TakeWork(request), response, done);
+}
+
 void InProcessShardChannel::Push(const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                                  const CallOptions&, Done done) {
   absl::StatusOr<std::shared_ptr<ReceivedPush>> received = ReceivePush(*request);

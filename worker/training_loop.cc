@@ -201,7 +201,11 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
   }
   UseBatchOf(step);
   t.drawn = options_.clock->Now();
-  batcher_->Next(x_.data(), y_.data());
+  ASSIGN_OR_RETURN(rows_, Draw(step));
+  if (rows_ == 0) {  // The work feed's data is done: the job ends here for this worker.
+    steps_ = step;
+    return step;
+  }
   const absl::StatusOr<float> loss = ForwardBackward(step, &t);
   PsClient::PushResult pushed;
   absl::Status push_status = WaitForPushes(step, loss.ok(), &pushed);
@@ -256,6 +260,31 @@ void TrainingLoop::UseBatchOf(int64_t step) {
   y_.resize(batch_);
 }
 
+absl::StatusOr<int> TrainingLoop::Draw(int64_t step) {
+  if (options_.work == nullptr) {
+    batcher_->Next(x_.data(), y_.data());
+    return batch_;
+  }
+  std::optional<WorkUnit> began;
+  absl::StatusOr<int> rows = options_.work->Next(x_.data(), y_.data(), &began);
+  if (!rows.ok()) return AtStep(step, rows.status());
+  if (began.has_value()) {
+    ++result_.units;
+    if (began->owner() != options_.worker_id) ++result_.reassigned_units;
+    ProgressRecord r;
+    UnitRecord* u = r.mutable_unit();
+    u->set_worker(options_.worker_id);
+    u->set_step(step);
+    u->set_epoch(began->epoch());
+    u->set_owner(began->owner());
+    u->set_unit(began->index());
+    u->set_seq(began->seq());
+    u->set_t(RoundDecimals(Elapsed(), 3));
+    WriteProgress(*progress_, r, /*flush=*/false);
+  }
+  return *rows;
+}
+
 absl::StatusOr<float> TrainingLoop::ForwardBackward(int64_t step, StepTimes* t) {
   pushes_.clear();
   start_error_ = absl::OkStatus();
@@ -266,7 +295,7 @@ absl::StatusOr<float> TrainingLoop::ForwardBackward(int64_t step, StepTimes* t) 
     };
   }
   absl::StatusOr<float> loss = backend_->ForwardBackward(ConstSpans(*params_), x_.data(), y_.data(),
-                                                         batch_, grad_spans_, ready);
+                                                         rows_, grad_spans_, ready);
   if (overlap_) {
     // The layers still in the bucket; none after a failed pass (its gradients are not final).
     const std::vector<PushBuckets::Range> rest = buckets_.Flush();
@@ -376,7 +405,7 @@ void TrainingLoop::Report(int64_t done, const StepTimes& t) {
   StepRecord* s = r.mutable_step();
   s->set_worker(options_.worker_id);
   s->set_step(done);
-  s->set_epoch(batcher_->epoch());
+  s->set_epoch(options_.work != nullptr ? options_.work->epoch() : batcher_->epoch());
   s->set_t(RoundDecimals(absl::ToDoubleSeconds(t.pushed - start_), 3));
   s->set_loss(RoundDecimals(result_.final_loss, 5));
   s->set_steps_per_s(RoundDecimals(i.steps / std::max(elapsed, 1e-9), 2));
@@ -416,7 +445,9 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
   e->set_test_loss(RoundDecimals(r.loss, 5));
   e->set_test_accuracy(RoundDecimals(r.accuracy, 5));
   e->set_examples(r.examples);
-  if (options_.train_examples > 0) {
+  if (options_.work != nullptr) {
+    e->set_epochs(RoundDecimals(options_.work->epochs(), 4));
+  } else if (options_.train_examples > 0) {
     e->set_epochs(RoundDecimals(
         static_cast<double>(plan_.ExamplesBefore(step)) / options_.train_examples, 4));
   }

@@ -42,6 +42,7 @@
 #include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 #include "worker/straggler_model.h"
+#include "worker/work_feed.h"
 
 namespace rubato {
 
@@ -91,6 +92,11 @@ struct TrainingOptions {
   int num_workers = 1;  // The job's workers (for the global batch).
   // The training set's size: each "eval" record then gives the epochs drawn so far (0: none).
   int64_t train_examples = 0;
+  // Work reassignment (not owned; worker/work_feed.h): batches come from the feed, not the
+  // batcher, a "unit" record is written as each unit begins, and the loop ends when the feed has
+  // no more (this worker's steps are then its own count, and `steps` only a bound). A batch may
+  // be short (the last of a worker's share).
+  WorkFeed* work = nullptr;
 };
 
 struct TrainingResult {
@@ -106,6 +112,9 @@ struct TrainingResult {
   // bsp, backup: the job's gradient noise scale B_simple from the shards' moving averages at the
   // last step measured (NaN if none; server/noise_scale.h).
   double noise_scale = std::nan("");
+  // Work reassignment: units drawn, and of those, units of other workers' shares.
+  int64_t units = 0;
+  int64_t reassigned_units = 0;
 };
 
 // Whether RunTraining will overlap pushes with the backward pass, and if not, why not (for logs).
@@ -168,6 +177,8 @@ class TrainingLoop {
   absl::Status InjectCrash(int64_t step);
   absl::StatusOr<PullOutcome> PullWeights(int64_t step);
   void UseBatchOf(int64_t step);
+  // Draws this step's batch into x_, y_ and returns its rows (0: the work feed has no more).
+  absl::StatusOr<int> Draw(int64_t step);
   // With overlap, starts each layer's push from the backend's callback as soon as its gradients
   // are final.
   absl::StatusOr<float> ForwardBackward(int64_t step, StepTimes* t);
@@ -207,6 +218,7 @@ class TrainingLoop {
   const int64_t job_examples_;  // The fixed-batch job's examples (an adaptive batch draws as many).
 
   int batch_;
+  int rows_ = 0;   // The rows of the batch drawn (batch_, or fewer from a work feed).
   int64_t steps_;  // The job's steps; an adaptive batch changes them.
   BatchPlan plan_;
   std::vector<float> x_;    // (batch, input size)

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -57,6 +58,7 @@
 #include "worker/straggler_flags.h"
 #include "worker/straggler_model.h"
 #include "worker/training_loop.h"
+#include "worker/work_feed.h"
 #include "worker/worker_records.h"
 
 ABSL_FLAG(int, worker_id, -1, "This worker's rank in [0, num_workers). Required.");
@@ -150,6 +152,9 @@ ABSL_FLAG(int64_t, connect_timeout_ms, 30000,
 ABSL_FLAG(int64_t, retry_timeout_ms, 30000,
           "How long a pull or push retries a shard that became unreachable (a network cut, a "
           "reset connection) before the worker fails naming it.");
+ABSL_FLAG(std::string, reassign_replay, "",
+          "With --reassign: take this worker's units from the unit records in this file (a "
+          "run's worker progress lines) instead of from shard 0, replaying that assignment.");
 ABSL_FLAG(int64_t, server_restart_timeout_s, -1,
           "How long to wait for a lost shard to be restarted (it then restores its checkpoint "
           "and the worker registers again) before failing: sets --retry_timeout_ms, and "
@@ -537,6 +542,9 @@ struct Setup {
   rubato::Dataset test;  // Empty when this worker does not evaluate.
   bool evaluates = false;
   std::optional<rubato::ShardedBatcher> batcher;
+  // --reassign: the job's data in units, handed out to this worker by the feed.
+  std::optional<rubato::UnitBatcher> units;
+  std::unique_ptr<rubato::WorkFeed> feed;
   rubato::JobLength job;
   std::unique_ptr<rubato::ModelBackend> backend;
   std::unique_ptr<rubato::PsClient> client;
@@ -577,6 +585,32 @@ absl::Status LoadData(Setup* s) {
   return absl::OkStatus();
 }
 
+// --reassign: the job's data in units, handed out by shard 0 or replayed from --reassign_replay.
+absl::Status SetUpReassign(Setup* s) {
+  const int unit_batches = s->cluster.reassign().unit_batches();
+  if (unit_batches == 0) {
+    if (!absl::GetFlag(FLAGS_reassign_replay).empty()) {
+      return absl::InvalidArgumentError("--reassign_replay needs --reassign");
+    }
+    return absl::OkStatus();
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    return absl::InvalidArgumentError(
+        "--reassign hands out whole epochs: give --epochs, not --steps");
+  }
+  ASSIGN_OR_RETURN(s->units,
+                   rubato::UnitBatcher::Create(&*s->train, s->cluster.num_workers(), s->batch_size,
+                                               unit_batches, absl::GetFlag(FLAGS_seed)));
+  const std::string replay = absl::GetFlag(FLAGS_reassign_replay);
+  if (replay.empty()) {
+    s->feed = rubato::ServerWorkFeed(s->client.get(), &*s->units, s->worker_id,
+                                     absl::GetFlag(FLAGS_epochs));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(s->feed, rubato::ReplayWorkFeed(replay, &*s->units, s->worker_id));
+  return absl::OkStatus();
+}
+
 // Reads and checks the flags, loads the data, creates the backend and the client. A usage error
 // exits kExitUsage, a ring that cannot be set up kExitRuntime.
 absl::Status SetUp(Setup* setup, Exit* failure) {
@@ -610,7 +644,7 @@ absl::Status SetUp(Setup* setup, Exit* failure) {
   } else {
     ASSIGN_OR_RETURN(s.client, rubato::CreateGrpcPsClient(client));
   }
-  return absl::OkStatus();
+  return SetUpReassign(&s);
 }
 
 // The loop's options for this setup, starting at `start_step`.
@@ -634,6 +668,13 @@ rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
   options.adaptive_batch = s->cluster.adaptive_batch().max_global_batch() > 0;
   options.num_workers = s->cluster.num_workers();
   options.train_examples = s->train->size;
+  if (s->feed != nullptr) {
+    // At most every batch of every unit of every epoch, should this worker draw them all.
+    const std::vector<int64_t>& units = s->units->units_per_worker();
+    options.work = s->feed.get();
+    options.steps = std::accumulate(units.begin(), units.end(), int64_t{0}) *
+                    s->cluster.reassign().unit_batches() * absl::GetFlag(FLAGS_epochs);
+  }
   return options;
 }
 

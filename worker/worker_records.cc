@@ -54,6 +54,8 @@ ProgressRecord DoneProgress(int worker, const TrainingResult& result,
     d->set_test_accuracy(RoundDecimals(result.test.accuracy, 5));
   }
   d->set_final_batch(result.final_batch);
+  d->set_units(result.units);
+  d->set_reassigned_units(result.reassigned_units);
   if (std::isfinite(result.noise_scale)) {
     d->set_noise_scale(RoundSignificant(result.noise_scale, 6));
   }

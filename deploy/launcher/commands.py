@@ -16,7 +16,8 @@ CLUSTER_FLAGS = ("mode", "staleness_aware_lr", "optimizer", "learning_rate", "we
                  "exclude_from_weight_decay", "exclude_from_layer_adaptation", "clip_global_norm",
                  "lr_reference_batch", "lr_scaling", "warmup_steps", "warmup_epochs", "lr_decay",
                  "lr_decay_steps", "lr_decay_factor", "lr_power", "final_lr_fraction", "lease_ms",
-                 "wait_timeout_ms", "max_message_mb", "adaptive_batch", "adaptive_batch_every")
+                 "wait_timeout_ms", "max_message_mb", "adaptive_batch", "adaptive_batch_every",
+                 "reassign", "reassign_unit_batches")
 # Flags given to servers only.
 SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_budget_mb",
                 "push_budget_mb", "checkpoint_dir", "checkpoint_every_steps", "checkpoint_keep",
@@ -30,7 +31,9 @@ WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", 
                 "slowdown", "min_step_ms", "delay_probability", "delay_distribution",
                 "delay_mean_ms", "delay_sigma", "delay_alpha", "straggler_seed", "pause_at_step",
                 "pause_ms", "crash_at_step", "slow_from_step", "slow_period_steps",
-                "slow_for_steps", "rotate_slow", "delay_trace", "export_model")
+                "slow_for_steps", "rotate_slow", "delay_trace", "export_model",
+                # Work reassignment: replay a run's assignment.
+                "reassign_replay")
 
 # A local server's address until it has one: it picks a free port and writes it to its port file.
 LOCAL_LISTEN = "--listen=127.0.0.1:0"

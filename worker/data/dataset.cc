@@ -27,6 +27,19 @@ uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
 
 }  // namespace
 
+std::vector<int64_t> ShardOrder(int64_t data_size, int rank, int num_ranks, uint64_t seed,
+                                int64_t epoch) {
+  std::vector<int64_t> order((data_size - rank + num_ranks - 1) / num_ranks);
+  const int64_t n = static_cast<int64_t>(order.size());
+  for (int64_t k = 0; k < n; ++k) order[k] = rank + k * num_ranks;
+  std::mt19937_64 rng(
+      Mix64(Mix64(Mix64(seed) ^ static_cast<uint64_t>(rank)) ^ static_cast<uint64_t>(epoch)));
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::swap(order[i], order[UniformBelow(rng, static_cast<uint64_t>(i) + 1)]);
+  }
+  return order;
+}
+
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split, int64_t limit) {
   if (limit < 0) {
     return absl::InvalidArgumentError(absl::StrCat("limit must be >= 0, got ", limit));
@@ -91,18 +104,11 @@ absl::StatusOr<ShardedBatcher> ShardedBatcher::Create(const Dataset* data, int r
 ShardedBatcher::ShardedBatcher(const Dataset* data, int rank, int num_ranks, int batch_size,
                                uint64_t seed)
     : data_(data), rank_(rank), num_ranks_(num_ranks), batch_size_(batch_size), seed_(seed) {
-  order_.resize((data->size - rank + num_ranks - 1) / num_ranks);
   Shuffle();
 }
 
 void ShardedBatcher::Shuffle() {
-  const int64_t n = static_cast<int64_t>(order_.size());
-  for (int64_t k = 0; k < n; ++k) order_[k] = rank_ + k * num_ranks_;
-  std::mt19937_64 rng(
-      Mix64(Mix64(Mix64(seed_) ^ static_cast<uint64_t>(rank_)) ^ static_cast<uint64_t>(epoch_)));
-  for (int64_t i = n - 1; i > 0; --i) {
-    std::swap(order_[i], order_[UniformBelow(rng, static_cast<uint64_t>(i) + 1)]);
-  }
+  order_ = ShardOrder(data_->size, rank_, num_ranks_, seed_, epoch_);
   position_ = 0;
 }
 

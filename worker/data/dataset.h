@@ -37,6 +37,13 @@ inline constexpr char kFashionMnistDefaultDir[] = "/usr/share/datasets/fashion-m
 // InvalidArgument for a negative limit.
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split, int64_t limit = 0);
 
+// Rank `rank` of `num_ranks`'s shard of a data set of `data_size` examples (the indices i with
+// i % num_ranks == rank) in epoch `epoch`'s order: a permutation that is a pure function of (seed,
+// rank, epoch), computed with std::mt19937_64 and a portable Fisher-Yates shuffle. ShardedBatcher
+// and UnitBatcher (worker/data/unit_batcher.h) both draw from it.
+std::vector<int64_t> ShardOrder(int64_t data_size, int rank, int num_ranks, uint64_t seed,
+                                int64_t epoch);
+
 // Deals one worker's shard of a Dataset as an endless stream of minibatches.
 //
 // Rank r of n owns the examples i with i % n == r, so the shards of all ranks are disjoint and

@@ -55,6 +55,10 @@ class DataPlaneShardChannel final : public ShardChannel {
               Done done) override {
     control_->Finish(request, response, options, std::move(done));
   }
+  void TakeWork(const TakeWorkRequest& request, TakeWorkResponse* response,
+                const CallOptions& options, Done done) override {
+    control_->TakeWork(request, response, options, std::move(done));
+  }
   void Push(const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
             const CallOptions& options, Done done) override;
   void Pull(const grpc::ByteBuffer* request, grpc::ByteBuffer* response, PullSink* sink,

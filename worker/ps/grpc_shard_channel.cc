@@ -64,6 +64,12 @@ void GrpcShardChannel::Finish(const FinishRequest& request, FinishResponse* resp
   stub_->async()->Finish(context, &request, response, Ending(context, std::move(done)));
 }
 
+void GrpcShardChannel::TakeWork(const TakeWorkRequest& request, TakeWorkResponse* response,
+                                const CallOptions& options, Done done) {
+  grpc::ClientContext* context = NewContext(options);
+  stub_->async()->TakeWork(context, &request, response, Ending(context, std::move(done)));
+}
+
 void GrpcShardChannel::Push(const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                             const CallOptions& options, Done done) {
   grpc::ClientContext* context = NewContext(options);

@@ -27,6 +27,8 @@ class GrpcShardChannel final : public ShardChannel {
                  const CallOptions& options, Done done) override;
   void Finish(const FinishRequest& request, FinishResponse* response, const CallOptions& options,
               Done done) override;
+  void TakeWork(const TakeWorkRequest& request, TakeWorkResponse* response,
+                const CallOptions& options, Done done) override;
   void Push(const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
             const CallOptions& options, Done done) override;
   // Never stores into the sink: the answer comes back as bytes.

@@ -274,6 +274,18 @@ class ShardedPsClient final : public PsClient {
                      });
   }
 
+  absl::StatusOr<TakeWorkResponse> TakeWork(const TakeWorkRequest& request) override {
+    TakeWorkResponse response;
+    FanOutSpec shard0 = EveryShard(0, options_.rpc_timeout, Retry::kWhileUnavailable);
+    shard0.shards.push_back(0);
+    RETURN_IF_ERROR(RunFanOut(&context_, std::move(shard0),
+                              [&](ShardChannel* channel, int, const ShardChannel::CallOptions& o,
+                                  ShardChannel::Done done) {
+                                channel->TakeWork(request, &response, o, std::move(done));
+                              }));
+    return response;
+  }
+
   const std::vector<int>& shard_of() const override { return plan_.placement.shard_of; }
   const std::vector<int64_t>& shard_bytes() const override { return plan_.placement.shard_bytes; }
 

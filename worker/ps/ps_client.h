@@ -130,6 +130,12 @@ class PsClient {
   // Retried while a shard is unreachable, like a push.
   virtual absl::Status Finish(int64_t steps) = 0;
 
+  // Work reassignment (server/work_queue.h): shard 0's answer, retried while it is unreachable
+  // (request.request makes a retry safe). UNIMPLEMENTED for a client without parameter servers.
+  virtual absl::StatusOr<TakeWorkResponse> TakeWork(const TakeWorkRequest& request) {
+    return absl::UnimplementedError("TakeWork needs parameter servers");
+  }
+
   // Placement: the shard of each tensor, and bytes per shard.
   virtual const std::vector<int>& shard_of() const = 0;
   virtual const std::vector<int64_t>& shard_bytes() const = 0;

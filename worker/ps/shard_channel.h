@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/parameter_server.pb.h"
@@ -74,6 +75,12 @@ class ShardChannel {
                          const CallOptions& options, Done done) = 0;
   virtual void Finish(const FinishRequest& request, FinishResponse* response,
                       const CallOptions& options, Done done) = 0;
+  // Work reassignment (server/work_queue.h). A channel that cannot answers UNIMPLEMENTED.
+  virtual void TakeWork(const TakeWorkRequest& request, TakeWorkResponse* response,
+                        const CallOptions& options, Done done) {
+    done(absl::UnimplementedError(
+        absl::StrCat("TakeWork: this channel to ", address(), " does not carry it")));
+  }
   virtual void Push(const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                     const CallOptions& options, Done done) = 0;
   // `sink` may be null; see PullSink.
