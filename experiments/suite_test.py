@@ -183,7 +183,9 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual({f["optimizer"] for _, f in study.cells},
                          {"sgd", "lars", "larc", "lamb"})
         patterns = suite.load("patterns")
-        self.assertEqual(len(patterns.cells), 5 * 7)
+        self.assertEqual(len(patterns.cells), 6 * 7)
+        reassign = dict(patterns.cells)["mode=reassign,pattern=constant-x4"]
+        self.assertEqual((reassign["mode"], reassign["reassign"]), ("async", "true"))
         rotating = dict(patterns.cells)["mode=bsp,pattern=rotating"]
         self.assertEqual((rotating["slowdown"], rotating["rotate_slow"],
                           rotating["slow_period_steps"]), (4, "true", 60))
