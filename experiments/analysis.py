@@ -19,7 +19,9 @@ so that each can be tested on known inputs:
 Times are seconds on the launch's clock (since ./rubato launch began), as in summary.json.
 """
 
+import json
 import math
+import os
 import re
 
 # Which part of a step each timeline segment is.
@@ -34,6 +36,31 @@ def accuracy_at(evals, t):
         if e["t"] <= t and (best is None or e["t"] >= best["t"]):
             best = e
     return None if best is None else best["test_accuracy"]
+
+
+def worker_records(run_dir, event, needs):
+    """{worker: its `event` records that have the key `needs`} from a run's worker-N.jsonl files
+    ({} when there are none; lines that are not JSON are skipped)."""
+    out = {}
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return out
+    for name in names:
+        m = re.fullmatch(r"worker-(\d+)\.jsonl", name)
+        if not m:
+            continue
+        records = []
+        with open(os.path.join(run_dir, name), errors="replace") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("event") == event and needs in r:
+                    records.append(r)
+        out[int(m.group(1))] = records
+    return out
 
 
 def per_gradient(mode):

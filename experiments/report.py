@@ -121,23 +121,8 @@ class Data:
 
     def records(self, cell, seed, event, needs):
         """{worker: its `event` records that have the key `needs`} of one run."""
-        run_dir = os.path.join(self.out, "runs", "%s.seed-%d" % (cell, seed))
-        out = {}
-        for name in sorted(os.listdir(run_dir)):
-            if not (name.startswith("worker-") and name.endswith(".jsonl")):
-                continue
-            worker = int(name[len("worker-"):-len(".jsonl")])
-            records = []
-            with open(os.path.join(run_dir, name), errors="replace") as f:
-                for line in f:
-                    try:
-                        r = json.loads(line)
-                    except ValueError:
-                        continue
-                    if r.get("event") == event and needs in r:
-                        records.append(r)
-            out[worker] = records
-        return out
+        return analysis.worker_records(
+            os.path.join(self.out, "runs", "%s.seed-%d" % (cell, seed)), event, needs)
 
     def steps(self, cell, seed):
         """{worker: its step records} of one run."""

@@ -129,37 +129,14 @@ def run_one(run, out_dir, bin_dir, target, log):
     updates = analysis.model_updates(summary) if row["ok"] else None
     row["model_updates"] = "" if updates is None else updates
     row["update_evals"] = analysis.updates_at_evals(  # For accuracy_at_updates; not a column.
-        row["evals"], step_records(run_dir), summary.get("worker_started_s") or [],
+        row["evals"], analysis.worker_records(run_dir, "step", "t"),
+        summary.get("worker_started_s") or [],
         analysis.per_gradient(summary.get("mode", "")))
     if cpu is not None and cpu > SATURATED:
         log("warning: %s: the machine was %.0f%% busy during the run: its timings measure the "
             "machine, not the mode (raise --min_step_ms or use fewer workers)" % (run.name,
                                                                                  100 * cpu))
     return row
-
-
-def step_records(run_dir):
-    """{worker: its "step" records} from a run's worker-N.jsonl files ({} if there are none)."""
-    out = {}
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return out
-    for name in names:
-        m = re.fullmatch(r"worker-(\d+)\.jsonl", name)
-        if not m:
-            continue
-        records = []
-        with open(os.path.join(run_dir, name), errors="replace") as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if r.get("event") == "step" and "t" in r and "step" in r:
-                    records.append(r)
-        out[int(m.group(1))] = records
-    return out
 
 
 def last_error(log_path):

@@ -3,22 +3,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/data/counting_dataset.h"
 
 namespace rubato {
 namespace {
-
-// Example i has every feature equal to i and label i % 10, so a batch row names its example.
-Dataset CountingDataset(int64_t size, int64_t dim) {
-  Dataset data;
-  data.size = size;
-  data.dim = dim;
-  data.num_classes = 10;
-  for (int64_t i = 0; i < size; ++i) {
-    data.features.insert(data.features.end(), dim, static_cast<float>(i));
-    data.labels.push_back(static_cast<int32_t>(i % 10));
-  }
-  return data;
-}
 
 TEST(UnitBatcherTest, SharesAreCutIntoUnitsOfWholeBatches) {
   const Dataset data = CountingDataset(103, 2);
