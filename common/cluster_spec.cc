@@ -236,10 +236,7 @@ absl::Status ValidateReassign(const ClusterSpec& spec) {
         ": under bsp and backup every step takes a batch from every worker, and under ssp the "
         "bound counts each worker's own steps, which reassignment makes unequal"));
   }
-  if (spec.adaptive_batch().max_global_batch() > 0) {
-    return absl::InvalidArgumentError("reassign and adaptive_batch cannot be combined");
-  }
-  return absl::OkStatus();
+  return absl::OkStatus();  // adaptive_batch needs bsp: ValidateAdaptiveBatchPairing refuses it.
 }
 
 // The schedule's own fields; what depends on the job (warmup within the horizon, a horizon for

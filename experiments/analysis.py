@@ -31,11 +31,7 @@ PARTS = ("compute", "communication", "waiting", "other")
 def accuracy_at(evals, t):
     """The test accuracy of the latest evaluation at or before `t` (any worker), or None when
     there was none by then. `evals`: summary.json's list of {"t", "test_accuracy", ...}."""
-    best = None
-    for e in evals:
-        if e["t"] <= t and (best is None or e["t"] >= best["t"]):
-            best = e
-    return None if best is None else best["test_accuracy"]
+    return latest_accuracy(evals, "t", t)
 
 
 def worker_records(run_dir, event, needs):
@@ -102,22 +98,32 @@ def updates_at_evals(evals, steps_by_worker, started, per_grad):
 def pick_update_budget(rows):
     """The number of model updates at which cells are compared: the smallest per-cell median of
     the runs' model_updates (the cell that applies fewest, e.g. bsp's one per step), or None."""
-    cells = {}
-    for r in rows:
-        if r.get("ok") and r.get("model_updates") not in (None, ""):
-            cells.setdefault(r["cell"], []).append(float(r["model_updates"]))
-    if not cells:
-        return None
-    return min(median(v) for v in cells.values())
+    return smallest_cell_median(rows, "model_updates")
 
 
 def accuracy_at_updates(update_evals, n):
     """The test accuracy of the latest evaluation with at most `n` updates applied, or None."""
+    return latest_accuracy(update_evals, "updates", n)
+
+
+def latest_accuracy(evals, key, limit):
+    """The test accuracy of the evaluation with the largest `key` at or below `limit`, or None."""
     best = None
-    for e in update_evals:
-        if e["updates"] <= n and (best is None or e["updates"] >= best["updates"]):
+    for e in evals:
+        if e[key] <= limit and (best is None or e[key] >= best[key]):
             best = e
     return None if best is None else best["test_accuracy"]
+
+
+def smallest_cell_median(rows, column):
+    """The smallest per-cell median of `column` over the runs that finished, or None."""
+    cells = {}
+    for r in rows:
+        if r.get("ok") and r.get(column) not in (None, ""):
+            cells.setdefault(r["cell"], []).append(float(r[column]))
+    if not cells:
+        return None
+    return min(median(v) for v in cells.values())
 
 
 def median(values):
@@ -135,13 +141,7 @@ def pick_budget(rows, given=None):
     None when no run finished."""
     if given:
         return float(given)
-    cells = {}
-    for r in rows:
-        if r.get("ok") and r.get("wall_s") not in (None, ""):
-            cells.setdefault(r["cell"], []).append(float(r["wall_s"]))
-    if not cells:
-        return None
-    return min(median(v) for v in cells.values())
+    return smallest_cell_median(rows, "wall_s")
 
 
 def band(curves, grid):
