@@ -32,35 +32,16 @@ constexpr int kUnitsPerShare = 32;
 const std::vector<std::string> kClusterFlags = {
     "--mode=async", "--reassign=true", "--reassign_unit_batches=2", "--learning_rate=0.05"};
 
-// The integer field `name` of a JSON line (-1 if absent).
-int64_t Field(const std::string& line, const std::string& name) {
-  const std::string key = absl::StrCat("\"", name, "\":");
-  const size_t at = line.find(key);
-  if (at == std::string::npos) return -1;
-  const size_t start = at + key.size();
-  const size_t end = line.find_first_not_of("0123456789", start);
-  int64_t v = -1;
-  return absl::SimpleAtoi(line.substr(start, end - start), &v) ? v : -1;
-}
-
 using Unit = std::tuple<int64_t, int64_t, int64_t>;  // (epoch, owner, index)
 
 std::vector<Unit> UnitsOf(const std::string& out) {
   std::vector<Unit> units;
   for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
     if (absl::StrContains(line, "\"event\":\"unit\"")) {
-      units.emplace_back(Field(line, "epoch"), Field(line, "owner"), Field(line, "unit"));
+      units.emplace_back(JsonIntField(line, "epoch"), JsonIntField(line, "owner"), JsonIntField(line, "unit"));
     }
   }
   return units;
-}
-
-std::string DoneLine(const std::string& out) {
-  std::string done;
-  for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
-    if (absl::StrContains(line, "\"event\":\"done\"")) done = line;
-  }
-  return done;
 }
 
 // Runs the job; returns each worker's stdout and shard 0's stderr.
@@ -108,9 +89,9 @@ TEST(ReassignIntegrationTest, EveryUnitOnceAndTheSlowWorkersShareMovesToTheFastO
     for (const Unit& u : UnitsOf(outs[w])) ++drawn[u];
     const std::string done = DoneLine(outs[w]);
     ASSERT_FALSE(done.empty()) << outs[w];
-    steps += Field(done, "computed_steps");
-    units_of[w] = Field(done, "units");
-    reassigned += Field(done, "reassigned_units");
+    steps += JsonIntField(done, "computed_steps");
+    units_of[w] = JsonIntField(done, "units");
+    reassigned += JsonIntField(done, "reassigned_units");
     EXPECT_EQ(units_of[w], static_cast<int64_t>(UnitsOf(outs[w]).size()));
   }
   for (int64_t e = 0; e < kEpochs; ++e) {

@@ -35,26 +35,13 @@ std::vector<std::string> WorkerFlags() {
           absl::StrCat("--steps=", kSteps), "--log_every=1"};
 }
 
-// The value of "key":<digits or string> in `line`, or "".
-std::string Field(const std::string& line, const std::string& key) {
-  const std::string quoted = absl::StrCat("\"", key, "\":");
-  const size_t at = line.find(quoted);
-  if (at == std::string::npos) return "";
-  size_t begin = at + quoted.size();
-  const bool string = line[begin] == '"';
-  if (string) ++begin;
-  size_t end = begin;
-  while (end < line.size() && line[end] != (string ? '"' : ',') && line[end] != '}') ++end;
-  return line.substr(begin, end - begin);
-}
-
 // The highest step a step record names.
 int64_t LastStep(const std::string& out) {
   int64_t last = -1;
   for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
     if (line.find("\"event\":\"step\"") == std::string::npos) continue;
     int64_t step = -1;
-    if (absl::SimpleAtoi(Field(line, "step"), &step)) last = std::max(last, step);
+    if (absl::SimpleAtoi(JsonField(line, "step"), &step)) last = std::max(last, step);
   }
   return last;
 }
@@ -295,7 +282,7 @@ TEST(RecoveryIntegrationTest, AKilledBspShardRollsTheJobBackToItsCheckpointBitId
     for (const std::string& line : std::vector<std::string>(absl::StrSplit(out, '\n'))) {
       if (line.find("\"event\":\"done\"") != std::string::npos) done = line;
     }
-    ASSERT_TRUE(absl::SimpleAtoi(Field(done, "redone_steps"), &r)) << done;
+    ASSERT_TRUE(absl::SimpleAtoi(JsonField(done, "redone_steps"), &r)) << done;
     redone = std::max(redone, r);
   }
   EXPECT_TRUE(IsOk((*job)->WaitForServers(absl::Seconds(30))));
@@ -564,11 +551,11 @@ TEST(RecoveryIntegrationTest, AnExportedModelEvaluatesToTheJobsLastAccuracy) {
   ASSERT_TRUE(HasLineContaining(eval->stdout_text, "\"event\":\"eval_model\""))
       << eval->stdout_text;
   double accuracy = -1;
-  ASSERT_TRUE(absl::SimpleAtod(Field(eval->stdout_text, "test_accuracy"), &accuracy))
+  ASSERT_TRUE(absl::SimpleAtod(JsonField(eval->stdout_text, "test_accuracy"), &accuracy))
       << eval->stdout_text;
   EXPECT_EQ(accuracy, *job_accuracy) << "the exported weights are not the ones the job evaluated";
-  EXPECT_EQ(Field(eval->stdout_text, "steps"), absl::StrCat(kSteps));
-  EXPECT_EQ(Field(eval->stdout_text, "mode"), "bsp");
+  EXPECT_EQ(JsonField(eval->stdout_text, "steps"), absl::StrCat(kSteps));
+  EXPECT_EQ(JsonField(eval->stdout_text, "mode"), "bsp");
   // Its epsilon-sharpness (worker/model/sharpness.h): a rise of the training loss within the box, larger
   // for the larger box, on the loss the model was trained on.
   absl::StatusOr<ProcessResult> sharp = (*job)->Run(
@@ -582,9 +569,9 @@ TEST(RecoveryIntegrationTest, AnExportedModelEvaluatesToTheJobsLastAccuracy) {
   for (absl::string_view line : absl::StrSplit(sharp->stdout_text, '\n')) {
     if (!absl::StrContains(line, "\"event\":\"sharpness\"")) continue;
     double v = -1, loss = -1, max_loss = -1;
-    ASSERT_TRUE(absl::SimpleAtod(Field(std::string(line), "sharpness"), &v)) << line;
-    ASSERT_TRUE(absl::SimpleAtod(Field(std::string(line), "loss"), &loss)) << line;
-    ASSERT_TRUE(absl::SimpleAtod(Field(std::string(line), "max_loss"), &max_loss)) << line;
+    ASSERT_TRUE(absl::SimpleAtod(JsonField(std::string(line), "sharpness"), &v)) << line;
+    ASSERT_TRUE(absl::SimpleAtod(JsonField(std::string(line), "loss"), &loss)) << line;
+    ASSERT_TRUE(absl::SimpleAtod(JsonField(std::string(line), "max_loss"), &max_loss)) << line;
     EXPECT_GT(loss, 0.1) << line;  // A real training loss, not a placeholder.
     EXPECT_GT(max_loss, loss) << line;
     EXPECT_NEAR(v, 100 * (max_loss - loss) / (1 + loss), 1e-3 * v + 1e-4) << line;

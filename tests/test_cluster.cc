@@ -282,6 +282,31 @@ bool HaveFashionMnist() {
   return stat(kFashionMnistDir, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+std::string JsonField(absl::string_view line, absl::string_view key) {
+  const std::string quoted = absl::StrCat("\"", key, "\":");
+  const size_t at = line.find(quoted);
+  if (at == absl::string_view::npos) return "";
+  size_t begin = at + quoted.size();
+  const bool string = begin < line.size() && line[begin] == '"';
+  if (string) ++begin;
+  size_t end = begin;
+  while (end < line.size() && line[end] != (string ? '"' : ',') && line[end] != '}') ++end;
+  return std::string(line.substr(begin, end - begin));
+}
+
+int64_t JsonIntField(absl::string_view line, absl::string_view key) {
+  int64_t v = -1;
+  return absl::SimpleAtoi(JsonField(line, key), &v) ? v : -1;
+}
+
+std::string DoneLine(absl::string_view worker_stdout) {
+  std::string done;
+  for (absl::string_view line : absl::StrSplit(worker_stdout, '\n')) {
+    if (absl::StrContains(line, "\"event\":\"done\"")) done = std::string(line);
+  }
+  return done;
+}
+
 std::string ParamsFingerprint(absl::string_view worker_stdout) {
   const size_t at = worker_stdout.rfind("\"params_fnv1a\":\"");
   if (at == absl::string_view::npos || at + 16 + 16 > worker_stdout.size()) return "";

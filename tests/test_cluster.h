@@ -141,6 +141,15 @@ std::string ParamsFingerprint(absl::string_view worker_stdout);
 // line; InvalidArgument if the line has no parsable test_accuracy.
 absl::StatusOr<double> FinalTestAccuracy(absl::string_view worker_stdout);
 
+// The value of "key": in a JSON line, a number's digits or a string's text without its quotes;
+// "" if the line has no such key.
+std::string JsonField(absl::string_view line, absl::string_view key);
+// The integer value of "key": in `line`; -1 if absent or not an integer.
+int64_t JsonIntField(absl::string_view line, absl::string_view key);
+
+// The last {"event":"done",...} line of a worker's stdout, or "" without one.
+std::string DoneLine(absl::string_view worker_stdout);
+
 // The lines of `text` that start with "<program>: error: ", without the prefix.
 std::vector<std::string> ErrorLines(absl::string_view text, absl::string_view program);
 
