@@ -41,8 +41,10 @@ absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
     c.set_mode(ASYNC);
     return c;
   }
-  if (text == "allreduce") {
+  if (text == "allreduce" || text == "allreduce:majority" || text == "allreduce:solo") {
     c.set_mode(ALLREDUCE);
+    if (text == "allreduce:majority") c.set_allreduce_quorum(QUORUM_MAJORITY);
+    if (text == "allreduce:solo") c.set_allreduce_quorum(QUORUM_SOLO);
     return c;
   }
   absl::string_view rest = text;
@@ -60,7 +62,8 @@ absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("mode: '", text,
-                   "' is not one of bsp, async, backup:B, ssp:S (B, S integers >= 0), allreduce"));
+                   "' is not one of bsp, async, backup:B, ssp:S (B, S integers >= 0), "
+                   "allreduce, allreduce:majority, allreduce:solo"));
 }
 
 std::string FormatConsistency(const ConsistencyConfig& config) {
@@ -70,6 +73,8 @@ std::string FormatConsistency(const ConsistencyConfig& config) {
     case ASYNC:
       return "async";
     case ALLREDUCE:
+      if (config.allreduce_quorum() == QUORUM_MAJORITY) return "allreduce:majority";
+      if (config.allreduce_quorum() == QUORUM_SOLO) return "allreduce:solo";
       return "allreduce";
     case BACKUP:
       return absl::StrCat("backup:", config.backup_workers());
@@ -191,6 +196,14 @@ absl::Status ValidateConsistencyConfig(const ConsistencyConfig& c, int num_worke
       break;
     default:
       return absl::InvalidArgumentError("consistency.mode is not set");
+  }
+  if (c.allreduce_quorum() != QUORUM_ALL && c.mode() != ALLREDUCE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "consistency.allreduce_quorum applies to allreduce, not ", FormatConsistency(c)));
+  }
+  if (c.allreduce_quorum() < QUORUM_ALL || c.allreduce_quorum() > QUORUM_SOLO) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("consistency.allreduce_quorum ", c.allreduce_quorum(), " is unknown"));
   }
   if (c.staleness_aware_lr() && c.mode() != ASYNC && c.mode() != SSP) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -16,17 +16,20 @@ ClusterSpec Good() {
 }
 
 TEST(ConsistencyTest, ParsesAndFormatsEveryMode) {
-  for (const char* text : {"bsp", "async", "backup:1", "ssp:3", "ssp:0"}) {
+  for (const char* text : {"bsp", "async", "backup:1", "ssp:3", "ssp:0", "allreduce",
+                           "allreduce:majority", "allreduce:solo"}) {
     auto c = ParseConsistency(text);
     ASSERT_TRUE(c.ok()) << text << ": " << c.status();
     EXPECT_EQ(FormatConsistency(*c), text);
   }
   EXPECT_EQ(ParseConsistency("ssp:4")->staleness(), 4);
   EXPECT_EQ(ParseConsistency("backup:2")->backup_workers(), 2);
+  EXPECT_EQ(ParseConsistency("allreduce:majority")->allreduce_quorum(), QUORUM_MAJORITY);
 }
 
 TEST(ConsistencyTest, RejectsMalformedModes) {
-  for (const char* text : {"", "BSP", "ssp", "ssp:", "ssp:-1", "backup:x", "sync"}) {
+  for (const char* text : {"", "BSP", "ssp", "ssp:", "ssp:-1", "backup:x", "sync",
+                           "allreduce:", "allreduce:most"}) {
     auto c = ParseConsistency(text);
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(c.status().message().find("mode"), std::string::npos);
@@ -68,6 +71,10 @@ TEST(ClusterSpecTest, EachBadFieldIsNamed) {
   s.mutable_consistency()->set_mode(BACKUP);
   s.mutable_consistency()->set_backup_workers(2);
   ExpectFieldError(s, "backup_workers");
+
+  s = Good();
+  s.mutable_consistency()->set_allreduce_quorum(QUORUM_SOLO);
+  ExpectFieldError(s, "allreduce_quorum applies to allreduce, not bsp");
 
   s = Good();
   s.mutable_optimizer()->set_learning_rate(-0.1);

@@ -24,9 +24,14 @@ int64_t DefaultRingSegmentElements(int64_t n, int size) {
   return std::clamp<int64_t>(chunk / 2, int64_t{64} << 10, int64_t{256} << 10);
 }
 
-absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
-                               absl::Span<float> data, absl::Duration timeout,
-                               int64_t segment_elements) {
+namespace {
+
+// The ring itself. Tags start at `first_tag` (or at `round` times the tags of one call, when
+// first_tag < 0); `*tags_used` gets how many this call used. Each rank's finished chunk is
+// multiplied by `scale` unless it is 1.
+absl::Status RingAllReduce(int rank, int size, int64_t round, int64_t first_tag, RingLink* link,
+                           absl::Span<float> data, absl::Duration timeout,
+                           int64_t segment_elements, float scale, int64_t* tags_used) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", size, ")"));
   }
@@ -34,7 +39,13 @@ absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link
     return absl::InvalidArgumentError(
         absl::StrCat("segment_elements must be >= 0, got ", segment_elements));
   }
-  if (size == 1) return absl::OkStatus();
+  *tags_used = 0;
+  if (size == 1) {
+    if (scale != 1.0f) {
+      for (float& x : data) x *= scale;
+    }
+    return absl::OkStatus();
+  }
   const int64_t n = static_cast<int64_t>(data.size());
   if (segment_elements == 0) segment_elements = DefaultRingSegmentElements(n, size);
   const absl::Time deadline = absl::Now() + timeout;
@@ -60,13 +71,14 @@ absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link
   };
   // Tags: (round, step, segment), unique within and across calls with the same segment length.
   const int64_t segments_max = segments(chunk(0));
-  auto tag = [&](int k, int64_t s) { return (round * steps + k) * segments_max + s; };
+  *tags_used = steps * segments_max;
+  const int64_t base = first_tag >= 0 ? first_tag : round * *tags_used;
+  auto tag = [&](int k, int64_t s) { return base + k * segments_max + s; };
 
   const absl::Span<float> first = sent_chunk(0);
   for (int64_t s = 0; s < segments(first); ++s) {
     RETURN_IF_ERROR(link->Send(tag(0, s), segment(first, s)));
   }
-  const float inv = 1.0f / static_cast<float>(size);
   for (int k = 0; k < steps; ++k) {
     const absl::Span<float> into = received_chunk(k);
     const RingLink::Combine combine =
@@ -76,13 +88,36 @@ absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link
       // All-gather steps overwrite chunks sent earlier; see the header on why that is safe.
       RETURN_IF_ERROR(link->Receive(tag(k, s), part, combine, deadline));
       // The last reduce-scatter step completes this rank's chunk: scale it once, here.
-      if (k == size - 2) {
-        for (float& x : part) x *= inv;
+      if (k == size - 2 && scale != 1.0f) {
+        for (float& x : part) x *= scale;
       }
       if (k + 1 < steps) RETURN_IF_ERROR(link->Send(tag(k + 1, s), part));
     }
   }
   return link->Flush(deadline);
+}
+
+}  // namespace
+
+absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
+                               absl::Span<float> data, absl::Duration timeout,
+                               int64_t segment_elements) {
+  int64_t tags = 0;
+  return RingAllReduce(rank, size, round, /*first_tag=*/-1, link, data, timeout,
+                       segment_elements, 1.0f / static_cast<float>(std::max(size, 1)), &tags);
+}
+
+absl::Status RingAllReduceSum(int rank, int size, int64_t* next_tag, RingLink* link,
+                              absl::Span<float> data, absl::Duration timeout,
+                              int64_t segment_elements) {
+  if (*next_tag < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("next tag must be >= 0, got ", *next_tag));
+  }
+  int64_t tags = 0;
+  RETURN_IF_ERROR(RingAllReduce(rank, size, /*round=*/0, *next_tag, link, data, timeout,
+                                segment_elements, 1.0f, &tags));
+  *next_tag += tags;
+  return absl::OkStatus();
 }
 
 }  // namespace rubato

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
@@ -60,6 +61,14 @@ class RingLink {
   // names the previous rank.
   virtual absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
                                absl::Time deadline) = 0;
+  // Waits until `deadline` for the previous rank's next block (or the end of its connection) to
+  // start arriving, without taking it: true if it has, false at the deadline, which leaves the link
+  // as it was (unlike Receive's). An error if the link has already failed. Lets a rank that has
+  // nothing to send yet learn that another rank started an operation (the partial all-reduce,
+  // worker/ring/partial_allreduce.h). UNIMPLEMENTED by default.
+  virtual absl::StatusOr<bool> Incoming(absl::Time /*deadline*/) {
+    return absl::UnimplementedError("this ring link cannot wait for incoming blocks");
+  }
 };
 
 // Replaces `data` on every rank by the element-wise mean over the `size` ranks. All ranks must call
@@ -71,6 +80,13 @@ class RingLink {
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
                                absl::Span<float> data, absl::Duration timeout,
                                int64_t segment_elements = 0);
+
+// Replaces `data` on every rank by the element-wise sum over the ranks, like RingAllReduceMean but
+// with tags from `*next_tag` on (all ranks must pass the same value), which it advances past the
+// tags it used, so that calls of different lengths can follow one another on one link.
+absl::Status RingAllReduceSum(int rank, int size, int64_t* next_tag, RingLink* link,
+                              absl::Span<float> data, absl::Duration timeout,
+                              int64_t segment_elements = 0);
 
 // The segment length RingAllReduceMean uses for `n` elements over `size` ranks when given 0.
 int64_t DefaultRingSegmentElements(int64_t n, int size);

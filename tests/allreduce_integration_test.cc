@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cinttypes>
 #include <csignal>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,14 +37,15 @@ class AllReduceTest : public ::testing::Test {
     dir_ = ::testing::TempDir();
   }
 
-  void StartRing(int n, const std::vector<std::string>& extra) {
+  void StartRing(int n, const std::vector<std::string>& extra,
+                 const std::string& mode = "allreduce") {
     std::vector<std::string> peers;
     for (int port : FreeLoopbackPorts(n)) peers.push_back(absl::StrCat("127.0.0.1:", port));
     for (int w = 0; w < n; ++w) {
       std::vector<std::string> argv = {binary_,
                                        absl::StrCat("--worker_id=", w),
                                        absl::StrCat("--num_workers=", n),
-                                       "--mode=allreduce",
+                                       absl::StrCat("--mode=", mode),
                                        "--peers=" + absl::StrJoin(peers, ","),
                                        absl::StrCat("--data_dir=", kDataDir),
                                        "--train_limit=6000",
@@ -75,6 +78,57 @@ TEST_F(AllReduceTest, ThreeWorkersLearnWithBitIdenticalParameters) {
     ASSERT_EQ(f.size(), 16u) << out;
     if (w == 0) fingerprint = f;
     EXPECT_EQ(f, fingerprint) << "worker " << w << "'s parameters differ from worker 0's";
+  }
+}
+
+// eager-SGD's partial all-reduce with worker 3 eight times slower: every rank ends on the same
+// weights, the straggler computes far fewer steps than the others, each rank's every gradient was
+// applied or reported dropped, and the job's rounds carried exactly as many gradients as the
+// synchronous job's 60 steps (plus at most what the last round brought beyond them).
+TEST_F(AllReduceTest, PartialRingsGoOnWithoutTheStragglerAndApplyEachGradientOnce) {
+  constexpr int kWorkers = 4, kSteps = 60;
+  for (const std::string mode : {"allreduce:majority", "allreduce:solo"}) {
+    SCOPED_TRACE(mode);
+    workers_.clear();
+    ASSERT_NO_FATAL_FAILURE(StartRing(
+        kWorkers, {absl::StrCat("--steps=", kSteps), "--min_step_ms=10", "--slow_workers=3:8"},
+        mode));
+    std::string fingerprint;
+    std::vector<int64_t> computed(kWorkers);
+    int64_t applied = 0;
+    for (int w = 0; w < kWorkers; ++w) {
+      absl::StatusOr<int> status = workers_[w]->Wait(absl::Seconds(120));
+      ASSERT_TRUE(IsOk(status));
+      const std::string err = workers_[w]->ReadStderr();
+      ASSERT_EQ(*status, 0) << err;
+      const std::string out = workers_[w]->ReadStdout();
+      const std::string f = ParamsFingerprint(out);
+      ASSERT_EQ(f.size(), 16u) << out;
+      if (w == 0) fingerprint = f;
+      EXPECT_EQ(f, fingerprint) << "worker " << w << "'s parameters differ from worker 0's";
+      absl::StatusOr<double> accuracy = FinalTestAccuracy(out);
+      ASSERT_TRUE(IsOk(accuracy));
+      EXPECT_GE(*accuracy, 0.5) << "worker " << w;
+      computed[w] = JsonIntField(DoneLine(out), "computed_steps");
+      // "partial all-reduce rank W: C gradients computed, A applied, D dropped ..."
+      const std::string key = absl::StrCat("partial all-reduce rank ", w, ": ");
+      const size_t at = err.find(key);
+      ASSERT_NE(at, std::string::npos) << err;
+      int64_t c = -1, a = -1, d = -1;
+      ASSERT_EQ(std::sscanf(err.c_str() + at + key.size(),
+                            "%" SCNd64 " gradients computed, %" SCNd64 " applied, %" SCNd64,
+                            &c, &a, &d),
+                3)
+          << err.substr(at, 200);
+      EXPECT_EQ(c, computed[w]) << "worker " << w;
+      EXPECT_EQ(a + d, c) << "worker " << w << ": a gradient neither applied nor dropped";
+      applied += a;
+    }
+    EXPECT_GE(applied, kWorkers * kSteps);
+    EXPECT_LT(applied, kWorkers * kSteps + kWorkers);
+    for (int w = 0; w < 3; ++w) {
+      EXPECT_GT(computed[w], 2 * computed[3]) << "the straggler (worker 3) held worker " << w;
+    }
   }
 }
 

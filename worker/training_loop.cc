@@ -191,6 +191,9 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
   ASSIGN_OR_RETURN(const PullOutcome pulled, PullWeights(step));
   if (pulled.resume >= 0) return pulled.resume;
   t.pulled = pulled.pulled;
+  if (const std::optional<int64_t> last = client_->FinalStep(); last.has_value()) {
+    steps_ = std::min(steps_, std::max(*last, step));  // The client ended the job there.
+  }
   if (options_.skip_to_current_version && pulled.version > step) {
     // backup:b: this step was applied without us; go on from the servers' version.
     const int64_t skipped = std::min(pulled.version, steps_) - step;
@@ -199,6 +202,7 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
     step = pulled.version;
     if (step >= steps_) return step;
   }
+  if (step >= steps_) return step;
   UseBatchOf(step);
   t.drawn = options_.clock->Now();
   ASSIGN_OR_RETURN(rows_, Draw(step));
@@ -358,6 +362,7 @@ absl::Status TrainingLoop::PushAll(int64_t step, absl::Time computed,
 absl::Status TrainingLoop::Account(int64_t step, float loss, const StepTimes& t,
                                    const PsClient::PushResult& pushed) {
   Interval& i = interval_;
+  if (pushed.applied_examples >= 0) applied_examples_ = pushed.applied_examples;
   i.loss += loss;
   i.compute_s += absl::ToDoubleSeconds(t.computed - t.drawn);
   i.delay_s += absl::ToDoubleSeconds(t.computed_delayed - t.computed);
@@ -447,6 +452,9 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
   e->set_examples(r.examples);
   if (options_.work != nullptr) {
     e->set_epochs(RoundDecimals(options_.work->epochs(), 4));
+  } else if (applied_examples_ >= 0 && options_.train_examples > 0) {
+    e->set_epochs(
+        RoundDecimals(static_cast<double>(applied_examples_) / options_.train_examples, 4));
   } else if (options_.train_examples > 0) {
     e->set_epochs(RoundDecimals(
         static_cast<double>(plan_.ExamplesBefore(step)) / options_.train_examples, 4));

@@ -232,6 +232,8 @@ class TrainingLoop {
   // was pulled that way, the next step skips its pull.
   int64_t prefetched_step_ = -1;
   int64_t prefetched_version_ = 0;
+  // The newest PushResult::applied_examples (-1: none): what the eval records' epochs count.
+  int64_t applied_examples_ = -1;
   JobNoiseScale noise_;
   absl::Time start_;
   Interval interval_;

@@ -659,7 +659,13 @@ rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.clip_global_norm = s->cluster.optimizer().clip_global_norm();
   options.start_step = start_step;
-  options.skip_to_current_version = mode == rubato::BACKUP;
+  // backup:b, and the partial all-reduce: steps applied without this worker are skipped. The
+  // partial all-reduce's rounds (steps) go on until they carry the gradients of job.steps
+  // synchronous steps, at most one round per gradient; the client says when they end.
+  const bool partial = mode == rubato::ALLREDUCE &&
+                       s->cluster.consistency().allreduce_quorum() != rubato::QUORUM_ALL;
+  options.skip_to_current_version = mode == rubato::BACKUP || partial;
+  if (partial) options.steps = s->job.steps * s->cluster.num_workers();
   options.rewind_on_rejoin = mode == rubato::BSP || mode == rubato::BACKUP;
   if (s->straggler->enabled()) options.straggler = &*s->straggler;
   options.on_injected_crash = InjectedCrash;

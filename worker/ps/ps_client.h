@@ -72,6 +72,10 @@ class PsClient {
     std::vector<NoiseScaleStats> noise;
     // Adaptive batch: each answering shard's newest batch change (common/batch_plan.h).
     std::vector<BatchChange> batch_changes;
+    // The examples in every gradient the job has applied so far, where the client knows it and
+    // it is not the steps' (the partial all-reduce, whose rounds carry a varying number of
+    // gradients); -1 otherwise.
+    int64_t applied_examples = -1;
   };
   virtual absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                             PushResult* result = nullptr) = 0;
@@ -139,6 +143,11 @@ class PsClient {
   // Placement: the shard of each tensor, and bytes per shard.
   virtual const std::vector<int>& shard_of() const = 0;
   virtual const std::vector<int64_t>& shard_bytes() const = 0;
+
+  // Where the client, not the step count, ends the job: its last step once known (the partial
+  // all-reduce, whose rounds go on until they have carried the job's gradients); the loop ends
+  // there. Unknown (nullopt) by default.
+  virtual std::optional<int64_t> FinalStep() const { return std::nullopt; }
 
  protected:
   // For the implementations: the PushRequest fields SetPushExtras set, and the plan Register

@@ -16,6 +16,7 @@
 #include "common/tensor_bytes.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "worker/ring/partial_allreduce.h"
 #include "worker/ring/ring_peer.h"
 #include "worker/ring/ring_tcp.h"
 
@@ -39,6 +40,7 @@ class AllReduceClient final : public PsClient {
   }
 
   ~AllReduceClient() override {
+    if (partial_ != nullptr) partial_->Stop();  // Its thread uses link_.
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
 
@@ -99,7 +101,11 @@ class AllReduceClient final : public PsClient {
       return absl::Status(s.code(), absl::StrCat("ring rank ", options_.rank,
                                                  " (--connect_timeout_ms): ", s.message()));
     }
-    params_.assign(initial.begin(), initial.end());
+    {
+      absl::MutexLock lock(&params_mu_);
+      params_.assign(initial.begin(), initial.end());
+    }
+    batch_size_ = batch_size;
     ScheduleContext context;
     context.global_batch = int64_t{batch_size} * size_;
     context.steps_per_epoch = options_.steps_per_epoch;
@@ -108,14 +114,23 @@ class AllReduceClient final : public PsClient {
                      LearningRateScheduler::Create(options_.cluster.optimizer().learning_rate(),
                                                    options_.cluster.lr_schedule(), context));
     schedule_ = std::move(schedule);
+    if (options_.cluster.consistency().allreduce_quorum() != QUORUM_ALL) StartPartial();
     return 0;
   }
 
   absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
                     int64_t* min_version) override {
+    absl::MutexLock lock(&params_mu_);
     for (size_t i = 0; i < params_.size(); ++i) params[i] = params_[i];
-    if (min_version != nullptr) *min_version = step;
+    // The partial all-reduce's weights are those of every round done so far, which may be more
+    // than `step` (this rank's gradients missed rounds): the loop skips to them.
+    if (min_version != nullptr) *min_version = partial_ != nullptr ? partial_->rounds_done() : step;
     return absl::OkStatus();
+  }
+
+  std::optional<int64_t> FinalStep() const override {
+    if (partial_ == nullptr || !partial_->finished()) return std::nullopt;
+    return partial_->rounds_done();
   }
 
   absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
@@ -127,26 +142,86 @@ class AllReduceClient final : public PsClient {
       std::copy(grads[i].begin(), grads[i].end(), flat_.begin() + offset);
       offset += elements_[i];
     }
+    if (result != nullptr) *result = PushResult();
+    if (partial_ != nullptr) return PushPartial(step, result);
     RETURN_IF_ERROR(RingAllReduceMean(options_.rank, size_, step, link_.get(),
                                       absl::MakeSpan(flat_), options_.timeout));
-    const float lr = static_cast<float>(schedule_->At(step));
-    offset = 0;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      optimizer_->Update(lr, absl::MakeConstSpan(flat_).subspan(offset, elements_[i]),
-                         absl::MakeSpan(params_[i]), roles_[i], &states_[i]);
-      offset += elements_[i];
-    }
-    if (result != nullptr) *result = PushResult();
-    return absl::OkStatus();
+    absl::MutexLock lock(&params_mu_);
+    return Apply(step, flat_);
   }
 
   absl::Status Heartbeat(int64_t /*step*/) override { return absl::OkStatus(); }
-  // No servers to tell: each rank ends by itself after its last all-reduce.
-  absl::Status Finish(int64_t /*steps*/) override { return absl::OkStatus(); }
+  // No servers to tell: each rank ends by itself after its last all-reduce (the partial
+  // all-reduce: once its communication thread has taken part in every round).
+  absl::Status Finish(int64_t /*steps*/) override {
+    if (partial_ == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(partial_->Wait(absl::Now() + options_.timeout));
+    const PartialAllReduce::Counts c = partial_->counts();
+    RUBATO_LOG(INFO) << "partial all-reduce rank " << options_.rank << ": " << c.contributed
+                     << " gradients computed, " << c.sent << " applied, " << c.dropped
+                     << " dropped (still pending after the last round); " << c.polls
+                     << " activation polls";
+    return absl::OkStatus();
+  }
   const std::vector<int>& shard_of() const override { return no_shards_; }
   const std::vector<int64_t>& shard_bytes() const override { return no_bytes_; }
 
  private:
+  // The optimizer step of update `step` with the mean gradient `mean` (all tensors end to end).
+  absl::Status Apply(int64_t step, absl::Span<const float> mean)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(params_mu_) {
+    const float lr = static_cast<float>(schedule_->At(step));
+    int64_t offset = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      optimizer_->Update(lr, mean.subspan(offset, elements_[i]), absl::MakeSpan(params_[i]),
+                         roles_[i], &states_[i]);
+      offset += elements_[i];
+    }
+    return absl::OkStatus();
+  }
+
+  void StartPartial() {
+    PartialAllReduceOptions partial;
+    partial.rank = options_.rank;
+    partial.size = size_;
+    partial.quorum = options_.cluster.consistency().allreduce_quorum() == QUORUM_SOLO
+                         ? 1
+                         : (size_ + 1) / 2;
+    // As many rounds as carry the gradients of the synchronous job's steps (each carries >= 1).
+    partial.gradients = options_.total_steps * size_;
+    partial.rounds = partial.gradients;
+    partial.elements = total_;
+    partial.timeout = options_.timeout;
+    RUBATO_LOG(INFO) << "ring rank " << options_.rank << ": partial all-reduce, a round goes on "
+                     << "once " << partial.quorum << " of " << size_
+                     << " ranks have a gradient ready, until the rounds have carried "
+                     << partial.gradients << " gradients";
+    partial_ = std::make_unique<PartialAllReduce>(
+        partial, link_.get(),
+        [this](int64_t round, absl::Span<const float> mean, int64_t gradients) {
+          absl::MutexLock lock(&params_mu_);
+          // The schedule's step: the synchronous steps whose gradients the job has applied.
+          const int64_t progress = applied_gradients_ / size_;
+          applied_gradients_ += gradients;
+          return Apply(progress, mean);
+        });
+  }
+
+  // Hands this rank's gradient (in flat_) to the partial all-reduce and waits until a round has
+  // applied it (its staleness: the rounds between its weights and that round) or the rounds are
+  // over (dropped).
+  absl::Status PushPartial(int64_t step, PushResult* result) {
+    ASSIGN_OR_RETURN(const PartialAllReduce::Outcome outcome,
+                     partial_->Contribute(flat_, absl::Now() + options_.timeout));
+    if (result != nullptr) {
+      if (outcome.round < 0) result->dropped = 1;
+      result->max_staleness = std::max<int64_t>(0, outcome.round - step);
+      absl::MutexLock lock(&params_mu_);
+      result->applied_examples = applied_gradients_ * batch_size_;
+    }
+    return absl::OkStatus();
+  }
+
   const AllReduceOptions options_;
   const int size_;
   const std::unique_ptr<Optimizer> optimizer_;
@@ -154,6 +229,9 @@ class AllReduceClient final : public PsClient {
   // failed all-reduce the link may still be sending blocks that point into it (Send does not copy),
   // until its destructor has closed or cancelled the stream and gRPC is done with it.
   std::vector<float> flat_;
+  // allreduce:majority, allreduce:solo (its buffers, like flat_, outlive link_; the destructor
+  // stops its thread first).
+  std::unique_ptr<PartialAllReduce> partial_;
   RingMailbox mailbox_;                    // Before data_, service_ and link_, which use it.
   std::unique_ptr<TcpRingListener> data_;  // With the TCP transport.
   std::unique_ptr<RingPeerService> service_;
@@ -163,7 +241,11 @@ class AllReduceClient final : public PsClient {
   std::vector<int64_t> elements_;
   std::vector<TensorRole> roles_;
   int64_t total_ = 0;
-  std::vector<std::vector<float>> params_;
+  // The weights: written by Push (synchronous) or the partial all-reduce's thread, read by Pull.
+  absl::Mutex params_mu_;
+  std::vector<std::vector<float>> params_ ABSL_GUARDED_BY(params_mu_);
+  int64_t applied_gradients_ ABSL_GUARDED_BY(params_mu_) = 0;  // The partial all-reduce's.
+  int64_t batch_size_ = 0;
   std::vector<TensorOptimizerState> states_;
   std::optional<LearningRateScheduler> schedule_;
   const std::vector<int> no_shards_;

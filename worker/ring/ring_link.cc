@@ -314,6 +314,10 @@ absl::Status GrpcRingLink::Flush(absl::Time deadline) {
   return stream_->WaitAcknowledged(deadline);
 }
 
+absl::StatusOr<bool> GrpcRingLink::Incoming(absl::Time deadline) {
+  return mailbox_->AwaitAny(deadline);
+}
+
 absl::Status GrpcRingLink::Receive(int64_t tag, absl::Span<float> out, Combine combine,
                                    absl::Time deadline) {
   absl::Status status = mailbox_->Take(tag, out, combine, deadline);

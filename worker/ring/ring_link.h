@@ -62,6 +62,7 @@ class GrpcRingLink final : public RingLink {
   absl::Status Flush(absl::Time deadline) override;
   absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
                        absl::Time deadline) override;
+  absl::StatusOr<bool> Incoming(absl::Time deadline) override;
 
   class Stream;  // The client stream's reactor and its queue (worker/ring/ring_link.cc).
 

@@ -37,6 +37,14 @@ constexpr absl::Duration kBrokenStreamGrace = absl::Seconds(1);
 // A Take still waiting says so this often: what it waits for, on whom, and until when.
 constexpr absl::Duration kStallReport = absl::Seconds(5);
 
+bool RingMailbox::AwaitAny(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto any = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !blocks_.empty() || !broken_.empty() || !aborted_.ok();
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&any), deadline);
+}
+
 absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
                                absl::Time deadline) {
   RingPayload payload;

@@ -43,6 +43,10 @@ class RingMailbox {
   absl::Status Take(int64_t tag, absl::Span<float> out, RingLink::Combine combine,
                     absl::Time deadline);
 
+  // Waits until `deadline` for any block to be here, or the stream from the previous rank to end:
+  // true then, false at the deadline.
+  bool AwaitAny(absl::Time deadline);
+
   // The service reports the previous rank's stream: opened, or ended other than by the sender
   // closing it (the sender died or cancelled; `why` says how). Take then fails at once for blocks
   // that did not come.

@@ -492,6 +492,24 @@ absl::Status TcpRingLink::IncomingBroke(absl::string_view why) {
       absl::StrCat("all-reduce: the data connection from rank ", prev_rank_, " broke: ", why));
 }
 
+absl::StatusOr<bool> TcpRingLink::Incoming(absl::Time deadline) {
+  if (!receive_error_.ok()) return receive_error_;
+  if (in_fd_ < 0) {  // Not connected yet (Connect accepts it): no block can have come.
+    absl::StatusOr<int> fd = listener_->Accept(deadline);
+    if (absl::IsDeadlineExceeded(fd.status())) return false;
+    if (!fd.ok()) return fd.status();
+    in_fd_ = *fd;
+  }
+  pollfd p{in_fd_, POLLIN, 0};
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  const timespec wait = absl::ToTimespec(left);
+  const int ready = ::ppoll(&p, 1, &wait, nullptr);
+  if (ready < 0 && errno != EINTR) {
+    return IncomingBroke(absl::StrCat("poll: ", std::strerror(errno)));
+  }
+  return ready > 0;  // Bytes, an end, or an error: the next Receive tells which.
+}
+
 absl::Status TcpRingLink::Receive(int64_t tag, absl::Span<float> out, Combine combine,
                                   absl::Time deadline) {
   if (!receive_error_.ok()) return receive_error_;

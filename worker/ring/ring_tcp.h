@@ -156,6 +156,8 @@ class TcpRingLink final : public RingLink {
   absl::Status Flush(absl::Time deadline) override;
   absl::Status Receive(int64_t tag, absl::Span<float> out, Combine combine,
                        absl::Time deadline) override;
+  // Polls the connection from the previous rank (accepting it first, within `deadline`).
+  absl::StatusOr<bool> Incoming(absl::Time deadline) override;
 
  private:
   // One frame on its way: the header, then `bytes` of the caller's memory; `sent` counts both.
