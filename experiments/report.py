@@ -20,6 +20,9 @@ plots, each drawn only where the suite has what it needs:
   timeline            per worker of one run of each suite.timeline cell: compute, communication
                       and waiting over the run (analysis.timeline says how waiting is estimated)
   noise_scale         the gradient noise scale the servers measured over training (bsp, backup)
+  methods_vs_bsp      time to target of the best fixed mode and each mitigation method per
+                      straggler pattern, relative to straggler-free bsp (suites with mode and
+                      pattern axes; experiments/method_table.py), with its table in report.md
   accuracy_vs_batch   final accuracy (equal epochs) against the global batch, workers x
                       batch_size, a line per configuration (the lr-scaling study's recipes), with
                       the measured noise scale B_simple marked (suites whose cells differ in it)
@@ -36,7 +39,6 @@ does not see Debian's packages (a pyenv one, say) is pointed at them.
 import csv
 import html
 import json
-import math
 import os
 import platform
 import subprocess
@@ -46,7 +48,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from experiments import analysis, stats  # noqa: E402
+from experiments import analysis, method_table, report_batch  # noqa: E402
+from experiments.report_common import pm as _pm, save as _save, to_float as _float  # noqa: E402
 
 DEBIAN_PACKAGES = "/usr/lib/python3/dist-packages"
 STALENESS_BUCKETS = ["0", "1", "2", "3", "4-7", "8-15", "16-31", ">=32"]
@@ -140,25 +143,6 @@ def _summarize(results):
     rows = [dict({m: r.get(m, "") for m in run_suite.METRICS}, cell=r["cell"],
                  ok=r["ok"] == "True") for r in results]
     return run_suite.summarize(rows)
-
-
-def _save(plt, fig, plots_dir, name, rect=(0, 0, 1, 1)):
-    fig.tight_layout(rect=rect)
-    for ext in ("png", "svg"):
-        fig.savefig(os.path.join(plots_dir, "%s.%s" % (name, ext)),
-                    dpi=110 if ext == "png" else None, metadata=_metadata(ext))
-    plt.close(fig)
-    return name
-
-
-def _metadata(ext):
-    # Files that depend only on the data (no creation date), so that a redrawn report is equal.
-    return {"png": {"Software": None}, "svg": {"Date": None}}.get(ext)
-
-
-def _float(row, key):
-    value = row.get(key, "")
-    return float(value) if value not in ("", None) else None
 
 
 def plot_accuracy(plt, data, plots_dir):
@@ -426,158 +410,8 @@ def plot_noise_scale(plt, data, plots_dir):
 
 FASHION_MNIST_TRAIN = 60000
 
-NOISE_LABEL = "measured B_simple (McCandlish et al. 2018)"
-
-
-def noise_text(noise):
-    """The measured noise scale in words: its median over the runs and its range over the global
-    batches (each run measures its own)."""
-    if noise is None:
-        return "No run measured B_simple."
-    return ("%s, over the runs that reached the target (a diverged run measures gradients far "
-            "from the others'): median %.0f over the %d runs at the smallest global batch (%d; "
-            "the most steps, trained furthest: the noise scale grows as the loss falls); its "
-            "median per global batch ranges from %.0f (batch %d) to %.0f (batch %d), lower at "
-            "large batches, which end after fewer steps at a higher loss." % (
-                "M" + NOISE_LABEL[1:], noise["median"], noise["runs"], noise["batch"],
-                noise["low"][1], noise["low"][0], noise["high"][1], noise["high"][0]))
-
-
-def _noise(data):
-    return analysis.noise_summary(data.results, dict(data.planned))
-
-
-def _mark_noise(ax, noise):
-    """B_simple on a plot against the global batch: a line at its median over the runs, a band
-    over its medians per global batch."""
-    if noise is None or noise["median"] <= 0:
-        return
-    low, high = noise["low"][1], noise["high"][1]
-    if 0 < low < high:
-        ax.axvspan(low, high, color="grey", alpha=0.12, lw=0,
-                   label="B_simple, median per batch: %.0f to %.0f" % (low, high))
-    ax.axvline(noise["median"], color="k", lw=1.0, ls="-.",
-               label="%s at batch %d, median %.0f" % (NOISE_LABEL, noise["batch"],
-                                                        noise["median"]))
-
-
-def _batch_axis(ax, batches):
-    """A log2 x axis with a tick at each global batch, and the legend beside the plot."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(batches)
-    ax.set_xticklabels([str(b) for b in batches])
-    ax.set_xticks([], minor=True)
-    ax.set_xlabel("global batch (workers x batch_size per worker)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-
-
-def _log_label(value, _):
-    """A log axis's tick label: plain numbers at 1, 2 and 5 times a power of ten, none between."""
-    if value <= 0:
-        return ""
-    return "%g" % value if round(value / 10 ** math.floor(math.log10(value) + 1e-9)) in (
-        1, 2, 5) else ""
-
-
-def _epochs(data):
-    return "/".join(sorted({str(f.get("epochs", "?")) for _, f in data.cells}))
-
-
-def plot_accuracy_vs_batch(plt, data, plots_dir):
-    if data.batch_series is None:
-        return None
-    grid = {g["cell"]: g for g in analysis.batch_grid(data.batch_series, data.results)}
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    batches = set()
-    for i, (label, points) in enumerate(data.batch_series.items()):
-        pts = [(b, grid[c]["accuracy"]) for b, c in points if grid[c]["accuracy"]]
-        if not pts:
-            continue
-        xs = [b for b, _ in pts]
-        color = "C%d" % (i % 10)
-        ax.plot(xs, [analysis.median(v) for _, v in pts], "--" if i >= 10 else "-",
-                marker="o", ms=4, lw=1.4, color=color, label=label)
-        ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], color=color,
-                        alpha=0.12, lw=0)
-        batches.update(xs)
-    if len(batches) < 2:
-        plt.close(fig)
-        return None
-    ax.axhline(data.suite["target_accuracy"], color="k", lw=0.8, ls=":")
-    _mark_noise(ax, _noise(data))
-    _batch_axis(ax, sorted(batches))
-    ax.set_ylabel("final test accuracy (epochs: %s)" % _epochs(data))
-    ax.set_title("%s: final test accuracy at an equal number of epochs against the global "
-                 "batch\nline: median over seeds; band: lowest to highest run; dotted: target"
-                 % data.suite["name"], fontsize=9)
-    return _save(plt, fig, plots_dir, "accuracy_vs_batch")
-
-
-def plot_steps_vs_batch(plt, data, plots_dir):
-    if data.batch_series is None:
-        return None
-    grid = {g["cell"]: g for g in analysis.batch_grid(data.batch_series, data.results)}
-    target = data.suite["target_accuracy"]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    batches, missing = set(), False
-    for i, (label, points) in enumerate(data.batch_series.items()):
-        color = "C%d" % (i % 10)
-        xs, ys, lo, hi, none = [], [], [], [], []
-        for batch, cell in points:
-            g = grid[cell]
-            if not g["steps"]:
-                if g["ok"]:  # Finished, never reached it: a gap in the line, not a zero.
-                    none.append(batch)
-                    xs.append(batch)
-                    ys.append(float("nan"))
-                    lo.append(0)
-                    hi.append(0)
-                continue
-            m = analysis.median(g["steps"])
-            xs.append(batch)
-            ys.append(m)
-            lo.append(m - min(g["steps"]))
-            hi.append(max(g["steps"]) - m)
-            if len(g["steps"]) < g["ok"]:
-                ax.annotate("%d/%d" % (len(g["steps"]), g["ok"]), (batch, m), xytext=(4, 3),
-                            textcoords="offset points", fontsize=6.5, color=color)
-            batches.add(batch)
-        if len(xs) > len(none):
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=3, lw=1.2,
-                        ls="--" if i >= 10 else "-", color=color, label=label)
-        if none:  # Near the top, a row per line so that lines missing at one batch all show.
-            ax.plot(none, [0.97 - 0.035 * (i % 10)] * len(none), "x", ms=5, mew=1.5, color=color,
-                    transform=ax.get_xaxis_transform(), clip_on=False)
-            batches.update(none)
-            missing = True
-    if len(batches) < 2 or not any(grid[c]["steps"] for c in grid):
-        plt.close(fig)
-        return None
-    if missing:
-        ax.plot([], [], "x", color="grey", mew=1.5,
-                label="no run reached %.2f (missing, not 0)" % target)
-    _mark_noise(ax, _noise(data))
-    _batch_axis(ax, sorted(batches))
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(_log_label))
-    ax.yaxis.set_minor_formatter(plt.FuncFormatter(_log_label))
-    ax.set_ylabel("steps to %.2f test accuracy" % target)
-    ax.set_title("%s: steps to %.2f test accuracy against the global batch\nmedian of the runs "
-                 "that reached it; bars: lowest to highest; k/n: how many did; x at the top: "
-                 "none did" % (data.suite["name"], target), fontsize=9)
-    return _save(plt, fig, plots_dir, "steps_to_target_vs_batch")
-
-
-def _batch_caption(what, how):
-    """The caption of a plot against the global batch, with the measured noise scale."""
-    def caption(data):
-        return ("%s against the global batch (workers x batch_size; log scale, base 2), a line "
-                "per configuration: %s The dash-dotted vertical line is the gradient noise scale "
-                "B_simple that the runs measured (McCandlish et al. 2018): at a batch equal to it "
-                "training takes about twice the fewest steps any batch could, and beyond it a "
-                "larger batch saves ever fewer steps; the grey band spans its medians per global "
-                "batch. %s" % (what, how, noise_text(_noise(data))))
-    return caption
+def plot_methods(plt, data, plots_dir):
+    return method_table.plot(plt, data.summary, data.suite, plots_dir, _save)
 
 
 PLOTS = [
@@ -600,11 +434,15 @@ PLOTS = [
     ("noise_scale", plot_noise_scale,
      "The gradient noise scale the servers measured (bsp and backup runs; McCandlish et al. "
      "2018): training at a batch near it is about half as fast per step as at an infinite batch."),
-    ("accuracy_vs_batch", plot_accuracy_vs_batch, _batch_caption(
+    ("methods_vs_bsp", plot_methods,
+     "Time to target under the best fixed consistency mode and each straggler-mitigation "
+     "method, pattern by pattern, divided by bsp's without a straggler (the dotted line; below "
+     "it is faster); bars: the cell's 95% interval where it has several seeds."),
+    ("accuracy_vs_batch", report_batch.plot_accuracy_vs_batch, report_batch.batch_caption(
         "Final test accuracy after the same number of epochs (equal work, so fewer steps at "
         "larger batches)",
         "the median over the seeds, and a band from the lowest to the highest run.")),
-    ("steps_to_target_vs_batch", plot_steps_vs_batch, _batch_caption(
+    ("steps_to_target_vs_batch", report_batch.plot_steps_vs_batch, report_batch.batch_caption(
         "Steps to the target accuracy (log scale)",
         "the median over the runs that reached it (the step of the first evaluation at or above "
         "it, so no finer than the cell's eval_every), bars from the lowest to the highest; k/n "
@@ -681,64 +519,6 @@ def table(data):
     return header, out
 
 
-def batch_table(data):
-    """The table per configuration and global batch, for suites whose cells differ in it:
-    (header, rows) of strings, or None."""
-    if data.batch_series is None:
-        return None
-    header = ["configuration", "global batch", "runs ok",
-              "final accuracy (epochs: %s)" % _epochs(data),
-              "steps to %.2f" % data.suite["target_accuracy"], "runs that reached it",
-              "B_simple (median)"]
-    out = []
-    for g in analysis.batch_grid(data.batch_series, data.results):
-        out.append([g["label"], str(g["batch"]), "%d/%d" % (g["ok"], g["runs"]),
-                    _pm(_interval("a", g["accuracy"]), "a", 4),
-                    _pm(_interval("s", g["steps"]), "s", 0), "%d/%d" % (len(g["steps"]), g["ok"]),
-                    "n/a" if g["noise"] is None else "%.0f" % g["noise"]])
-    return header, out
-
-
-def _interval(metric, values):
-    """A summary.csv row of `values` for _pm: their mean and 95% interval (experiments/stats.py)."""
-    if not values:
-        return {}
-    lo, hi = stats.ci95(values)
-    return {metric + "_n": len(values), metric + "_mean": stats.mean(values),
-            metric + "_ci95_lo": lo, metric + "_ci95_hi": hi}
-
-
-def batch_notes(data):
-    """Sentences that say what the table per global batch compares."""
-    noise = _noise(data)
-    out = [
-        "Global batch: examples per step, workers x batch_size; each row is one cell of the "
-        "suite. Final accuracy: mean ± half-width of the 95% interval over the runs that "
-        "finished, after the same number of epochs at every batch.",
-        "Steps to target: the job step of the first evaluation at or above %.2f (so no finer "
-        "than the cell's eval_every), mean ± 95%% interval over the runs that reached it; the "
-        "next column says how many of the runs that finished did." % (
-            data.suite["target_accuracy"]),
-        "B_simple: the median over the cell's runs of the gradient noise scale tr(Sigma)/|G|^2 "
-        "that the servers measured (their moving averages at the end of each run). " +
-        noise_text(noise),
-    ]
-    if noise is not None:
-        out.append("B_simple per global batch (median over its runs, runs): " + ", ".join(
-            "%d: %.0f (%d)" % (b, m, n) for b, (m, n) in noise["by_batch"].items()) + ".")
-    return out
-
-
-def _pm(row, metric, digits):
-    m = _float(row, metric + "_mean")
-    if m is None:
-        return "n/a"
-    lo, hi = _float(row, metric + "_ci95_lo"), _float(row, metric + "_ci95_hi")
-    if int(row.get(metric + "_n") or 0) < 2 or lo is None:
-        return "%.*f" % (digits, m)
-    return "%.*f ± %.*f" % (digits, m, digits, (hi - lo) / 2)
-
-
 def notes(data):
     """Sentences that say what the table compares."""
     s = data.suite
@@ -796,7 +576,7 @@ def write(out):
             drawn.append((name, caption(data) if callable(caption) else caption))
     env = environment(out)
     header, rows = table(data)
-    batches = batch_table(data)
+    batches = report_batch.batch_table(data)
     s = data.suite
 
     md = ["# Experiment %s" % s["name"], "", s.get("description") or "", "",
@@ -804,9 +584,13 @@ def write(out):
           "Suite file: `%s`; output: `%s`; began %s." % (s["path"], out, s.get("began", "?")), "",
           "## Results", ""] + _md_table(header, rows)
     md += [""] + ["- " + n for n in notes(data)] + [""]
+    methods = method_table.table(data.summary)
+    if methods:
+        md += ["## Methods against straggler-free bsp", ""] + _md_table(*methods[:2]) + [""]
+        md += ["- " + n for n in methods[2]] + [""]
     if batches:
         md += ["## Against the global batch", ""] + _md_table(*batches) + [""]
-        md += ["- " + n for n in batch_notes(data)] + [""]
+        md += ["- " + n for n in report_batch.batch_notes(data)] + [""]
     md += ["## Plots", ""]
     for name, caption in drawn:
         md += ["### %s" % name, "", "![%s](plots/%s.png)" % (name, name), "", caption, ""]
@@ -830,9 +614,12 @@ def write(out):
              e(s["path"]), e(out), e(s.get("began", "?"))),
          "<h2>Results</h2>"] + _html_table(header, rows)
     h += ["<ul>"] + ["<li>%s</li>" % e(n) for n in notes(data)] + ["</ul>"]
+    if methods:
+        h += ["<h2>Methods against straggler-free bsp</h2>"] + _html_table(*methods[:2])
+        h += ["<ul>"] + ["<li>%s</li>" % e(n) for n in methods[2]] + ["</ul>"]
     if batches:
         h += ["<h2>Against the global batch</h2>"] + _html_table(*batches)
-        h += ["<ul>"] + ["<li>%s</li>" % e(n) for n in batch_notes(data)] + ["</ul>"]
+        h += ["<ul>"] + ["<li>%s</li>" % e(n) for n in report_batch.batch_notes(data)] + ["</ul>"]
     h += ["<h2>Plots</h2>"]
     for name, caption in drawn:
         h += ["<h3>%s</h3>" % e(name),
