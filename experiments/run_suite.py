@@ -123,7 +123,7 @@ def run_one(run, out_dir, bin_dir, target, log):
         row[m] = "" if value is None else value
     noise = summary.get("noise_scale") or {}
     row["noise_scale"] = "" if noise.get("b_simple_ema") is None else noise["b_simple_ema"]
-    if summary.get("mode") == "allreduce":  # No servers: every rank applies every step itself.
+    if summary.get("mode", "").partition(":")[0] == "allreduce":  # No servers: ranks apply.
         row["applied_updates"] = row["mean_staleness_lower_bound"] = ""
     row["evals"] = summary.get("evals") or []  # For accuracy_at_budget; not a CSV column.
     updates = analysis.model_updates(summary) if row["ok"] else None

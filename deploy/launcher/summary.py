@@ -116,8 +116,13 @@ def worker_results(views, wall, target_accuracy):
     out["worker_started_s"] = [None if v.started_at is None else round(v.started_at, 3)
                                for v in views]
     worker_steps = sum(v.step.get("step", 0) for v in views)
-    examples = sum(examples_drawn(v.step.get("step", 0), v.start.get("batch_size", 0),
-                                  out["batch_changes"]) for v in views)
+    # The examples the workers drew: their computed steps where their done records say (a worker
+    # that skips steps, under backup:b or the partial all-reduce, draws none for them), else the
+    # steps their records reached, at the adaptive batch's sizes.
+    examples = sum(v.done["computed_steps"] * v.start.get("batch_size", 0)
+                   if v.done and "computed_steps" in v.done and not out["batch_changes"]
+                   else examples_drawn(v.step.get("step", 0), v.start.get("batch_size", 0),
+                                       out["batch_changes"]) for v in views)
     out["worker_steps_per_s"] = round(worker_steps / max(wall, 1e-9), 2)
     out["examples_per_s"] = round(examples / max(wall, 1e-9), 1)
     return out

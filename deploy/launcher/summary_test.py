@@ -145,6 +145,19 @@ class SummarizeTest(unittest.TestCase):
         self.assertEqual(got["staleness_histogram"]["0"], 3)
         self.assertEqual(got["mean_staleness_lower_bound"], 0.25)
 
+    def test_examples_count_the_steps_a_skipping_worker_computed(self):
+        # Worker 1 (a straggler under backup:b or the partial all-reduce) reached step 20 but
+        # computed 5 of them: it drew 5 batches, not 20.
+        views = [
+            FakeView(0, evals=[(2.0, 0.8, 20)], done={"steps": 20, "computed_steps": 20},
+                     step={"step": 20}, start={"batch_size": 8}, started_at=0.0),
+            FakeView(1, evals=[], done={"steps": 20, "computed_steps": 5},
+                     step={"step": 20}, start={"batch_size": 8}, started_at=0.0),
+        ]
+        workers = [FakeProc("worker-%d" % i, programs.WORKER_PROGRAM, "done") for i in range(2)]
+        got = summary.summarize(views, 5.0, job_args(), None, "run", workers, [])
+        self.assertEqual(got["examples_per_s"], (20 + 5) * 8 / 5.0)
+
     def test_under_bsp_only_worker_0_evaluates(self):
         # Worker 1 finished last but, holding the same weights, evaluated nothing: the accuracy is
         # worker 0's, and both workers' done records are listed.
