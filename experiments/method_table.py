@@ -110,7 +110,7 @@ def table(summary_rows):
         "Time to target divided by bsp's without a straggler (pattern none): %.1f s. Below 1: "
         "faster than that." % reference_s,
         "Best fixed mode: the fastest of %s for the pattern, named." % ", ".join(FIXED),
-        "[lo, hi]: the cell's 95%% interval over its seeds divided by the reference's mean; none "
+        "[lo, hi]: the cell's 95% interval over its seeds divided by the reference's mean; none "
         "with one seed. Not reached: no run of the cell reached the target.",
     ]
     return header, rows, notes

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -87,12 +88,16 @@ TEST_F(AllReduceTest, ThreeWorkersLearnWithBitIdenticalParameters) {
 // synchronous job's 60 steps (plus at most what the last round brought beyond them).
 TEST_F(AllReduceTest, PartialRingsGoOnWithoutTheStragglerAndApplyEachGradientOnce) {
   constexpr int kWorkers = 4, kSteps = 60;
-  for (const std::string mode : {"allreduce:majority", "allreduce:solo"}) {
-    SCOPED_TRACE(mode);
+  // Both quorums over the TCP ring, and majority over the gRPC one (what TLS jobs use).
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"allreduce:majority", "tcp"}, {"allreduce:solo", "tcp"}, {"allreduce:majority", "grpc"}};
+  for (const auto& [mode, transport] : runs) {
+    SCOPED_TRACE(absl::StrCat(mode, " over ", transport));
     workers_.clear();
-    ASSERT_NO_FATAL_FAILURE(StartRing(
-        kWorkers, {absl::StrCat("--steps=", kSteps), "--min_step_ms=10", "--slow_workers=3:8"},
-        mode));
+    ASSERT_NO_FATAL_FAILURE(StartRing(kWorkers,
+                                      {absl::StrCat("--steps=", kSteps), "--min_step_ms=10",
+                                       "--slow_workers=3:8", "--ring_transport=" + transport},
+                                      mode));
     std::string fingerprint;
     std::vector<int64_t> computed(kWorkers);
     int64_t applied = 0;

@@ -129,7 +129,7 @@ def local_rank(args, program, index):
         else:
             r, host = plan.server_local_ranks[index], plan.server_hosts[index]
         return r, plan.local_sizes[host]
-    servers = 0 if args.mode.partition(":")[0] == "allreduce" else args.servers
+    servers = 0 if (args.mode or "").partition(":")[0] == "allreduce" else args.servers
     return (index if program == WORKER_PROGRAM else args.workers + index), args.workers + servers
 
 
@@ -178,7 +178,7 @@ def worker_command(args, worker_bin, worker, where, cluster, plan=None):
     """argv of worker `worker`; `where`: servers_flag or peers_flag. An allreduce rank across hosts
     listens on its fixed ports. --local_rank picks its GPU on a host with several."""
     listen = []
-    if plan and args.mode.partition(":")[0] == "allreduce":
+    if plan and (args.mode or "").partition(":")[0] == "allreduce":
         listen = ["--listen=0.0.0.0:%d" % plan.rank_ports[worker],
                   "--ring_data_port=%d" % plan.rank_data_ports[worker]]
     rank = ["--local_rank=%d" % local_rank(args, WORKER_PROGRAM, worker)[0]]

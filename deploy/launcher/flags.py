@@ -244,7 +244,7 @@ def parse_args(argv):
 def _check_job(p, args):
     if args.servers < 1 or args.workers < 1:
         p.error("--servers and --workers must be >= 1")
-    if args.mode.partition(":")[0] == "allreduce":
+    if (args.mode or "").partition(":")[0] == "allreduce":
         args.servers = 0  # The workers form a ring; no parameter servers.
     if args.timeout <= 0 or args.startup_timeout <= 0 or args.refresh <= 0:
         p.error("--timeout, --startup_timeout and --refresh must be > 0")

@@ -110,7 +110,7 @@ class Job:
             proc = self.remote("server-%d" % s, SERVER_PROGRAM, s, plan.server_hosts[s], argv)
             self.procs.append(proc)
             self.servers.append(proc)
-        if args.mode.partition(":")[0] == "allreduce":
+        if (args.mode or "").partition(":")[0] == "allreduce":
             print("rubato: allreduce ring of %d worker(s) (%s) through --rsh '%s'; run "
                   "directory %s" % (args.workers, plan.peers(), args.rsh, self.run_dir),
                   flush=True)
@@ -126,7 +126,7 @@ class Job:
         has no servers: the workers listen on free ports chosen here and form a ring. Returns the
         workers' --servers or --peers flag."""
         args, run_dir = self.args, self.run_dir
-        allreduce = args.mode.partition(":")[0] == "allreduce"
+        allreduce = (args.mode or "").partition(":")[0] == "allreduce"
         for s in range(0 if allreduce else args.servers):
             port_file = commands.port_file(run_dir, s)
             if os.path.exists(port_file):

@@ -192,7 +192,7 @@ def preflight_needs(args, plan, remote_bin_dir):
     """host -> (executables, files, names) that the preflight checks there."""
     data_dir = args.data_dir or DEFAULT_DATA_DIR
     used = [h for h, _ in plan.hosts if h in plan.server_hosts or h in plan.worker_hosts]
-    allreduce = args.mode.partition(":")[0] == "allreduce"
+    allreduce = (args.mode or "").partition(":")[0] == "allreduce"
     needs = {}
     for host in used:
         executables, files, names = [], [], []

@@ -102,7 +102,7 @@ class Supervisor:
         outcomes = [p.outcome() for p in self.job.workers]
         for p, (state, reason) in zip(self.job.workers, outcomes):
             if state in ("FAILED", "crashed") and p.name not in self.noted:
-                if self.args.mode.partition(":")[0] != "allreduce":
+                if (self.args.mode or "").partition(":")[0] != "allreduce":
                     reason += ("; the servers drop it after its lease (%s ms) and the others "
                                "carry on" % (self.args.lease_ms or DEFAULT_LEASE_MS))
                 elif not self.noted:

@@ -54,14 +54,18 @@ absl::Status RingMailbox::Take(int64_t tag, absl::Span<float> out, RingLink::Com
       return blocks_.count(tag) > 0 || !broken_.empty() || !aborted_.ok();
     };
     const absl::Time began = absl::Now();
+    absl::Time report = began + kStallReport;
     for (;;) {
-      const absl::Time report = absl::Now() + kStallReport;
       if (mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, report))) break;
       const absl::Time now = absl::Now();
       if (now >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "all-reduce timed out waiting for block ", tag, " from rank ", from_rank_));
       }
+      // A wait that ended before its time (seen under load: thousands of early returns within a
+      // second, each of which logged) waits again; the report is due every kStallReport.
+      if (now < report) continue;
+      report = now + kStallReport;
       RUBATO_LOG(WARNING) << "all-reduce stalled: waiting "
                           << absl::FormatDuration(absl::Trunc(now - began, absl::Seconds(1)))
                           << " for block " << tag << " from rank " << from_rank_
