@@ -54,6 +54,8 @@ FIELDS = {
     "mode": ("bsp", "consistency: " + " | ".join(MODES)),
     "staleness": (2, "ssp: the bound s"),
     "backup_workers": (1, "backup: b, gradients not waited for each step"),
+    "allreduce_quorum": ("all", "allreduce: all (the synchronous ring), majority or solo (a round "
+                                "goes on once half the ranks, or one, have a gradient ready)"),
     "model": ("mlp:784-256-10", "rubato_worker --model"),
     "optimizer": ({"type": "sgd", "learning_rate": 0.1},
                   "rubato.OptimizerConfig's fields (proto/cluster.proto)"),
@@ -174,6 +176,12 @@ def validate(job):
                                                                          job["workers"] - 1)))
     if job["mode"] == "backup" and not 0 < job["backup_workers"] < job["workers"]:
         raise JobError("backup_workers must be in [1, workers), got %d" % job["backup_workers"])
+    if job["allreduce_quorum"] not in ("all", "majority", "solo"):
+        raise JobError("allreduce_quorum must be all, majority or solo, not %r"
+                       % job["allreduce_quorum"])
+    if job["allreduce_quorum"] != "all" and not allreduce:
+        raise JobError("allreduce_quorum %s applies to mode allreduce, not %s"
+                       % (job["allreduce_quorum"], job["mode"]))
     if job["mode"] == "ssp" and job["staleness"] < 0:
         raise JobError("staleness must be >= 0, got %d" % job["staleness"])
     for key in ("epochs", "batch_size", "max_message_bytes", "checkpoint_every_steps",
@@ -296,6 +304,8 @@ def cluster_spec(job):
         consistency += " staleness: %d" % job["staleness"]
     if job["mode"] == "backup":
         consistency += " backup_workers: %d" % job["backup_workers"]
+    if job["allreduce_quorum"] != "all":
+        consistency += " allreduce_quorum: QUORUM_%s" % job["allreduce_quorum"].upper()
     lines.append("consistency { %s }" % consistency)
     lines.append("optimizer { %s }" % _pbtxt_message(job["optimizer"]))
     if job["lr_schedule"]:

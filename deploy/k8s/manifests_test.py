@@ -368,6 +368,17 @@ class ManifestsTest(unittest.TestCase):
             self.assertEqual(make_job.main([render.job_file("bsp"), "--set", "shards=-1"]), 2)
         self.assertIn("make_job.py: shards must be >= 1", err.getvalue())
 
+    def test_a_partial_ring_is_the_allreduce_job_with_a_quorum(self):
+        fields = make_job.load(render.job_file("allreduce"), ["allreduce_quorum=majority"])
+        self.assertIn("consistency { mode: ALLREDUCE allreduce_quorum: QUORUM_MAJORITY }",
+                      make_job.cluster_spec(fields))
+        self.assertNotIn("allreduce_quorum", make_job.cluster_spec(
+            make_job.load(render.job_file("allreduce"))))
+        with self.assertRaisesRegex(make_job.JobError, "applies to mode allreduce, not bsp"):
+            render.job("bsp", settings=["allreduce_quorum=solo"])
+        with self.assertRaisesRegex(make_job.JobError, "must be all, majority or solo"):
+            render.job("allreduce", settings=["allreduce_quorum=most"])
+
     def test_every_cluster_spec_is_one_the_server_takes(self):
         """Each job file's cluster spec, given to the real rubato_server as its pods give it:
         it serves (a bad spec would exit 2 at once), and stops at SIGTERM with 143."""
