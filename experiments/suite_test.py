@@ -183,7 +183,7 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual({f["optimizer"] for _, f in study.cells},
                          {"sgd", "lars", "larc", "lamb"})
         patterns = suite.load("patterns")
-        self.assertEqual(len(patterns.cells), 6 * 7)
+        self.assertEqual(len(patterns.cells), 7 * 7)  # Modes x patterns (none included).
         reassign = dict(patterns.cells)["mode=reassign,pattern=constant-x4"]
         self.assertEqual((reassign["mode"], reassign["reassign"]), ("async", "true"))
         rotating = dict(patterns.cells)["mode=bsp,pattern=rotating"]
