@@ -184,9 +184,10 @@ class AllReduceClient final : public PsClient {
     PartialAllReduceOptions partial;
     partial.rank = options_.rank;
     partial.size = size_;
-    partial.quorum = options_.cluster.consistency().allreduce_quorum() == QUORUM_SOLO
-                         ? 1
-                         : (size_ + 1) / 2;
+    // The quorum's one definition (PartialQuorum); the spec was validated, so it parses.
+    partial.quorum = *PartialQuorum(
+        size_, options_.cluster.consistency().allreduce_quorum() == QUORUM_SOLO ? "solo"
+                                                                                : "majority");
     // As many rounds as carry the gradients of the synchronous job's steps (each carries >= 1).
     partial.gradients = options_.total_steps * size_;
     partial.rounds = partial.gradients;
