@@ -27,5 +27,13 @@ TEST(GrpcStatusTest, CodesMapByName) {
             absl::StatusCode::kUnavailable);
 }
 
+TEST(GrpcStatusTest, ChannelStatesHaveTheirDocumentedNames) {
+  EXPECT_EQ(ChannelStateName(GRPC_CHANNEL_IDLE), "IDLE");
+  EXPECT_EQ(ChannelStateName(GRPC_CHANNEL_CONNECTING), "CONNECTING");
+  EXPECT_EQ(ChannelStateName(GRPC_CHANNEL_READY), "READY");
+  EXPECT_EQ(ChannelStateName(GRPC_CHANNEL_TRANSIENT_FAILURE), "TRANSIENT_FAILURE");
+  EXPECT_EQ(ChannelStateName(GRPC_CHANNEL_SHUTDOWN), "SHUTDOWN");
+}
+
 }  // namespace
 }  // namespace rubato

@@ -120,7 +120,7 @@ EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration tim
   }
   // Every address of the name; the outcome is the best one seen (connects > refused > ...).
   int refused = 0, timed_out = 0, unreachable = 0, other = 0, tried = 0;
-  std::string other_error;
+  std::string other_error, refused_by;  // refused_by: the first refusing address, numeric.
   for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
     ++tried;
     bool hung_up = false;
@@ -142,7 +142,14 @@ EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration tim
                            "credentials that do not match, or not a Rubato endpoint")};
     }
     if (err == ECONNREFUSED) {
-      ++refused;
+      if (++refused == 1) {
+        char ip[NI_MAXHOST];
+        if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, ip, sizeof(ip), nullptr, 0,
+                          NI_NUMERICHOST) == 0 &&
+            host != ip) {
+          refused_by = ip;
+        }
+      }
     } else if (err == ETIMEDOUT) {
       ++timed_out;
     } else if (err == EHOSTUNREACH || err == ENETUNREACH) {
@@ -156,6 +163,7 @@ EndpointDiagnosis DiagnoseEndpoint(absl::string_view address, absl::Duration tim
   if (refused > 0) {
     return {Reachability::kRefused,
             absl::StrCat("connection refused by ", address,
+                         refused_by.empty() ? "" : absl::StrCat(" at ", refused_by),
                          " (the host is up, but nothing listens on port ", port, ")")};
   }
   if (timed_out > 0) {
@@ -188,8 +196,8 @@ std::string DiagnoseListen(absl::string_view address) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
-                                   &found);
+  if (const int rc =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
       rc != 0) {
     return absl::StrCat("the host name '", host, "' does not resolve (", ::gai_strerror(rc), ")");
   }
@@ -213,13 +221,16 @@ std::string DiagnoseListen(absl::string_view address) {
   ::freeaddrinfo(found);
   switch (error) {
     case EADDRINUSE:
-      return absl::StrCat("port ", port, " is in use on this host (another process listens on it; "
+      return absl::StrCat("port ", port,
+                          " is in use on this host (another process listens on it; "
                           "stop it or choose another port)");
     case EADDRNOTAVAIL:
-      return absl::StrCat(host, " is not an address of this host (listen on one of its own "
+      return absl::StrCat(host,
+                          " is not an address of this host (listen on one of its own "
                           "addresses, or on 0.0.0.0 for all of them)");
     case EACCES:
-      return absl::StrCat("port ", port, " needs privileges this process lacks (ports below 1024; "
+      return absl::StrCat("port ", port,
+                          " needs privileges this process lacks (ports below 1024; "
                           "choose a higher one)");
     default:
       return absl::StrCat("binding it fails: ", std::strerror(error));

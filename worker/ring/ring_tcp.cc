@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<TcpRingListener>> TcpRingListener::Create(const s
     return absl::UnavailableError(
         absl::StrCat("cannot listen for ring data on ", where,
                      " (the host of this rank's own entry in --peers, which must be an address "
-                     "of this host): ", listening.status().message()));
+                     "of this host): ",
+                     listening.status().message()));
   }
   const int fd = listening->fd, actual = listening->port;
   return std::unique_ptr<TcpRingListener>(new TcpRingListener(fd, actual, from_rank));
@@ -161,8 +162,6 @@ TcpRingLink::TcpRingLink(int rank, int size, const std::string& next_address,
       listener_(listener),
       close_timeout_(close_timeout),
       security_(security),
-      channel_(grpc::CreateCustomChannel(next_address, security.credentials(),
-                                         RubatoChannelArguments(kDefaultMaxMessageBytes))),
       piece_(kPieceBytes) {
   sender_ = std::thread([this] { SenderLoop(); });
 }
@@ -255,16 +254,34 @@ void TcpRingLink::SetSendErrorLocked(absl::Status error) {
 }
 
 absl::StatusOr<int> TcpRingLink::OpenConnection() {
-  std::unique_ptr<RingPeer::Stub> stub = RingPeer::NewStub(channel_);
+  // While the next rank does not answer, the channel is made anew every kStallReport, with a
+  // subchannel of its own: a fresh name resolution and connection rather than one stuck in
+  // gRPC's state (a CI run once saw 30 s of failed attempts to a rank that was listening).
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<RingPeer::Stub> stub;
+  const absl::Time start = absl::Now();
+  absl::Time renew = start;
+  int64_t failed = 0;
   OpenDataReply reply;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("the link closed before it connected");
     }
+    if (absl::Now() >= renew) {
+      grpc::ChannelArguments args = RubatoChannelArguments(kDefaultMaxMessageBytes);
+      if (channel != nullptr) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      channel = grpc::CreateCustomChannel(next_address_, security_.credentials(), args);
+      stub = RingPeer::NewStub(channel);
+      renew = absl::Now() + kStallReport;
+    }
+    // A channel in TRANSIENT_FAILURE fails the call at once with gRPC's reason for it (the
+    // connect error); otherwise the call waits for the channel, up to kOpenDataAttempt.
+    const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+    const absl::Time attempt_end = absl::Now() + kOpenDataAttempt;
     grpc::ClientContext context;
-    context.set_wait_for_ready(true);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + kOpenDataAttempt));
+    context.set_wait_for_ready(state != GRPC_CHANNEL_TRANSIENT_FAILURE);
+    context.set_deadline(absl::ToChronoTime(attempt_end));
     security_.Attach(&context);
     OpenDataRequest request;
     request.set_from_rank(rank_);
@@ -272,12 +289,30 @@ absl::StatusOr<int> TcpRingLink::OpenConnection() {
     if (status.ok()) break;
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
         status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      continue;  // Not up yet: wait on, as a gRPC stream would.
+      // Not up yet: wait on, as a gRPC stream would, saying so every kStallReport.
+      const std::string why = absl::StrCat(FromGrpcStatus(status).ToString(), " (channel ",
+                                           ChannelStateName(state), ")");
+      absl::MutexLock lock(&mu_);
+      open_error_ = why;
+      // The rest of the attempt's time, unless the link closes.
+      mu_.AwaitWithDeadline(absl::Condition(&stopping_), attempt_end);
+      if (++failed % (kStallReport / kOpenDataAttempt) == 0) {
+        RUBATO_LOG(WARNING) << "ring rank " << rank_ << ": rank " << next_rank_ << " at "
+                            << next_address_ << " has not answered OpenData for "
+                            << absl::FormatDuration(
+                                   absl::Trunc(absl::Now() - start, absl::Seconds(1)))
+                            << "; the newest attempt: " << why;
+      }
+      continue;
     }
     const absl::Status s = FromGrpcStatus(status);
     return absl::Status(s.code(),
                         absl::StrCat("all-reduce: rank ", next_rank_, " at ", next_address_,
                                      " refused a data connection: ", s.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    open_error_.clear();
   }
   if (reply.port() <= 0 || reply.port() > 65535 || reply.ticket().size() != kRingTicketBytes) {
     return absl::InternalError(absl::StrCat("all-reduce: rank ", next_rank_, " at ", next_address_,
@@ -359,8 +394,14 @@ absl::Status TcpRingLink::SendError() {
 }
 
 std::string TcpRingLink::WhyNotConnected(absl::Duration probe) {
-  const absl::Status send = SendError();
-  return send.ok() ? DiagnoseEndpoint(next_address_, probe).detail : std::string(send.message());
+  std::string open_error;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!send_error_.ok()) return std::string(send_error_.message());
+    open_error = open_error_;
+  }
+  return absl::StrCat(DiagnoseEndpoint(next_address_, probe).detail,
+                      open_error.empty() ? "" : "; its newest OpenData attempt: ", open_error);
 }
 
 absl::Status TcpRingLink::AcceptIncoming(absl::Time deadline, absl::string_view waiting_for) {
@@ -433,7 +474,8 @@ absl::Status TcpRingLink::Flush(absl::Time deadline) {
     if (out_fd_.load() < 0) {
       status = absl::DeadlineExceededError(absl::StrCat(
           "all-reduce timed out connecting to rank ", next_rank_, " at ", next_address_, ": ",
-          DiagnoseEndpoint(next_address_, absl::Seconds(1)).detail));
+          DiagnoseEndpoint(next_address_, absl::Seconds(1)).detail,
+          open_error_.empty() ? "" : "; its newest OpenData attempt: ", open_error_));
     } else {
       size_t left = 0;
       for (const Frame& f : queue_) left += f.total() - f.sent;

@@ -206,11 +206,13 @@ class TcpRingLink final : public RingLink {
   TcpRingListener* const listener_;
   const absl::Duration close_timeout_;
   const ClientSecurity security_;
-  std::shared_ptr<grpc::Channel> channel_;
 
   absl::Mutex mu_;
   std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);  // The front one may be half written.
   absl::Status send_error_ ABSL_GUARDED_BY(mu_);
+  // The next rank's answer to the newest OpenData attempt that failed, while none has succeeded
+  // (empty: none failed yet): what a connect timeout reports beside its own probe.
+  std::string open_error_ ABSL_GUARDED_BY(mu_);
   // The first error a call returned: the destructor tells the next rank (give-up frame).
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

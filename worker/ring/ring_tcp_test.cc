@@ -207,6 +207,36 @@ TEST(TcpRingTest, StartUpOrderDoesNotMatter) {
   EXPECT_EQ(d1, d0);
 }
 
+TEST(TcpRingTest, ANextRankUpOnlyAfterSeveralSecondsIsStillFound) {
+  // Past the first 5 s of refused attempts the sender makes its channel anew (a subchannel of
+  // its own); the next rank that comes up after that is found all the same.
+  Peer p0(1);
+  const std::string a0 = p0.Start();
+  Peer probe(0);
+  const std::string a1 = probe.Start();
+  const int port1 = std::stoi(a1.substr(a1.rfind(':') + 1));
+  probe.Stop();
+  probe.server.reset();
+  std::vector<float> d0 = {1, 2}, d1 = {3, 4};
+  absl::Status s0, s1;
+  std::thread rank0([&] {
+    TcpRingLink link(0, 2, a1, p0.listener.get());
+    s0 = RingAllReduceMean(0, 2, 0, &link, absl::MakeSpan(d0), absl::Seconds(30));
+  });
+  absl::SleepFor(absl::Milliseconds(6500));
+  Peer p1(0);
+  ASSERT_EQ(p1.Start(port1), a1);
+  {
+    TcpRingLink link(1, 2, a0, p1.listener.get());
+    s1 = RingAllReduceMean(1, 2, 0, &link, absl::MakeSpan(d1), absl::Seconds(30));
+  }
+  rank0.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(d0, std::vector<float>({2.0f, 3.0f}));
+  EXPECT_EQ(d1, d0);
+}
+
 TEST(TcpRingTest, AnUnreachableNextRankIsADeadlineNamingIt) {
   Peer p0(1);
   p0.Start();
@@ -223,6 +253,9 @@ TEST(TcpRingTest, AnUnreachableNextRankIsADeadlineNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("rank 1")) << s;
+  // What gRPC answered the newest attempt, beside the probe's own finding.
+  EXPECT_THAT(s.message(), HasSubstr("connection refused")) << s;
+  EXPECT_THAT(s.message(), HasSubstr("its newest OpenData attempt: ")) << s;
 }
 
 TEST(TcpRingTest, OnlyThePreviousRanksTokenGetsATicket) {
