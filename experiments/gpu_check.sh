@@ -49,12 +49,16 @@ bundle() {
   ldd "$BUNDLE"/bin/*/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64)\.so' |
     while read -r lib; do cp -L "$lib" "$BUNDLE/lib/"; done
-  # glibc too, used only if the GPU machine's own is older than Debian 12's 2.36 (see run).
+  # glibc too with RUBATO_GPU_GLIBC=1, for a GPU machine whose own is older than Debian 12's 2.36
+  # (see run; the H200 machines so far had a newer one). Off by default: the device tool carries
+  # at most 64 MiB with the working tree, and the bundle alone is about 62 MiB without it.
   mkdir -p "$BUNDLE/glibc"
-  for lib in /lib/x86_64-linux-gnu/{libc,libm,libdl,libpthread,librt,libresolv}.so.* \
-             /lib64/ld-linux-x86-64.so.2; do
-    cp -L "$lib" "$BUNDLE/glibc/"
-  done
+  if [ "${RUBATO_GPU_GLIBC:-0}" = 1 ]; then
+    for lib in /lib/x86_64-linux-gnu/{libc,libm,libdl,libpthread,librt,libresolv}.so.* \
+               /lib64/ld-linux-x86-64.so.2; do
+      cp -L "$lib" "$BUNDLE/glibc/"
+    done
+  fi
   cp /usr/share/datasets/fashion-mnist/*.gz "$BUNDLE/data/"
   du -sh "$BUNDLE" "$BUNDLE"/*
   echo "bundle ready: carry $BUNDLE to the GPU machine and run: experiments/gpu_check.sh run"
@@ -119,6 +123,7 @@ run() {  # run [SECTION...]: tests bench epoch overlap (the default), epochs5
   # is started through the carried loader and glibc instead (a wrapper script in its place).
   if ! "$BUNDLE/bin/worker/cpu_backend_test" --gtest_list_tests >/dev/null 2>&1; then
     echo "the bundle's binaries do not start with this machine's glibc: using the carried one"
+    [ -e "$BUNDLE/glibc/libc.so.6" ] || { echo "no glibc in $BUNDLE: bundle with RUBATO_GPU_GLIBC=1"; exit 2; }
     local b
     for b in "$BUNDLE"/bin/*/*; do
       mv "$b" "$b.real"
