@@ -41,6 +41,11 @@ absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
     c.set_mode(ASYNC);
     return c;
   }
+  if (text == "adaptive") {
+    c.set_mode(ADAPTIVE);
+    c.set_adaptive_every_steps(kDefaultAdaptiveEverySteps);
+    return c;
+  }
   if (text == "allreduce" || text == "allreduce:majority" || text == "allreduce:solo") {
     c.set_mode(ALLREDUCE);
     if (text == "allreduce:majority") c.set_allreduce_quorum(QUORUM_MAJORITY);
@@ -60,10 +65,17 @@ absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text) {
     c.set_staleness(value);
     return c;
   }
+  rest = text;
+  if (absl::ConsumePrefix(&rest, "adaptive:") && absl::SimpleAtoi(rest, &value) && value >= 1) {
+    c.set_mode(ADAPTIVE);
+    c.set_adaptive_every_steps(value);
+    return c;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("mode: '", text,
                    "' is not one of bsp, async, backup:B, ssp:S (B, S integers >= 0), "
-                   "allreduce, allreduce:majority, allreduce:solo"));
+                   "adaptive, adaptive:K (K >= 1), allreduce, allreduce:majority, "
+                   "allreduce:solo"));
 }
 
 std::string FormatConsistency(const ConsistencyConfig& config) {
@@ -80,6 +92,10 @@ std::string FormatConsistency(const ConsistencyConfig& config) {
       return absl::StrCat("backup:", config.backup_workers());
     case SSP:
       return absl::StrCat("ssp:", config.staleness());
+    case ADAPTIVE:
+      return config.adaptive_every_steps() == kDefaultAdaptiveEverySteps
+                 ? "adaptive"
+                 : absl::StrCat("adaptive:", config.adaptive_every_steps());
     default:
       return "unspecified";
   }
@@ -108,6 +124,9 @@ int64_t MaxMessageBytes(const ClusterSpec& spec) {
 void FillClusterSpecDefaults(ClusterSpec* spec) {
   if (spec->consistency().mode() == CONSISTENCY_MODE_UNSPECIFIED) {
     spec->mutable_consistency()->set_mode(BSP);
+  }
+  if (spec->consistency().mode() == ADAPTIVE && spec->consistency().adaptive_every_steps() == 0) {
+    spec->mutable_consistency()->set_adaptive_every_steps(kDefaultAdaptiveEverySteps);
   }
   OptimizerConfig* opt = spec->mutable_optimizer();
   if (opt->type().empty()) opt->set_type("sgd");
@@ -188,6 +207,13 @@ absl::Status ValidateConsistencyConfig(const ConsistencyConfig& c, int num_worke
                          c.backup_workers(), " with ", num_workers, " workers"));
       }
       break;
+    case ADAPTIVE:
+      if (c.adaptive_every_steps() < 1 || c.adaptive_every_steps() > kMaxAdaptiveEverySteps) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("consistency.adaptive_every_steps must be in [1, ", kMaxAdaptiveEverySteps,
+                         "], got ", c.adaptive_every_steps()));
+      }
+      break;
     case SSP:
       if (c.staleness() < 0 || c.staleness() > kMaxStaleness) {
         return absl::InvalidArgumentError(absl::StrCat("consistency.staleness must be in [0, ",
@@ -204,6 +230,10 @@ absl::Status ValidateConsistencyConfig(const ConsistencyConfig& c, int num_worke
   if (c.allreduce_quorum() < QUORUM_ALL || c.allreduce_quorum() > QUORUM_SOLO) {
     return absl::InvalidArgumentError(
         absl::StrCat("consistency.allreduce_quorum ", c.allreduce_quorum(), " is unknown"));
+  }
+  if (c.adaptive_every_steps() != 0 && c.mode() != ADAPTIVE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "consistency.adaptive_every_steps applies to adaptive, not ", FormatConsistency(c)));
   }
   if (c.staleness_aware_lr() && c.mode() != ASYNC && c.mode() != SSP) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -16,8 +16,11 @@ namespace rubato {
 inline constexpr double kDefaultLearningRate = 0.1;
 inline constexpr int64_t kDefaultLeaseMs = 10'000;
 inline constexpr int64_t kDefaultWaitTimeoutMs = 120'000;
+// Adaptive consistency: steps between decisions (ConsistencyConfig.adaptive_every_steps).
+inline constexpr int32_t kDefaultAdaptiveEverySteps = 20;
 
-// "bsp", "async", "backup:B" or "ssp:S" (B, S non-negative integers).
+// "bsp", "async", "backup:B", "ssp:S" (B, S non-negative integers), "adaptive", "adaptive:K" (K
+// positive: the steps between decisions), "allreduce", "allreduce:majority", "allreduce:solo".
 absl::StatusOr<ConsistencyConfig> ParseConsistency(absl::string_view text);
 // Inverse of ParseConsistency.
 std::string FormatConsistency(const ConsistencyConfig& config);

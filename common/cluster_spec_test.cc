@@ -17,7 +17,7 @@ ClusterSpec Good() {
 
 TEST(ConsistencyTest, ParsesAndFormatsEveryMode) {
   for (const char* text : {"bsp", "async", "backup:1", "ssp:3", "ssp:0", "allreduce",
-                           "allreduce:majority", "allreduce:solo"}) {
+                           "allreduce:majority", "allreduce:solo", "adaptive", "adaptive:5"}) {
     auto c = ParseConsistency(text);
     ASSERT_TRUE(c.ok()) << text << ": " << c.status();
     EXPECT_EQ(FormatConsistency(*c), text);
@@ -25,11 +25,32 @@ TEST(ConsistencyTest, ParsesAndFormatsEveryMode) {
   EXPECT_EQ(ParseConsistency("ssp:4")->staleness(), 4);
   EXPECT_EQ(ParseConsistency("backup:2")->backup_workers(), 2);
   EXPECT_EQ(ParseConsistency("allreduce:majority")->allreduce_quorum(), QUORUM_MAJORITY);
+  EXPECT_EQ(ParseConsistency("adaptive")->adaptive_every_steps(), kDefaultAdaptiveEverySteps);
+  EXPECT_EQ(ParseConsistency("adaptive:5")->adaptive_every_steps(), 5);
+  EXPECT_EQ(FormatConsistency(*ParseConsistency("adaptive:20")), "adaptive");
+}
+
+TEST(ConsistencyTest, AdaptivePeriodsAreCheckedAndBelongToAdaptiveOnly) {
+  ClusterSpec s = Good();
+  s.mutable_consistency()->set_mode(ADAPTIVE);
+  FillClusterSpecDefaults(&s);
+  EXPECT_EQ(s.consistency().adaptive_every_steps(), kDefaultAdaptiveEverySteps);
+  EXPECT_TRUE(ValidateClusterSpec(s, /*need_servers=*/true).ok());
+  s.mutable_consistency()->set_adaptive_every_steps(-3);
+  absl::Status bad = ValidateClusterSpec(s, /*need_servers=*/true);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("adaptive_every_steps"), std::string::npos) << bad;
+  s.mutable_consistency()->set_mode(BSP);
+  s.mutable_consistency()->set_adaptive_every_steps(10);
+  bad = ValidateClusterSpec(s, /*need_servers=*/true);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("applies to adaptive"), std::string::npos) << bad;
 }
 
 TEST(ConsistencyTest, RejectsMalformedModes) {
-  for (const char* text : {"", "BSP", "ssp", "ssp:", "ssp:-1", "backup:x", "sync",
-                           "allreduce:", "allreduce:most"}) {
+  for (const char* text :
+       {"", "BSP", "ssp", "ssp:", "ssp:-1", "backup:x", "sync", "allreduce:", "allreduce:most",
+        "adaptive:", "adaptive:0", "adaptive:-2", "adaptive:x"}) {
     auto c = ParseConsistency(text);
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(c.status().message().find("mode"), std::string::npos);

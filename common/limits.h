@@ -3,9 +3,9 @@
 // proto/ring.proto name the limit of each field). They sit in one place so that the proto comments,
 // the servers' checks, the clients' own checks and the tests agree.
 //
-// The bounds are chosen so that no arithmetic on a checked value can overflow: a step is below 2^48,
-// so step + staleness, clock + 1 and version / members stay far inside int64; an element count is
-// below 2^28, so elements * 4 fits in int32 and in int64 alike.
+// The bounds are chosen so that no arithmetic on a checked value can overflow: a step is below
+// 2^48, so step + staleness, clock + 1 and version / members stay far inside int64; an element
+// count is below 2^28, so elements * 4 fits in int32 and in int64 alike.
 #ifndef RUBATO_COMMON_LIMITS_H_
 #define RUBATO_COMMON_LIMITS_H_
 
@@ -33,6 +33,8 @@ inline constexpr int32_t kMaxBatchSize = 1 << 24;
 
 // SSP staleness bound and backup-worker count (ClusterSpec.consistency).
 inline constexpr int32_t kMaxStaleness = 1 << 20;
+// Adaptive consistency's steps between decisions.
+inline constexpr int32_t kMaxAdaptiveEverySteps = 1 << 20;
 
 // Largest gRPC message either end accepts unless the cluster spec says otherwise
 // (ClusterSpec.max_message_bytes). Messages are buffered whole before they are parsed, so this

@@ -45,6 +45,8 @@ class LearningRateScheduler {
   // global_batch / context.global_batch for linear, its square root for sqrt.
   double BatchFactor(int64_t global_batch) const;
 
+  // The context's global batch, the one the peak is scaled for.
+  int64_t global_batch() const { return context_.global_batch; }
   double peak() const { return peak_; }
   int64_t warmup_steps() const { return warmup_steps_; }
   int64_t decay_horizon() const { return horizon_; }

@@ -72,7 +72,7 @@ TEST(ProgressLineTest, ServerStatsInSnakeCaseWithNumbersInsideMessagesAndLists) 
         R"("tensors":[{"name":"fc0.weight","elements":200704,"version":40}],)",
         R"("noise_scale":{"shard_id":0,"step":0,"g2":0,"trace":0,"g2_ema":0.5,)",
         R"("finished_workers":0,)", R"("batch_plan":[],)", R"("refused_updates":0,)",
-        R"("reassigned_units":0})"}) {
+        R"("reassigned_units":0,)", R"("consistency_plan":[]})"}) {
     EXPECT_NE(line.find(part), std::string::npos) << part << " in " << line;
   }
   EXPECT_EQ(line.find("Version"), std::string::npos) << line;  // No camelCase.

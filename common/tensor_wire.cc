@@ -485,14 +485,23 @@ absl::Status ParsePushRequest(const ByteChunks& message, int max_tensors, WirePu
   return ParseTensorList(
       message, "PushRequest", 3, max_tensors, &out->gradients,
       [out](const Tag& tag, WireReader* r, bool* handled) -> absl::Status {
-        if (tag.field == 5 && tag.type == kLengthDelimited) {
-          // noise_relay: parsed by protobuf itself, merged as protobuf merges a message field that
-          // occurs more than once. The message limit bounds its size.
+        if ((tag.field == 5 || tag.field == 6) && tag.type == kLengthDelimited) {
+          // noise_relay, consistency_relay: parsed by protobuf itself, merged as protobuf merges
+          // a message field that occurs more than once. The message limit bounds their size.
           ByteChunks bytes;
           if (absl::Status s = ReadLength(r, "PushRequest", &bytes); !s.ok()) return s;
-          if (!out->noise_relay.has_value()) out->noise_relay.emplace();
-          if (!out->noise_relay->MergeFromString(bytes.Flatten())) {
-            return Malformed("PushRequest", *r, "noise_relay does not parse");
+          bool parsed = false;
+          if (tag.field == 5) {
+            if (!out->noise_relay.has_value()) out->noise_relay.emplace();
+            parsed = out->noise_relay->MergeFromString(bytes.Flatten());
+          } else {
+            if (!out->consistency_relay.has_value()) out->consistency_relay.emplace();
+            parsed = out->consistency_relay->MergeFromString(bytes.Flatten());
+          }
+          if (!parsed) {
+            return Malformed(
+                "PushRequest", *r,
+                tag.field == 5 ? "noise_relay does not parse" : "consistency_relay does not parse");
           }
           *handled = true;
           return absl::OkStatus();
@@ -536,7 +545,8 @@ void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out) {
   }
 }
 
-void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out) {
+void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out,
+                      const ConsistencyRelay* consistency) {
   if (batch_size != 0) {
     out->push_back(0x20);  // batch_size = 4
     AppendVarint(static_cast<uint64_t>(static_cast<int64_t>(batch_size)), out);
@@ -544,6 +554,12 @@ void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::str
   if (relay != nullptr) {
     const std::string bytes = relay->SerializeAsString();
     out->push_back(0x2a);  // noise_relay = 5
+    AppendVarint(bytes.size(), out);
+    out->append(bytes);
+  }
+  if (consistency != nullptr) {
+    const std::string bytes = consistency->SerializeAsString();
+    out->push_back(0x32);  // consistency_relay = 6
     AppendVarint(bytes.size(), out);
     out->append(bytes);
   }
@@ -578,6 +594,7 @@ WirePush WirePushOf(const PushRequest& request) {
   wire.step = request.step();
   wire.batch_size = request.batch_size();
   if (request.has_noise_relay()) wire.noise_relay = request.noise_relay();
+  if (request.has_consistency_relay()) wire.consistency_relay = request.consistency_relay();
   for (const TensorValue& g : request.gradients()) {
     WireTensor t;
     t.name = g.name();

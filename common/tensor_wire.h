@@ -98,8 +98,9 @@ struct WirePush {
   int32_t worker_id = 0;
   int64_t step = 0;
   std::vector<WireTensor> gradients;
-  int32_t batch_size = 0;                      // PushRequest.batch_size
-  std::optional<NoiseScaleRelay> noise_relay;  // PushRequest.noise_relay, when present
+  int32_t batch_size = 0;                             // PushRequest.batch_size
+  std::optional<NoiseScaleRelay> noise_relay;         // PushRequest.noise_relay, when present
+  std::optional<ConsistencyRelay> consistency_relay;  // PushRequest.consistency_relay, likewise
 };
 
 // The same push from a parsed PushRequest: the gradients are views of `request`'s bytes, which
@@ -116,8 +117,10 @@ absl::Status ParsePullResponse(const ByteChunks& message, int max_tensors,
 // followed by its data bytes. A PullResponse is, for each tensor, EncodeTensorHeader(1, ...)
 // followed by its data bytes. Each appends to *out.
 void EncodePushHeader(int32_t worker_id, int64_t step, std::string* out);
-// PushRequest's batch_size (when non-zero) and noise_relay (when given), after the header.
-void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out);
+// PushRequest's batch_size (when non-zero), noise_relay and consistency_relay (when given), after
+// the header.
+void EncodePushExtras(int32_t batch_size, const NoiseScaleRelay* relay, std::string* out,
+                      const ConsistencyRelay* consistency = nullptr);
 // The header of field `field` (a TensorValue) whose data of `data_bytes` bytes follows it
 // immediately; version and offset are written when non-zero (proto3 omits zero).
 void EncodeTensorHeader(int field, absl::string_view name, int64_t version, size_t data_bytes,

@@ -227,6 +227,36 @@ TEST(TensorWireTest, PushExtrasAreProtobufsBatchSizeAndNoiseRelay) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TensorWireTest, TheConsistencyRelayIsProtobufsAndAGarbledOneIsRefused) {
+  ConsistencyRelay relay;
+  relay.set_compute_ms(21.5);
+  relay.mutable_change()->set_from_step(41);
+  relay.mutable_change()->set_backup_workers(1);
+  relay.mutable_change()->add_compute_ms(20);
+  relay.mutable_change()->add_compute_ms(80);
+  std::string message;
+  EncodePushHeader(3, 45, &message);
+  EncodePushExtras(0, nullptr, &message, &relay);
+  EncodeTensorHeader(3, "w", 0, 4, &message);
+  message += Bytes({2.5f});
+  PushRequest reference;
+  ASSERT_TRUE(reference.ParseFromString(message));
+  EXPECT_EQ(reference.consistency_relay().SerializeAsString(), relay.SerializeAsString());
+  WirePush ours;
+  ASSERT_TRUE(ParsePushRequest(Cut(message, {3, 11}), 10, &ours).ok());
+  ASSERT_TRUE(ours.consistency_relay.has_value());
+  EXPECT_EQ(ours.consistency_relay->SerializeAsString(), relay.SerializeAsString());
+  EXPECT_FALSE(ours.noise_relay.has_value());
+  EXPECT_EQ(ours.step, 45);
+  ASSERT_EQ(ours.gradients.size(), 1u);
+  EXPECT_EQ(WirePushOf(reference).consistency_relay->SerializeAsString(),
+            relay.SerializeAsString());
+  const std::string garbled = std::string("\x32\x02\x08\xff", 4);
+  const absl::Status s = ParsePushRequest(ByteChunks(garbled), 10, &ours);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("consistency_relay"), std::string::npos) << s;
+}
+
 TEST(TensorWireTest, NegativeWorkerIdsUnknownFieldsAndRepeatsFollowProtobuf) {
   PushRequest p;
   p.set_worker_id(-3);

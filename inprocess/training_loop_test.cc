@@ -4,6 +4,7 @@
 #include "worker/training_loop.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -13,14 +14,15 @@
 
 #include "common/batch_plan.h"
 #include "gtest/gtest.h"
-#include "server/parameter_shard.h"
-#include "worker/data/dataset.h"
 #include "inprocess/in_process_shard_channel.h"
 #include "inprocess/test_jobs.h"
-#include "worker/ps/ps_client.h"
+#include "server/parameter_shard.h"
+#include "worker/data/dataset.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model_backend.h"
 #include "worker/model/model_spec.h"
+#include "worker/ps/ps_client.h"
+#include "worker/straggler_model.h"
 
 namespace rubato {
 namespace {
@@ -37,7 +39,8 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
                  int64_t target_call_bytes, const AdaptiveBatchConfig& adaptive = {},
                  std::vector<GetStatsResponse>* shard_stats = nullptr,
                  int64_t push_bucket_bytes = 0, const char* layers = "8-16-3",
-                 int64_t push_budget_bytes = ShardOptions().push_budget_bytes) {
+                 int64_t push_budget_bytes = ShardOptions().push_budget_bytes,
+                 const std::function<void(int, TrainingOptions*)>& tweak = {}) {
   const Dataset train = SyntheticDataset(512, 1);
   const Dataset test = SyntheticDataset(256, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers(layers));
@@ -45,6 +48,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
   cluster.set_num_workers(workers);
   cluster.mutable_consistency()->set_mode(mode);
   if (mode == SSP) cluster.mutable_consistency()->set_staleness(1);
+  if (mode == ADAPTIVE) cluster.mutable_consistency()->set_adaptive_every_steps(5);
   cluster.mutable_optimizer()->set_type("sgd");
   cluster.mutable_optimizer()->set_learning_rate(0.2);
   cluster.set_lease_ms(30000);
@@ -79,8 +83,9 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
       t.push_bucket_bytes = push_bucket_bytes;
       t.log_every = 1000;
       t.adaptive_batch = adaptive.max_global_batch() > 0;
-      absl::StatusOr<WorkerRun> run = RunInProcessWorker(
-          options, InProcessChannels(shard_ptrs), spec, train, test, t);
+      if (tweak) tweak(w, &t);
+      absl::StatusOr<WorkerRun> run =
+          RunInProcessWorker(options, InProcessChannels(shard_ptrs), spec, train, test, t);
       if (!run.ok()) {
         errors[w] = run.status().ToString();
         return;
@@ -200,6 +205,54 @@ TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {
       for (int b = 5; b < 8; ++b) EXPECT_EQ(j.stats.staleness_histogram(b), 0) << "bucket " << b;
     }
   }
+}
+
+TEST(TrainingLoopTest, AdaptiveConsistencyLeavesTheStragglerOutAndEveryShardAgrees) {
+  // Four workers over two shards, decisions every 5 steps; worker 3 computes four times as long
+  // as the others (each step padded to 15 ms, worker 3's then slowed 4x).
+  std::vector<StragglerModel> stragglers;
+  for (int w = 0; w < 4; ++w) {
+    StragglerOptions o;
+    o.min_step_ms = 15;
+    o.slowdown = w == 3 ? 4 : 1;
+    absl::StatusOr<StragglerModel> m = StragglerModel::Create(o, w);
+    ASSERT_TRUE(m.ok()) << m.status();
+    stragglers.push_back(std::move(*m));
+  }
+  std::vector<GetStatsResponse> shards;
+  const JobResult j =
+      RunJob(ADAPTIVE, 4, 2, /*overlap=*/false, 40, 1 << 20, {}, &shards, 0, "8-16-3",
+             ShardOptions().push_budget_bytes, [&](int w, TrainingOptions* t) {
+               t->straggler = &stragglers[w];
+               t->skip_to_current_version = true;
+             });
+  ASSERT_EQ(shards.size(), 2u);
+  // Shard 0 decided every period from step 6 on; the first, from the first 5 steps' times, leaves
+  // the straggler out.
+  const auto& plan = shards[0].consistency_plan();
+  ASSERT_GE(plan.size(), 6);
+  EXPECT_EQ(plan[0].from_step(), 6);
+  EXPECT_EQ(plan[0].backup_workers(), 1);
+  ASSERT_EQ(plan[0].compute_ms_size(), 4);
+  EXPECT_GT(plan[0].compute_ms(3), 2.5 * plan[0].compute_ms(0));
+  // Shard 1 learned the decisions from the workers' relays: the same, for every period it knows.
+  std::map<int64_t, int> decided;
+  for (const ConsistencyChange& c : plan) decided[c.from_step()] = c.backup_workers();
+  ASSERT_GE(shards[1].consistency_plan_size(), 5);
+  for (const ConsistencyChange& c : shards[1].consistency_plan()) {
+    ASSERT_TRUE(decided.count(c.from_step())) << c.from_step();
+    EXPECT_EQ(decided[c.from_step()], c.backup_workers()) << c.from_step();
+  }
+  // Every step was applied on both shards, and the straggler's late gradients were dropped.
+  for (const GetStatsResponse& s : shards) {
+    for (const TensorStats& t : s.tensors()) EXPECT_EQ(t.version(), 40) << t.name();
+  }
+  EXPECT_GT(shards[0].dropped_gradients(), 0);
+  // Worker 0 wrote each decision it learned as a `consistency` record.
+  EXPECT_NE(j.progress[0].find("\"event\":\"consistency\""), std::string::npos);
+  EXPECT_NE(j.progress[0].find("\"backup_workers\":1"), std::string::npos);
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(j.results[w].computed_steps, 40) << "worker " << w;
+  EXPECT_LT(j.results[3].computed_steps, 40);  // It skipped the steps applied without it.
 }
 
 TEST(TrainingLoopTest, AdaptiveBatchChangesAtTheSameStepOnEveryWorker) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster_spec.h"
+#include "server/adaptive_policy.h"
 #include "server/async_policy.h"
 #include "server/backup_policy.h"
 #include "server/bsp_policy.h"
@@ -25,10 +26,8 @@ std::unique_ptr<ConsistencyPolicy> Make(const ConsistencyConfig& config) {
 constexpr std::pair<ConsistencyMode,
                     std::unique_ptr<ConsistencyPolicy> (*)(const ConsistencyConfig&)>
     kPolicies[] = {
-        {BSP, &Make<BspPolicy>},
-        {BACKUP, &Make<BackupPolicy>},
-        {ASYNC, &Make<AsyncPolicy>},
-        {SSP, &Make<SspPolicy>},
+        {BSP, &Make<BspPolicy>}, {BACKUP, &Make<BackupPolicy>},     {ASYNC, &Make<AsyncPolicy>},
+        {SSP, &Make<SspPolicy>}, {ADAPTIVE, &Make<AdaptivePolicy>},
 };
 
 }  // namespace

@@ -6,8 +6,9 @@
 //   backup:b  server/backup_policy.h   members - b gradients; later ones dropped
 //   async     server/async_policy.h    each gradient applied alone on arrival
 //   ssp:s     server/ssp_policy.h      as async, with pulls bounded by the slowest member's clock
-// bsp and backup share StepPolicy (gradients gathered into steps, server/step_policy.h); async and
-// ssp share ArrivalPolicy (applied on arrival, server/arrival_policy.h).
+//   adaptive  server/adaptive_policy.h bsp or backup:b, b chosen every K steps
+// bsp, backup and adaptive share StepPolicy (gradients gathered into steps, server/step_policy.h);
+// async and ssp share ArrivalPolicy (applied on arrival, server/arrival_policy.h).
 //
 // To add a mode: a value in proto/cluster.proto's ConsistencyMode and its spelling in
 // common/cluster_spec.cc, a class here (usually derived from StepPolicy or ArrivalPolicy), and
@@ -26,6 +27,8 @@
 #include "server/membership.h"
 
 namespace rubato {
+
+class AdaptivePolicy;
 
 class ConsistencyPolicy {
  public:
@@ -47,9 +50,19 @@ class ConsistencyPolicy {
   // Whether a gathered step with `received` gradients may be applied, `all_members_in` telling
   // whether every member's is among them.
   virtual bool StepComplete(int received, bool all_members_in, int members) const = 0;
+  // The same for the gathering of step `step` (a policy whose rule changes between steps).
+  virtual bool StepCompleteAt(int64_t step, int received, bool all_members_in, int members) const {
+    return StepComplete(received, all_members_in, members);
+  }
   // The rate of the update that takes a tensor from `version` to version + 1.
   virtual double LearningRate(const LearningRateScheduler& schedule, int64_t version, int members,
                               int64_t staleness) const = 0;
+  // A factor on that rate for the update of step `step` with `members` members (a policy whose
+  // step averages a varying number of gradients); 1 by default.
+  virtual double RateFactor(const LearningRateScheduler& schedule, int64_t step,
+                            int members) const {
+    return 1.0;
+  }
   // The part size (elements) in which workers push large tensors, so that what each has in flight
   // stays within its share of `push_budget_bytes`; 0: whole tensors.
   virtual int64_t PartElements(int num_workers, int64_t push_budget_bytes) const { return 0; }
@@ -91,6 +104,10 @@ class ConsistencyPolicy {
   virtual bool RollsBack() const = 0;
   // Whether the shard measures the gradient noise scale (server/noise_scale.h).
   virtual bool MeasuresNoiseScale() const { return Synchronous(); }
+
+  // ---- Adaptive consistency ----
+  // The adaptive policy's decisions and relays (server/adaptive_policy.h); null for the others.
+  virtual AdaptivePolicy* adaptive() { return nullptr; }
 
  protected:
   explicit ConsistencyPolicy(const ConsistencyConfig& config) : config_(config) {}

@@ -1,9 +1,13 @@
 #include "server/consistency_policy.h"
 
+#include <cmath>
 #include <memory>
+#include <vector>
 
 #include "common/cluster_spec.h"
+#include "common/tensor_wire.h"
 #include "gtest/gtest.h"
+#include "server/adaptive_policy.h"
 #include "server/membership.h"
 
 namespace rubato {
@@ -22,7 +26,7 @@ LearningRateScheduler Constant(double lr) {
 }
 
 TEST(ConsistencyPolicyTest, EveryParameterServerModeHasAPolicyAndAllreduceNone) {
-  for (const char* mode : {"bsp", "backup:1", "async", "ssp:2"}) {
+  for (const char* mode : {"bsp", "backup:1", "async", "ssp:2", "adaptive", "adaptive:7"}) {
     EXPECT_NE(PolicyOf(mode), nullptr) << mode;
   }
   ConsistencyConfig allreduce;
@@ -156,6 +160,142 @@ TEST(SspPolicyTest, APullStartsOnceEveryMemberIsWithinTheBound) {
   EXPECT_TRUE(ssp->MayStartPull(3, members));
   EXPECT_TRUE(ssp->ClockReleasesPulls());
   EXPECT_TRUE(ssp->KeepsClocks());
+}
+
+}  // namespace
+}  // namespace rubato
+
+namespace rubato {
+namespace {
+
+ConsistencyChange ChosenFor(std::vector<double> times, int current) {
+  ConsistencyChange c;
+  ChooseBackupWorkers(std::move(times), current, 0.1, &c);
+  return c;
+}
+
+TEST(AdaptiveChoiceTest, OneSlowWorkerOfFourIsLeftOutAndEqualWorkersAreAllWaitedFor) {
+  // (4 - b) / c_(4-b): b = 0: 4 / 80; b = 1: 3 / 20.
+  ConsistencyChange c = ChosenFor({20, 80, 21, 20}, 0);
+  EXPECT_EQ(c.backup_workers(), 1);
+  EXPECT_DOUBLE_EQ(c.expected_step_ms(), 21);
+  EXPECT_NEAR(c.gain(), (3.0 / 21) / (4.0 / 80), 1e-12);
+  // Equal workers: waiting for all of them carries the most gradients a second.
+  EXPECT_EQ(ChosenFor({20, 21, 20, 22}, 0).backup_workers(), 0);
+  // Two slow of four: 2 / 20 beats 4 / 100 and 3 / 100.
+  EXPECT_EQ(ChosenFor({100, 20, 100, 20}, 0).backup_workers(), 2);
+  // One worker: nothing to leave out.
+  EXPECT_EQ(ChosenFor({50}, 0).backup_workers(), 0);
+}
+
+TEST(AdaptiveChoiceTest, TheCurrentChoiceStaysUnlessAnotherIsTenPercentBetter) {
+  // b = 0 gives 4 / 22 = 0.182, b = 1 gives 3 / 20 = 0.15: 0 is better by 21%.
+  EXPECT_EQ(ChosenFor({20, 20, 20, 22}, 1).backup_workers(), 0);
+  // b = 0 gives 4 / 20.6 = 0.194, b = 1 (current) 3 / 20 = 0.15: 29% better, so it switches.
+  EXPECT_EQ(ChosenFor({20, 20, 20, 20.6}, 1).backup_workers(), 0);
+  // b = 1 gives 3 / 20 = 0.150, b = 0 gives 4 / 29 = 0.138: 1 is better by 9% only, so b = 0
+  // stays when current, and 1 stays when current.
+  EXPECT_EQ(ChosenFor({20, 20, 20, 29}, 0).backup_workers(), 0);
+  EXPECT_EQ(ChosenFor({20, 20, 20, 29}, 1).backup_workers(), 1);
+  EXPECT_DOUBLE_EQ(ChosenFor({20, 20, 20, 29}, 0).gain(), 1.0);
+}
+
+WirePush PushOf(int worker, int64_t step, double compute_ms, int64_t from = -1, int b = 0) {
+  WirePush p;
+  p.worker_id = worker;
+  p.step = step;
+  p.consistency_relay.emplace();
+  p.consistency_relay->set_compute_ms(compute_ms);
+  if (from >= 0) {
+    p.consistency_relay->mutable_change()->set_from_step(from);
+    p.consistency_relay->mutable_change()->set_backup_workers(b);
+  }
+  return p;
+}
+
+TEST(AdaptivePolicyTest, ShardZeroDecidesAtEveryKthStepAndTheStepsFollowTheDecision) {
+  auto policy = PolicyOf("adaptive:10");
+  AdaptivePolicy* adaptive = policy->adaptive();
+  ASSERT_NE(adaptive, nullptr);
+  EXPECT_EQ(PolicyOf("bsp")->adaptive(), nullptr);
+  EXPECT_TRUE(policy->Synchronous());
+  EXPECT_FALSE(policy->SumsInWorkerOrder());
+  EXPECT_TRUE(policy->RollsBack());
+  const std::vector<char> members(4, 1);
+  for (int w = 0; w < 4; ++w) adaptive->TakeRelay(PushOf(w, 9, w == 3 ? 80 : 20), 0, members);
+  ConsistencyChange newest;
+  EXPECT_FALSE(adaptive->Newest(&newest));  // Step 9 decides nothing.
+  EXPECT_FALSE(policy->StepCompleteAt(9, 3, false, 4));
+  adaptive->TakeRelay(PushOf(1, 10, 20), 0, members);  // Step 10's first push decides 11..20.
+  ASSERT_TRUE(adaptive->Newest(&newest));
+  EXPECT_EQ(newest.from_step(), 11);
+  EXPECT_EQ(newest.backup_workers(), 1);
+  ASSERT_EQ(newest.compute_ms_size(), 4);
+  EXPECT_EQ(newest.compute_ms(3), 80);
+  EXPECT_FALSE(policy->StepCompleteAt(10, 3, false, 4));  // Step 10 itself is still bsp.
+  EXPECT_TRUE(policy->StepCompleteAt(11, 3, false, 4));
+  EXPECT_FALSE(policy->StepCompleteAt(11, 2, false, 4));
+  EXPECT_TRUE(policy->StepCompleteAt(20, 3, false, 4));
+  EXPECT_FALSE(policy->StepCompleteAt(21, 3, false, 4));  // Not decided yet: bsp.
+  EXPECT_TRUE(policy->StepCompleteAt(21, 4, true, 4));
+  // The rate of a step of 3 of 4 gradients, linearly scaled: 3/4 of the full batch's.
+  LearningRateSchedule linear;
+  linear.set_scaling("linear");
+  linear.set_reference_batch(256);
+  const LearningRateScheduler schedule =
+      *LearningRateScheduler::Create(0.1, linear, {256, 100, 1000});
+  EXPECT_DOUBLE_EQ(policy->RateFactor(schedule, 15, 4), 0.75);
+  EXPECT_DOUBLE_EQ(policy->RateFactor(schedule, 5, 4), 1.0);
+  // A later push of step 10 decides nothing again; the next decision comes at step 20.
+  adaptive->TakeRelay(PushOf(3, 10, 20), 0, members);
+  ASSERT_TRUE(adaptive->Newest(&newest));
+  EXPECT_EQ(newest.from_step(), 11);
+  EXPECT_EQ(newest.backup_workers(), 1);
+}
+
+TEST(AdaptivePolicyTest, OtherShardsLearnTheDecisionFromRelaysAndCheckThem) {
+  auto policy = PolicyOf("adaptive:10");
+  AdaptivePolicy* adaptive = policy->adaptive();
+  const std::vector<char> members(4, 1);
+  // Shard 1 never decides.
+  adaptive->TakeRelay(PushOf(0, 10, 20), 1, members);
+  ConsistencyChange newest;
+  EXPECT_FALSE(adaptive->Newest(&newest));
+  // A relay of the decision governing step 12 (from 11).
+  ASSERT_TRUE(adaptive->CheckRelay(PushOf(2, 12, 20, 11, 2), 4).ok());
+  adaptive->TakeRelay(PushOf(2, 12, 20, 11, 2), 1, members);
+  EXPECT_TRUE(policy->StepCompleteAt(12, 2, false, 4));
+  // Relays that do not govern their step, disagree, or are out of range are refused.
+  EXPECT_EQ(adaptive->CheckRelay(PushOf(2, 22, 20, 11, 2), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(adaptive->CheckRelay(PushOf(2, 12, 20, 11, 1), 4).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(adaptive->CheckRelay(PushOf(2, 25, 20, 21, 4), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(adaptive->CheckRelay(PushOf(2, 25, -1), 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(adaptive->CheckRelay(PushOf(2, 25, std::nan("")), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A roll-back to step 10 forgets the decision from 11.
+  adaptive->RestartAt(10);
+  EXPECT_FALSE(adaptive->Newest(&newest));
+  EXPECT_FALSE(policy->StepCompleteAt(12, 2, false, 4));
+}
+
+TEST(AdaptivePolicyTest, AMemberNotHeardFromYetKeepsTheStepsBsp) {
+  auto policy = PolicyOf("adaptive:5");
+  AdaptivePolicy* adaptive = policy->adaptive();
+  const std::vector<char> members(3, 1);
+  adaptive->TakeRelay(PushOf(0, 5, 20), 0, members);
+  adaptive->TakeRelay(PushOf(1, 5, 90), 0, members);  // After the decision: not counted in it.
+  ConsistencyChange newest;
+  ASSERT_TRUE(adaptive->Newest(&newest));
+  EXPECT_EQ(newest.backup_workers(), 0);
+  // A worker that is no member does not count; the members' times decide.
+  const std::vector<char> two = {1, 1, 0};
+  adaptive->TakeRelay(PushOf(0, 10, 20), 0, two);
+  ASSERT_TRUE(adaptive->Newest(&newest));
+  EXPECT_EQ(newest.from_step(), 11);
+  EXPECT_EQ(newest.backup_workers(), 1);  // 1 / 20 beats 2 / 90.
 }
 
 }  // namespace

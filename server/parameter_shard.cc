@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/tensor_bytes.h"
+#include "server/adaptive_policy.h"
 #include "server/request_checks.h"
 
 namespace rubato {
@@ -151,8 +152,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     }
     RETURN_IF_ERROR(batch_.CheckRegistration(id, request.batch_size(), members_));
     const Membership::Worker before =
-        members_.Enroll(id, request.batch_size(), request.steps_per_epoch(),
-                        request.total_steps(), request.resume_step(), clock_->Now());
+        members_.Enroll(id, request.batch_size(), request.steps_per_epoch(), request.total_steps(),
+                        request.resume_step(), clock_->Now());
     noise_.SetBatch(request.batch_size());
     if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
       members_.Unenroll(id, before);
@@ -233,6 +234,9 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   tensors_.Adopt(std::move(restored));
   TensorsReady();
   if (policy_->KeepsClocks()) members_.RestoreClocks(c.step());
+  if (AdaptivePolicy* adaptive = policy_->adaptive(); adaptive != nullptr) {
+    adaptive->RestartAt(c.step());
+  }
   members_.SetRestored(c.step());
   restored_versions_ = versions;
   return absl::OkStatus();
@@ -314,6 +318,9 @@ absl::Status ParameterShard::CheckState(const WirePush& request) {
                                                    " gradients to a shard of ", tensors_.size(),
                                                    " tensors"));
   }
+  if (AdaptivePolicy* adaptive = policy_->adaptive(); adaptive != nullptr) {
+    RETURN_IF_ERROR(adaptive->CheckRelay(request, options_.cluster.num_workers()));
+  }
   return policy_->CheckPushStep(id, request.step, members_.worker(id).pulled_step,
                                 options_.shard_id);
 }
@@ -326,6 +333,9 @@ absl::Status ParameterShard::Admit(const WirePush& request) {
   worker.last_seen = clock_->Now();
   worker.last_step = std::max(worker.last_step, request.step);
   batch_.TakeRelay(request, *schedule_);
+  if (AdaptivePolicy* adaptive = policy_->adaptive(); adaptive != nullptr) {
+    adaptive->TakeRelay(request, options_.shard_id, members_.member());
+  }
   return absl::OkStatus();
 }
 
@@ -336,15 +346,14 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
   TensorAggregator::Gradient gradient{data, std::move(keepalive), std::move(on_added)};
   gradient.part = target.part;
   gradient.max_abs = target.max_abs;
-  const double lr = tensors_[target.tensor].Add(Context(), worker, step, std::move(gradient),
-                                                 outcome, &released);
+  const double lr =
+      tensors_[target.tensor].Add(Context(), worker, step, std::move(gradient), outcome, &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
     counters_.CountDuplicate();
     return;
   }
   if (outcome->kind == GradientOutcome::kDropped) counters_.CountDroppedGradient();
-  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part &&
-      outcome->refused.ok()) {
+  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part && outcome->refused.ok()) {
     counters_.RecordStaleness(outcome->staleness);
   }
   if (outcome->applied) counters_.SetLearningRate(lr);
@@ -361,6 +370,10 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
 }
 
 void ParameterShard::Annotate(int64_t step, PushResponse* response) const {
+  if (AdaptivePolicy* adaptive = policy_->adaptive(); adaptive != nullptr) {
+    ConsistencyChange newest;
+    if (adaptive->Newest(&newest)) *response->mutable_consistency_change() = std::move(newest);
+  }
   if (std::shared_ptr<const BatchPlan> plan = std::atomic_load(batch_.view());
       plan != nullptr && !plan->changes().empty()) {
     *response->mutable_batch_change() = plan->changes().back();
@@ -557,6 +570,9 @@ GetStatsResponse ParameterShard::Stats() const {
     for (const BatchChange& c : plan->changes()) *s.add_batch_plan() = c;
   }
   if (policy_->MeasuresNoiseScale()) *s.mutable_noise_scale() = noise_.Stats();
+  if (AdaptivePolicy* adaptive = policy_->adaptive(); adaptive != nullptr) {
+    for (ConsistencyChange& c : adaptive->Plan()) *s.add_consistency_plan() = std::move(c);
+  }
   s.set_pending_pulls(pulls_.Pending());
   if (work_ != nullptr) {
     s.set_work_units(work_->handed_out());

@@ -6,6 +6,9 @@
 //   backup:1  one update per tensor per step from exactly 2 of the 3 workers' gradients
 //   async     every gradient applied alone on arrival (3 updates per tensor per step), some stale
 //   ssp:2     every gradient applied alone on arrival, as async
+//   adaptive  (worker 2 four times slower) shard 0 decides every 10 steps, the first decision
+//             leaves worker 2 out, and shard 1 applies the same decisions, learned from the
+//             workers' relays over the data plane
 #include <cstdio>
 #include <map>
 #include <string>
@@ -28,7 +31,7 @@ constexpr int kWorkers = 3;
 constexpr int64_t kSteps = 80;
 
 // What a shard's statistics must show at the end.
-enum class Signature { kBsp, kBackup1, kOnArrival };
+enum class Signature { kBsp, kBackup1, kOnArrival, kAdaptive };
 
 struct ModeCase {
   const char* name;
@@ -36,6 +39,7 @@ struct ModeCase {
   std::vector<std::string> extra;  // Flags for servers and workers.
   double min_accuracy;
   Signature signature;
+  std::vector<std::string> worker_extra = {};  // Flags for the workers only.
 };
 
 // The {"event":"stats",...} line a server prints on stdout as it exits, as GetStatsResponse.
@@ -79,6 +83,15 @@ void ExpectSignature(const GetStatsResponse& stats, Signature signature) {
       EXPECT_EQ(stats.applied_updates(), kSteps * tensors) << shard;
       for (const TensorStats& t : stats.tensors()) EXPECT_EQ(t.version(), kSteps) << t.name();
       break;
+    case Signature::kAdaptive:
+      // Steps 1..10 bsp, then what shard 0 decided: some steps without worker 2's gradient.
+      EXPECT_LT(gradients, kWorkers * kSteps * tensors) << shard;
+      EXPECT_GE(gradients, (kWorkers - 1) * kSteps * tensors) << shard;
+      EXPECT_EQ(stale, 0) << shard;
+      EXPECT_EQ(stats.applied_updates(), kSteps * tensors) << shard;
+      for (const TensorStats& t : stats.tensors()) EXPECT_EQ(t.version(), kSteps) << t.name();
+      EXPECT_GE(stats.consistency_plan_size(), 1) << shard;
+      break;
     case Signature::kOnArrival:
       EXPECT_EQ(gradients, kWorkers * kSteps * tensors) << shard;
       EXPECT_GT(stale, 0) << shard << ": three workers never overtook each other";
@@ -112,6 +125,7 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
                                     absl::StrCat("--steps=", kSteps),
                                     "--log_every=10"};
   flags.insert(flags.end(), c.extra.begin(), c.extra.end());
+  flags.insert(flags.end(), c.worker_extra.begin(), c.worker_extra.end());
   for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(IsOk((*cluster)->StartWorker(w, flags)));
   absl::StatusOr<std::map<int, int>> statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
   ASSERT_TRUE(IsOk(statuses));
@@ -125,10 +139,26 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
   }
   // The servers end by themselves once every worker has finished, printing their statistics.
   ASSERT_TRUE(IsOk((*cluster)->WaitForServers(absl::Seconds(20))));
+  std::map<int64_t, int> decided;  // Adaptive: shard 0's decisions, by first step.
   for (int shard = 0; shard < 2; ++shard) {
     absl::StatusOr<GetStatsResponse> stats = FinalStats((*cluster)->server(shard)->ReadStdout());
     ASSERT_TRUE(IsOk(stats)) << "shard " << shard;
     ExpectSignature(*stats, c.signature);
+    if (c.signature != Signature::kAdaptive) continue;
+    for (const ConsistencyChange& d : stats->consistency_plan()) {
+      if (shard == 0) {
+        decided[d.from_step()] = d.backup_workers();
+      } else {
+        ASSERT_TRUE(decided.count(d.from_step()))
+            << "shard 1 knows a decision from step " << d.from_step() << " that shard 0 never took";
+        EXPECT_EQ(decided[d.from_step()], d.backup_workers()) << d.from_step();
+      }
+    }
+    if (shard == 0) {
+      ASSERT_FALSE(decided.empty());
+      EXPECT_EQ(decided.begin()->first, 11);
+      EXPECT_EQ(decided.begin()->second, 1) << "worker 2 is four times slower";
+    }
   }
 }
 
@@ -138,13 +168,21 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
 // vary from run to run; their bound is looser.
 INSTANTIATE_TEST_SUITE_P(
     Modes, ConsistencyIntegrationTest,
-    ::testing::Values(
-        ModeCase{"Bsp", "bsp", {}, 0.65, Signature::kBsp},
-        ModeCase{"Backup", "backup:1", {}, 0.65, Signature::kBackup1},
-        ModeCase{"Async", "async", {}, 0.45, Signature::kOnArrival},
-        ModeCase{"AsyncStalenessAware", "async", {"--staleness_aware_lr=true"}, 0.45,
-                 Signature::kOnArrival},
-        ModeCase{"Ssp", "ssp:2", {}, 0.45, Signature::kOnArrival}),
+    ::testing::Values(ModeCase{"Bsp", "bsp", {}, 0.65, Signature::kBsp},
+                      ModeCase{"Backup", "backup:1", {}, 0.65, Signature::kBackup1},
+                      ModeCase{"Async", "async", {}, 0.45, Signature::kOnArrival},
+                      ModeCase{"AsyncStalenessAware",
+                               "async",
+                               {"--staleness_aware_lr=true"},
+                               0.45,
+                               Signature::kOnArrival},
+                      ModeCase{"Ssp", "ssp:2", {}, 0.45, Signature::kOnArrival},
+                      ModeCase{"Adaptive",
+                               "adaptive:10",
+                               {},
+                               0.65,
+                               Signature::kAdaptive,
+                               {"--slow_workers=2:4", "--min_step_ms=10"}}),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -153,7 +153,9 @@ std::vector<int64_t> TrainingLoop::TensorBytes(const std::vector<ParamSpec>& spe
   return bytes;
 }
 
-double TrainingLoop::Elapsed() const { return absl::ToDoubleSeconds(options_.clock->Now() - start_); }
+double TrainingLoop::Elapsed() const {
+  return absl::ToDoubleSeconds(options_.clock->Now() - start_);
+}
 
 absl::StatusOr<TrainingResult> TrainingLoop::Run() {
   start_ = options_.clock->Now();
@@ -386,6 +388,7 @@ absl::Status TrainingLoop::Account(int64_t step, float loss, const StepTimes& t,
     if (!record.empty() && options_.worker_id == 0) *progress_ << record << '\n';
   }
   RETURN_IF_ERROR(Adopt(pushed.batch_changes, step));
+  RETURN_IF_ERROR(AdoptConsistency(t, pushed));
   i.dropped += pushed.dropped;
   ++i.steps;
   const int64_t done = step + 1;
@@ -461,6 +464,29 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
   }
   WriteProgress(*progress_, record);
   return r;
+}
+
+absl::Status TrainingLoop::AdoptConsistency(const StepTimes& t,
+                                            const PsClient::PushResult& pushed) {
+  const double ms = 1e3 * absl::ToDoubleSeconds(t.computed_delayed - t.drawn);
+  compute_ms_ema_ = compute_ms_ema_ <= 0 ? ms : 0.8 * compute_ms_ema_ + 0.2 * ms;
+  client_->SetComputeMs(compute_ms_ema_);
+  std::vector<ConsistencyChange> learned;
+  RETURN_IF_ERROR(client_->AdoptConsistency(pushed.consistency_changes, &learned));
+  if (options_.worker_id != 0) return absl::OkStatus();
+  for (const ConsistencyChange& c : learned) {
+    ProgressRecord r;
+    ConsistencyRecord* k = r.mutable_consistency();
+    k->set_worker(options_.worker_id);
+    k->set_step(c.from_step());
+    k->set_backup_workers(c.backup_workers());
+    for (double ms : c.compute_ms()) k->add_compute_ms(RoundDecimals(ms, 2));
+    k->set_expected_step_ms(RoundDecimals(c.expected_step_ms(), 2));
+    k->set_gain(RoundDecimals(c.gain(), 3));
+    k->set_t(RoundDecimals(Elapsed(), 3));
+    WriteProgress(*progress_, r, /*flush=*/false);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TrainingLoop::Adopt(const std::vector<BatchChange>& changes, int64_t computed) {

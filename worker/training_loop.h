@@ -34,11 +34,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/batch_plan.h"
+#include "common/clock.h"
 #include "worker/data/dataset.h"
 #include "worker/job_noise_scale.h"
 #include "worker/model/model_backend.h"
 #include "worker/model/model_spec.h"
-#include "common/clock.h"
 #include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
 #include "worker/straggler_model.h"
@@ -195,6 +195,9 @@ class TrainingLoop {
   // worker has computed (-1 at registration, when they are the job's history): a change for a
   // step already computed cannot be applied and is an error, as are shards that disagree.
   absl::Status Adopt(const std::vector<BatchChange>& changes, int64_t computed);
+  // Adaptive consistency: relays this step's compute time from now on, and takes the decisions
+  // the shards announced (worker 0 writes each new one as a `consistency` record).
+  absl::Status AdoptConsistency(const StepTimes& t, const PsClient::PushResult& pushed);
   // Draws the examples an uninterrupted worker would draw from `step` on.
   void Seek(int64_t step);
   // Registers again after a server dropped this worker (or was restored); returns the step to
@@ -234,6 +237,9 @@ class TrainingLoop {
   int64_t prefetched_version_ = 0;
   // The newest PushResult::applied_examples (-1: none): what the eval records' epochs count.
   int64_t applied_examples_ = -1;
+  // Adaptive consistency: the moving average of this worker's compute time per step (injected
+  // delay included), relayed to the servers.
+  double compute_ms_ema_ = 0;
   JobNoiseScale noise_;
   absl::Time start_;
   Interval interval_;

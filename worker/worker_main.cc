@@ -43,18 +43,18 @@
 #include "common/security.h"
 #include "common/security_flags.h"
 #include "common/status_macros.h"
-#include "worker/ring/allreduce_client.h"
+#include "worker/data/dataset.h"
 #include "worker/model/cuda/cuda_backend.h"
 #include "worker/model/cuda/cuda_device.h"
-#include "worker/data/dataset.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model_backend.h"
 #include "worker/model/model_file.h"
 #include "worker/model/model_spec.h"
+#include "worker/model/sharpness.h"
 #include "worker/ps/heartbeats.h"
 #include "worker/ps/ps_client.h"
 #include "worker/push_buckets.h"
-#include "worker/model/sharpness.h"
+#include "worker/ring/allreduce_client.h"
 #include "worker/straggler_flags.h"
 #include "worker/straggler_model.h"
 #include "worker/training_loop.h"
@@ -103,9 +103,10 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(std::string, listen, "",
           "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
           "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
-ABSL_FLAG(std::string, export_model, "",
-          "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
-          "the --model spec and its named tensors), atomically.");
+ABSL_FLAG(
+    std::string, export_model, "",
+    "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
+    "the --model spec and its named tensors), atomically.");
 ABSL_FLAG(std::string, summary_file, "",
           "At the end of the job, worker 0 writes the job's summary here, atomically: one JSON "
           "object {\"start\": its start record, \"done\": its done record} (the model, mode, "
@@ -128,7 +129,8 @@ ABSL_FLAG(int64_t, sharpness_examples, 10000,
 ABSL_FLAG(std::string, ps_transport, "auto",
           "How Push and Pull travel to the parameter servers. auto: over a shard's TCP data "
           "plane where it offers one (TLS with --tls_*, as gRPC), falling back to gRPC where its "
-          "port cannot be reached; grpc: always over gRPC (for example behind a proxy in front of the gRPC "
+          "port cannot be reached; grpc: always over gRPC (for example behind a proxy in front of "
+          "the gRPC "
           "port, which the data connection would bypass).");
 ABSL_FLAG(std::string, ring_transport, "auto",
           "allreduce: how blocks travel between ranks. tcp: a plain TCP data connection set up "
@@ -172,8 +174,8 @@ double MaxOverMean(const std::vector<int64_t>& bytes) {
   return placement.imbalance();
 }
 
-// This worker's rank on its host: --local_rank, else $LOCAL_RANK, else the worker id. InvalidArgument
-// for a value that is not a rank.
+// This worker's rank on its host: --local_rank, else $LOCAL_RANK, else the worker id.
+// InvalidArgument for a value that is not a rank.
 absl::StatusOr<int> LocalRank(int worker_id) {
   int rank = absl::GetFlag(FLAGS_local_rank);
   if (rank < -1) return absl::InvalidArgumentError(absl::StrCat("--local_rank=", rank, " < -1"));
@@ -664,9 +666,10 @@ rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
   // synchronous steps, at most one round per gradient; the client says when they end.
   const bool partial = mode == rubato::ALLREDUCE &&
                        s->cluster.consistency().allreduce_quorum() != rubato::QUORUM_ALL;
-  options.skip_to_current_version = mode == rubato::BACKUP || partial;
+  const bool adaptive = mode == rubato::ADAPTIVE;  // bsp or backup:b, step by step
+  options.skip_to_current_version = mode == rubato::BACKUP || adaptive || partial;
   if (partial) options.steps = s->job.steps * s->cluster.num_workers();
-  options.rewind_on_rejoin = mode == rubato::BSP || mode == rubato::BACKUP;
+  options.rewind_on_rejoin = mode == rubato::BSP || mode == rubato::BACKUP || adaptive;
   if (s->straggler->enabled()) options.straggler = &*s->straggler;
   options.on_injected_crash = InjectedCrash;
   options.overlap = absl::GetFlag(FLAGS_overlap);
@@ -757,7 +760,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<rubato::CopyStreamTo> records_copy;
   if (const std::string path = absl::GetFlag(FLAGS_records_file); !path.empty()) {
     auto copy = rubato::CopyStreamTo::Open(&std::cout, path);
-    if (!copy.ok()) return Fail(kExitUsage, absl::StrCat("--records_file: ", copy.status().message()));
+    if (!copy.ok())
+      return Fail(kExitUsage, absl::StrCat("--records_file: ", copy.status().message()));
     records_copy = std::move(*copy);
   }
   if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {

@@ -36,6 +36,36 @@ void PsClient::AddPushResponse(const PushResponse& response, PushResult* result)
   result->max_staleness = std::max(result->max_staleness, response.max_staleness());
   if (response.has_noise_scale()) result->noise.push_back(response.noise_scale());
   if (response.has_batch_change()) result->batch_changes.push_back(response.batch_change());
+  if (response.has_consistency_change()) {
+    result->consistency_changes.push_back(response.consistency_change());
+  }
+}
+
+absl::Status PsClient::AdoptConsistency(const std::vector<ConsistencyChange>& changes,
+                                        std::vector<ConsistencyChange>* learned) {
+  absl::MutexLock lock(&consistency_mu_);
+  if (!consistency_plan_.has_value()) return absl::OkStatus();
+  for (const ConsistencyChange& c : changes) {
+    bool added = false;
+    if (absl::Status s = consistency_plan_->Add(c, consistency_workers_, &added); !s.ok()) {
+      return absl::InternalError(absl::StrCat("the servers announced ", s.message()));
+    }
+    if (added && learned != nullptr) learned->push_back(c);
+  }
+  return absl::OkStatus();
+}
+
+std::optional<ConsistencyRelay> PsClient::ConsistencyRelayFor(int64_t step) const {
+  absl::MutexLock lock(&consistency_mu_);
+  if (!consistency_plan_.has_value()) return std::nullopt;
+  ConsistencyRelay relay;
+  relay.set_compute_ms(compute_ms_);
+  if (const ConsistencyChange* c = consistency_plan_->At(step); c != nullptr) {
+    // The decision alone: the figures behind it stay with shard 0.
+    relay.mutable_change()->set_from_step(c->from_step());
+    relay.mutable_change()->set_backup_workers(c->backup_workers());
+  }
+  return relay;
 }
 
 void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
@@ -44,6 +74,9 @@ void PsClient::AddPushResult(const PushResult& part, PushResult* total) {
   total->noise.insert(total->noise.end(), part.noise.begin(), part.noise.end());
   total->batch_changes.insert(total->batch_changes.end(), part.batch_changes.begin(),
                               part.batch_changes.end());
+  total->consistency_changes.insert(total->consistency_changes.end(),
+                                    part.consistency_changes.begin(),
+                                    part.consistency_changes.end());
   if (part.min_version >= 0) {
     total->min_version =
         total->min_version < 0 ? part.min_version : std::min(total->min_version, part.min_version);
@@ -231,16 +264,16 @@ class ShardedPsClient final : public PsClient {
     request.set_step(step);
     std::vector<HeartbeatResponse> responses(channels_.size());
     std::vector<absl::Status> answers(channels_.size());
-    const absl::Status status = RunFanOut(
-        &context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
-        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-            ShardChannel::Done done) {
-          channel->Heartbeat(request, &responses[call], o,
-                             [&answers, call, done = std::move(done)](absl::Status s) {
-                               answers[call] = s;
-                               done(std::move(s));
-                             });
-        });
+    const absl::Status status =
+        RunFanOut(&context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
+                  [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+                      ShardChannel::Done done) {
+                    channel->Heartbeat(request, &responses[call], o,
+                                       [&answers, call, done = std::move(done)](absl::Status s) {
+                                         answers[call] = s;
+                                         done(std::move(s));
+                                       });
+                  });
     if (!absl::IsAborted(status) || registrations_.load() != registrations) return status;
     FanOutSpec others = EveryShard(0, options_.heartbeat_timeout, Retry::kNever);
     for (int s = 0; s < shards(); ++s) {
@@ -251,12 +284,12 @@ class ShardedPsClient final : public PsClient {
                      << " is to register again; ending its waiting pulls at shard(s) "
                      << absl::StrJoin(others.shards, ", ") << " (" << status.message() << ")";
     request.set_end_pulls(true);
-    const absl::Status ended = RunFanOut(
-        &context_, std::move(others),
-        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-            ShardChannel::Done done) {
-          channel->Heartbeat(request, &responses[call], o, std::move(done));
-        });
+    const absl::Status ended =
+        RunFanOut(&context_, std::move(others),
+                  [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+                      ShardChannel::Done done) {
+                    channel->Heartbeat(request, &responses[call], o, std::move(done));
+                  });
     if (!ended.ok()) RUBATO_LOG(WARNING) << "ending waiting pulls: " << ended;
     return status;
   }
@@ -457,7 +490,8 @@ class ShardedPsClient final : public PsClient {
     }
   }
 
-  absl::Status RollBackOnce(const RollbackPlan& plan, const std::vector<RegisterResponse>& responses,
+  absl::Status RollBackOnce(const RollbackPlan& plan,
+                            const std::vector<RegisterResponse>& responses,
                             std::vector<RollbackResponse>* answers_out) {
     RollbackRequest request = plan.request;
     request.set_worker_id(options_.worker_id);
@@ -469,12 +503,12 @@ class ShardedPsClient final : public PsClient {
     // recovery's roll-back as done. So it is retried as a push is.
     spec.retry = Retry::kWhileUnavailable;
     std::vector<RollbackResponse> answers(plan.shards.size());
-    const absl::Status status = RunFanOut(
-        &context_, spec,
-        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-            ShardChannel::Done done) {
-          channel->Rollback(request, &answers[call], o, std::move(done));
-        });
+    const absl::Status status =
+        RunFanOut(&context_, spec,
+                  [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+                      ShardChannel::Done done) {
+                    channel->Rollback(request, &answers[call], o, std::move(done));
+                  });
     if (!status.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the shards stand at different steps after a restart (", DescribeRecoveries(responses),
@@ -524,12 +558,13 @@ class ShardedPsClient final : public PsClient {
     auto t = std::make_shared<Ticket>();
     t->step = step;
     t->timing.started = Now();
+    const std::optional<ConsistencyRelay> consistency = ConsistencyRelayFor(step);
     for (const PushCall& call :
          PlanPushCalls(plan_, tensors, part_elements_, options_.target_call_bytes)) {
       t->push_shards.push_back(call.shard);
-      t->requests.push_back(codec_.PushRequestFor(step, call.pieces, grads, push_batch_size_,
-                                                  has_push_relay_ ? &push_relay_ : nullptr,
-                                                  &t->borrowed));
+      t->requests.push_back(codec_.PushRequestFor(
+          step, call.pieces, grads, push_batch_size_, has_push_relay_ ? &push_relay_ : nullptr,
+          &t->borrowed, consistency.has_value() ? &*consistency : nullptr));
       t->weights.push_back(static_cast<int64_t>(t->requests.back().Length()));
     }
     t->raw.resize(t->requests.size());
@@ -652,11 +687,15 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreatePsClient(
     if (c == nullptr) return absl::InvalidArgumentError("a shard without a channel");
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
-  ASSIGN_OR_RETURN(CallPlan plan,
-                   PlanCalls(options.model, static_cast<int>(channels.size()),
-                             options.max_message_bytes, options.target_call_bytes));
-  return std::unique_ptr<PsClient>(
+  ASSIGN_OR_RETURN(CallPlan plan, PlanCalls(options.model, static_cast<int>(channels.size()),
+                                            options.max_message_bytes, options.target_call_bytes));
+  std::unique_ptr<PsClient> client(
       new ShardedPsClient(options, std::move(plan), std::move(channels)));
+  if (options.consistency.mode() == ADAPTIVE) {
+    client->EnableAdaptiveConsistency(options.consistency.adaptive_every_steps(),
+                                      options.num_workers);
+  }
+  return client;
 }
 
 absl::StatusOr<std::unique_ptr<PsClient>> CreateGrpcPsClient(const PsClientOptions& options) {

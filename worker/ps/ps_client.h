@@ -28,14 +28,17 @@
 #define RUBATO_WORKER_PS_PS_CLIENT_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
+#include "common/consistency_plan.h"
 #include "common/limits.h"
 #include "common/security.h"
 #include "proto/parameter_server.pb.h"
@@ -50,9 +53,9 @@ class PsClient {
 
   // Registers with every shard, offering `initial` values (one per tensor) for shards not yet
   // initialised. Waits up to the connect timeout for servers that are not up yet, or that answer
-  // UNAVAILABLE (a shard shutting down to roll back, which another worker may have asked for). Returns the step
-  // to compute next: the smallest tensor version over the shards (0 for a new job; later for a
-  // worker that rejoins after being dropped).
+  // UNAVAILABLE (a shard shutting down to roll back, which another worker may have asked for).
+  // Returns the step to compute next: the smallest tensor version over the shards (0 for a new job;
+  // later for a worker that rejoins after being dropped).
   virtual absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>> initial,
                                            int32_t batch_size, int64_t resume_step) = 0;
 
@@ -72,6 +75,8 @@ class PsClient {
     std::vector<NoiseScaleStats> noise;
     // Adaptive batch: each answering shard's newest batch change (common/batch_plan.h).
     std::vector<BatchChange> batch_changes;
+    // Adaptive consistency: each answering shard's newest decision (common/consistency_plan.h).
+    std::vector<ConsistencyChange> consistency_changes;
     // The examples in every gradient the job has applied so far, where the client knows it and
     // it is not the steps' (the partial all-reduce, whose rounds carry a varying number of
     // gradients); -1 otherwise.
@@ -123,6 +128,21 @@ class PsClient {
     has_push_relay_ = relay != nullptr;
     if (relay != nullptr) push_relay_ = *relay;
   }
+  // Adaptive consistency (server/adaptive_policy.h): every following push relays this worker's
+  // compute time per step (SetComputeMs) and the decision governing its step, as learned from the
+  // shards' answers (AdoptConsistency, which appends to `learned` the decisions new to it and is
+  // INTERNAL when two shards disagree).
+  void EnableAdaptiveConsistency(int every_steps, int num_workers) {
+    absl::MutexLock lock(&consistency_mu_);
+    consistency_plan_.emplace(every_steps);
+    consistency_workers_ = num_workers;
+  }
+  void SetComputeMs(double ms) {
+    absl::MutexLock lock(&consistency_mu_);
+    compute_ms_ = ms;
+  }
+  absl::Status AdoptConsistency(const std::vector<ConsistencyChange>& changes,
+                                std::vector<ConsistencyChange>* learned);
   // Adaptive batch: the changes so far, as the last Register's answers gave them (the longest
   // list any shard sent).
   const std::vector<BatchChange>& registered_batch_plan() const { return registered_batch_plan_; }
@@ -156,11 +176,19 @@ class PsClient {
   bool has_push_relay_ = false;
   NoiseScaleRelay push_relay_;
   std::vector<BatchChange> registered_batch_plan_;
+  // The relay of a push of `step` (nullopt without adaptive consistency).
+  std::optional<ConsistencyRelay> ConsistencyRelayFor(int64_t step) const;
   void KeepBatchPlan(const RegisterResponse& response) {
     if (response.batch_plan_size() > static_cast<int>(registered_batch_plan_.size())) {
       registered_batch_plan_.assign(response.batch_plan().begin(), response.batch_plan().end());
     }
   }
+
+ private:
+  mutable absl::Mutex consistency_mu_;
+  std::optional<ConsistencyPlan> consistency_plan_ ABSL_GUARDED_BY(consistency_mu_);
+  int consistency_workers_ ABSL_GUARDED_BY(consistency_mu_) = 0;
+  double compute_ms_ ABSL_GUARDED_BY(consistency_mu_) = 0;
 };
 
 struct PsClientOptions {

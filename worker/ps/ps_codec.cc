@@ -63,12 +63,13 @@ grpc::ByteBuffer PsCodec::PullRequestFor(int64_t step, const std::vector<int>& t
 grpc::ByteBuffer PsCodec::PushRequestFor(int64_t step, const std::vector<PushPiece>& pieces,
                                          absl::Span<const std::vector<float>> grads,
                                          int32_t batch_size, const NoiseScaleRelay* relay,
-                                         BorrowedSlices* borrowed) const {
+                                         BorrowedSlices* borrowed,
+                                         const ConsistencyRelay* consistency) const {
   std::vector<grpc::Slice> slices;
   slices.reserve(2 * pieces.size());
   std::string header;
   EncodePushHeader(worker_id_, step, &header);
-  EncodePushExtras(batch_size, relay, &header);
+  EncodePushExtras(batch_size, relay, &header, consistency);
   for (const PushPiece& piece : pieces) {
     const size_t bytes = static_cast<size_t>(piece.elements) * sizeof(float);
     EncodeTensorHeader(3, model_[piece.tensor].name(), 0, bytes, &header, piece.offset);

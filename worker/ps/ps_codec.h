@@ -61,7 +61,8 @@ class PsCodec {
   // slices, each gradient's bytes as a slice of `grads` itself, borrowed from `borrowed`.
   grpc::ByteBuffer PushRequestFor(int64_t step, const std::vector<PushPiece>& pieces,
                                   absl::Span<const std::vector<float>> grads, int32_t batch_size,
-                                  const NoiseScaleRelay* relay, BorrowedSlices* borrowed) const;
+                                  const NoiseScaleRelay* relay, BorrowedSlices* borrowed,
+                                  const ConsistencyRelay* consistency = nullptr) const;
 
   // Where a pull of `tensors` may be read into `params` in place (each resized to its size first).
   PullSink SinkFor(const std::vector<int>& tensors, absl::Span<std::vector<float>> params) const;

@@ -12,9 +12,9 @@ absl::Status CheckRegisterAnswers(const std::vector<RegisterResponse>& responses
   for (int s = 0; s < shards; ++s) {
     const RegisterResponse& r = responses[s];
     if (r.num_shards() != shards || r.shard_id() != s) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "server at ", addresses[s], " is shard ", r.shard_id(), " of ", r.num_shards(),
-          ", but this worker has it as shard ", s, " of ", shards));
+      return absl::FailedPreconditionError(
+          absl::StrCat("server at ", addresses[s], " is shard ", r.shard_id(), " of ",
+                       r.num_shards(), ", but this worker has it as shard ", s, " of ", shards));
     }
     // The worker seeks its data to this step (and may send it back in a Rollback).
     if (r.resume_step() < 0 || r.resume_step() >= kMaxStep) {
@@ -23,9 +23,9 @@ absl::Status CheckRegisterAnswers(const std::vector<RegisterResponse>& responses
     }
     if (const int64_t part = r.part_elements();
         part != 0 && (part < kMinPartElements || part > kMaxTensorElements)) {
-      return absl::InternalError(absl::StrCat("server at ", addresses[s], " answered part_elements ",
-                                              part, ", not 0 or in [", kMinPartElements, ", ",
-                                              kMaxTensorElements, "]"));
+      return absl::InternalError(absl::StrCat("server at ", addresses[s],
+                                              " answered part_elements ", part, ", not 0 or in [",
+                                              kMinPartElements, ", ", kMaxTensorElements, "]"));
     }
   }
   return absl::OkStatus();
@@ -34,7 +34,7 @@ absl::Status CheckRegisterAnswers(const std::vector<RegisterResponse>& responses
 std::optional<RollbackPlan> PlanRollback(const std::vector<RegisterResponse>& responses) {
   if (responses.empty()) return std::nullopt;
   const ConsistencyMode mode = responses[0].consistency().mode();
-  if (mode != BSP && mode != BACKUP) return std::nullopt;
+  if (mode != BSP && mode != BACKUP && mode != ADAPTIVE) return std::nullopt;
   int behind = -1;
   bool differ = false;
   for (size_t s = 0; s < responses.size(); ++s) {
