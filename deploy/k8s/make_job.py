@@ -43,7 +43,7 @@ UID = 65532
 SERVER_PORT, DATA_PORT, RING_PORT, RING_DATA_PORT, HEALTH_PORT = 5000, 5001, 6000, 6001, 8081
 ROLLBACK_EXIT = 75   # server_main.cc kExitRollback: restart me, I rolled back to a checkpoint.
 USAGE_EXIT = 2       # Bad flags or spec: a restart cannot help.
-MODES = ("bsp", "ssp", "async", "backup", "allreduce")
+MODES = ("bsp", "ssp", "async", "backup", "adaptive", "allreduce")
 MOUNT = "/opt/rubato"
 
 # key: (default, meaning). Types follow the defaults (an int field takes an int, and so on).
@@ -54,6 +54,8 @@ FIELDS = {
     "mode": ("bsp", "consistency: " + " | ".join(MODES)),
     "staleness": (2, "ssp: the bound s"),
     "backup_workers": (1, "backup: b, gradients not waited for each step"),
+    "adaptive_every_steps": (20, "adaptive: K, the steps between the servers' choices of bsp or "
+                                 "backup:b"),
     "allreduce_quorum": ("all", "allreduce: all (the synchronous ring), majority or solo (a round "
                                 "goes on once half the ranks, or one, have a gradient ready)"),
     "model": ("mlp:784-256-10", "rubato_worker --model"),
@@ -182,6 +184,8 @@ def validate(job):
     if job["allreduce_quorum"] != "all" and not allreduce:
         raise JobError("allreduce_quorum %s applies to mode allreduce, not %s"
                        % (job["allreduce_quorum"], job["mode"]))
+    if job["mode"] == "adaptive" and job["adaptive_every_steps"] < 1:
+        raise JobError("adaptive_every_steps must be >= 1, got %d" % job["adaptive_every_steps"])
     if job["mode"] == "ssp" and job["staleness"] < 0:
         raise JobError("staleness must be >= 0, got %d" % job["staleness"])
     for key in ("epochs", "batch_size", "max_message_bytes", "checkpoint_every_steps",
@@ -304,6 +308,8 @@ def cluster_spec(job):
         consistency += " staleness: %d" % job["staleness"]
     if job["mode"] == "backup":
         consistency += " backup_workers: %d" % job["backup_workers"]
+    if job["mode"] == "adaptive":
+        consistency += " adaptive_every_steps: %d" % job["adaptive_every_steps"]
     if job["allreduce_quorum"] != "all":
         consistency += " allreduce_quorum: QUORUM_%s" % job["allreduce_quorum"].upper()
     lines.append("consistency { %s }" % consistency)

@@ -379,6 +379,15 @@ class ManifestsTest(unittest.TestCase):
         with self.assertRaisesRegex(make_job.JobError, "must be all, majority or solo"):
             render.job("allreduce", settings=["allreduce_quorum=most"])
 
+    def test_an_adaptive_job_names_its_period(self):
+        fields = make_job.load(render.job_file("bsp"), ["mode=adaptive", "adaptive_every_steps=10"])
+        self.assertIn("consistency { mode: ADAPTIVE adaptive_every_steps: 10 }",
+                      make_job.cluster_spec(fields))
+        self.assertNotIn("adaptive_every_steps", make_job.cluster_spec(
+            make_job.load(render.job_file("bsp"))))
+        with self.assertRaisesRegex(make_job.JobError, "adaptive_every_steps must be >= 1"):
+            render.job("bsp", settings=["mode=adaptive", "adaptive_every_steps=0"])
+
     def test_every_cluster_spec_is_one_the_server_takes(self):
         """Each job file's cluster spec, given to the real rubato_server as its pods give it:
         it serves (a bad spec would exit 2 at once), and stops at SIGTERM with 143."""
