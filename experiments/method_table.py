@@ -8,7 +8,8 @@ mitigation method, divided by bsp's time without a straggler (pattern none):
                        for that pattern (named), as a user who knew the pattern would pick
   reassignment         async with work reassignment (mode reassign; docs/straggler.md)
   majority all-reduce  eager-SGD's partial ring (mode majority)
-  adaptive             the adaptive consistency mode (mode adaptive), where the suite has it
+  adaptive             the adaptive consistency mode (mode adaptive: K = 20), where the suite
+                       has it, and with K = 5 (mode adaptive-5)
 
 A method a suite does not run is left out. Intervals are the cell's 95% interval of the mean
 divided by the reference's mean (the reference's own spread is not folded in); a cell of one
@@ -17,7 +18,7 @@ seed has none.
 
 FIXED = ("bsp", "backup:1", "ssp:2", "async", "allreduce")
 METHODS = (("reassignment", "reassign"), ("majority all-reduce", "majority"),
-           ("adaptive", "adaptive"))
+           ("adaptive", "adaptive"), ("adaptive, K = 5", "adaptive-5"))
 REFERENCE = ("bsp", "none")  # (mode, pattern)
 METRIC = "time_to_target_s"
 

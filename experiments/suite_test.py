@@ -161,13 +161,13 @@ class SuiteFileTest(unittest.TestCase):
         names = [c for c, _ in stragglers.cells]
         self.assertEqual(names[:2], ["bsp-no-straggler", "allreduce-no-straggler"])
         for mode in ("bsp", "backup-1", "ssp-1", "ssp-2", "ssp-8", "async",
-                     "async-staleness-aware", "allreduce"):
+                     "async-staleness-aware", "allreduce", "adaptive"):
             self.assertIn(mode, names)
             self.assertEqual(dict(stragglers.cells)[mode]["slow_workers"], "3:4")
         self.assertEqual(dict(stragglers.cells)["bsp"]["workers"], 4)
         self.assertEqual(stragglers.timeline, ["bsp", "backup-1", "ssp-2", "async", "allreduce"])
         severity = suite.load("severity")
-        self.assertEqual(len(severity.cells), 5 * 5)
+        self.assertEqual(len(severity.cells), 8 * 5)
         delays = suite.load("random-delays")
         self.assertEqual(len(delays.cells), 5 * 3)
         self.assertEqual({f["delay_distribution"] for _, f in delays.cells},
@@ -183,7 +183,7 @@ class SuiteFileTest(unittest.TestCase):
         self.assertEqual({f["optimizer"] for _, f in study.cells},
                          {"sgd", "lars", "larc", "lamb"})
         patterns = suite.load("patterns")
-        self.assertEqual(len(patterns.cells), 7 * 7)  # Modes x patterns (none included).
+        self.assertEqual(len(patterns.cells), 9 * 7)  # Modes x patterns (none included).
         reassign = dict(patterns.cells)["mode=reassign,pattern=constant-x4"]
         self.assertEqual((reassign["mode"], reassign["reassign"]), ("async", "true"))
         rotating = dict(patterns.cells)["mode=bsp,pattern=rotating"]
