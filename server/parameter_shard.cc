@@ -167,6 +167,7 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     parked_changed_.Signal();           // Leases may start (or restart) running.
     DescribeJob(&response);
     response.set_min_version(tensors_.MinVersion());
+    response.set_max_version(tensors_.MaxVersion());
     response.set_resume_step(policy_->ResumeStep(tensors_.MinVersion(), members_.Clock(id)));
     response.set_restored_step(members_.restored_step());
     response.set_recovery_id(recovery_id_.load());

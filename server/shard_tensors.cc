@@ -41,6 +41,12 @@ int64_t ShardTensors::MinVersion() const {
   return tensors_.empty() ? 0 : v;
 }
 
+int64_t ShardTensors::MaxVersion() const {
+  int64_t v = 0;
+  for (const auto& t : tensors_) v = std::max(v, t->version());
+  return v;
+}
+
 void ShardTensors::PublishMembers(const Membership& members) {
   auto view = std::make_shared<TensorAggregator::Members>();
   view->member = members.member();
@@ -84,9 +90,8 @@ absl::Time ShardTensors::ExpireHeld(absl::Time now, absl::Duration max_wait, Rel
   absl::Time earliest = absl::InfiniteFuture();
   const std::shared_ptr<const TensorAggregator::Members> view = std::atomic_load(&member_view_);
   for (auto& t : tensors_) {
-    earliest = std::min(
-        earliest,
-        t->ExpireHeld(now - max_wait, *view, absl::ToInt64Milliseconds(max_wait), released));
+    earliest = std::min(earliest, t->ExpireHeld(now - max_wait, *view,
+                                                absl::ToInt64Milliseconds(max_wait), released));
   }
   next_held_check_ = std::min(now + absl::Seconds(1), earliest + max_wait);
   return next_held_check_;

@@ -53,6 +53,7 @@ class ShardTensors {
 
   // The lowest version among the tensors; 0 for none.
   int64_t MinVersion() const;
+  int64_t MaxVersion() const;
 
   // Publishes the members for the tensors to read (TensorAggregator::Context.members) before
   // anything is asked of them again.

@@ -345,7 +345,12 @@ class ShardedPsClient final : public PsClient {
         return resume.status();
       }
       const std::optional<RollbackPlan> rollback = PlanRollback(responses);
-      if (!rollback.has_value()) return *resume;
+      if (!rollback.has_value()) {
+        if (const std::string split = DescribeSplitStep(responses); !split.empty()) {
+          RUBATO_LOG(WARNING) << split;
+        }
+        return *resume;
+      }
       RETURN_IF_ERROR(RollBack(*rollback, responses));
       if (++rollbacks > kMaxRollbacks) {
         return absl::FailedPreconditionError(

@@ -1,5 +1,7 @@
 #include "worker/ps/recovery.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/limits.h"
@@ -64,6 +66,20 @@ uint64_t RecoveryIdFor(uint64_t from, int64_t step) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   z ^= z >> 31;
   return z == 0 ? 1 : z;
+}
+
+std::string DescribeSplitStep(const std::vector<RegisterResponse>& responses) {
+  if (responses.empty() || responses[0].consistency().mode() != BSP) return "";
+  int64_t low = responses[0].min_version(), high = responses[0].max_version();
+  for (const RegisterResponse& r : responses) {
+    low = std::min(low, r.min_version());
+    high = std::max(high, r.max_version());
+  }
+  if (high <= low) return "";
+  return absl::StrCat(
+      "step ", low, " is half applied (tensor versions from ", low, " to ", high,
+      ": a worker stopped between its pushes to different tensors); this worker computes it on "
+      "weights of both versions, so the job is no longer bit-identical to an uninterrupted run");
 }
 
 std::string DescribeRecoveries(const std::vector<RegisterResponse>& responses) {

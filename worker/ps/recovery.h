@@ -41,6 +41,13 @@ std::optional<RollbackPlan> PlanRollback(const std::vector<RegisterResponse>& re
 // checkpoint of `from`'s step: the same in every worker that finds so, never 0.
 uint64_t RecoveryIdFor(uint64_t from, int64_t step);
 
+// Under bsp, when the answers' tensor versions are not all equal, a sentence saying that a step
+// was half applied and that the job is no longer bit-identical to an uninterrupted one; else "".
+// (A worker that died between its pushes to different tensors left the step applied on those it
+// reached; its replacement recomputes that step on weights of two versions. Not repaired: that
+// would need the older version kept, or a roll-back.)
+std::string DescribeSplitStep(const std::vector<RegisterResponse>& responses);
+
 // "shard 0 at step 40, recovery 1f; shard 1 at step 60, never restored", for messages.
 std::string DescribeRecoveries(const std::vector<RegisterResponse>& responses);
 

@@ -59,6 +59,25 @@ TEST(RecoveryTest, RecoveriesAreDescribedShardByShard) {
             "shard 0 at step 60, never restored; shard 1 at step 40, recovery ab");
 }
 
+// A worker that died between its pushes to two shards left its step applied on one of them.
+TEST(RecoveryTest, AHalfAppliedStepIsNamedUnderBspOnly) {
+  auto answers = Answers(BSP, {{201, 0}, {201, 0}});
+  answers[0].set_min_version(201);
+  answers[0].set_max_version(201);
+  answers[1].set_min_version(201);
+  answers[1].set_max_version(201);
+  EXPECT_EQ(DescribeSplitStep(answers), "");
+  answers[1].set_max_version(202);  // Within one shard: some tensors a step ahead.
+  EXPECT_NE(DescribeSplitStep(answers).find("step 201 is half applied (tensor versions from 201 "
+                                            "to 202"),
+            std::string::npos)
+      << DescribeSplitStep(answers);
+  answers[1].set_min_version(202);  // One shard wholly ahead of the other.
+  EXPECT_NE(DescribeSplitStep(answers), "");
+  for (RegisterResponse& r : answers) r.mutable_consistency()->set_mode(BACKUP);
+  EXPECT_EQ(DescribeSplitStep(answers), "");  // Backup applies steps without some gradients.
+}
+
 TEST(RecoveryTest, AnswersFromTheWrongShardOrOutOfRangeAreRefusedNamingTheServer) {
   const std::vector<std::string> addresses = {"a:1", "b:2"};
   EXPECT_TRUE(CheckRegisterAnswers(Answers(BSP, {{0, 0}, {0, 0}}), addresses).ok());
