@@ -196,8 +196,8 @@ std::string DiagnoseListen(absl::string_view address) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  if (const int rc =
-          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
+                                   &found);
       rc != 0) {
     return absl::StrCat("the host name '", host, "' does not resolve (", ::gai_strerror(rc), ")");
   }
@@ -221,16 +221,13 @@ std::string DiagnoseListen(absl::string_view address) {
   ::freeaddrinfo(found);
   switch (error) {
     case EADDRINUSE:
-      return absl::StrCat("port ", port,
-                          " is in use on this host (another process listens on it; "
+      return absl::StrCat("port ", port, " is in use on this host (another process listens on it; "
                           "stop it or choose another port)");
     case EADDRNOTAVAIL:
-      return absl::StrCat(host,
-                          " is not an address of this host (listen on one of its own "
+      return absl::StrCat(host, " is not an address of this host (listen on one of its own "
                           "addresses, or on 0.0.0.0 for all of them)");
     case EACCES:
-      return absl::StrCat("port ", port,
-                          " needs privileges this process lacks (ports below 1024; "
+      return absl::StrCat("port ", port, " needs privileges this process lacks (ports below 1024; "
                           "choose a higher one)");
     default:
       return absl::StrCat("binding it fails: ", std::strerror(error));

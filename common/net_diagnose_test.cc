@@ -88,6 +88,14 @@ TEST(DiagnoseEndpointTest, PortWithoutListenerIsRefused) {
     EXPECT_EQ(d.kind, Reachability::kRefused) << d.detail;
     EXPECT_NE(d.detail.find("connection refused by " + address), std::string::npos) << d.detail;
     EXPECT_NE(d.detail.find("nothing listens"), std::string::npos) << d.detail;
+    // A numeric address is not named again.
+    EXPECT_EQ(d.detail.find(" at 127.0.0.1"), std::string::npos) << d.detail;
+    // A host name is followed by the address that refused.
+    const std::string named = "localhost" + address.substr(address.rfind(':'));
+    const EndpointDiagnosis n = DiagnoseEndpoint(named, absl::Seconds(2));
+    EXPECT_EQ(n.kind, Reachability::kRefused) << n.detail;
+    EXPECT_NE(n.detail.find("connection refused by " + named + " at "), std::string::npos)
+        << n.detail;
   }
 }
 
@@ -138,8 +146,9 @@ TEST(DiagnoseListenTest, AFreePortBindsAndAnInUseOneIsNamed) {
 TEST(DiagnoseListenTest, AnAddressOfAnotherHostIsNamed) {
   // 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this machine; a bind sends nothing.
   const std::string why = DiagnoseListen("192.0.2.1:5000");
-  EXPECT_EQ(why, "192.0.2.1 is not an address of this host (listen on one of its own addresses, "
-                 "or on 0.0.0.0 for all of them)");
+  EXPECT_EQ(why,
+            "192.0.2.1 is not an address of this host (listen on one of its own addresses, "
+            "or on 0.0.0.0 for all of them)");
 }
 
 TEST(DiagnoseListenTest, MalformedAddresses) {

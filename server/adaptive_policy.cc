@@ -47,24 +47,25 @@ void ChooseBackupWorkers(std::vector<double> times_ms, int current, double hyste
 AdaptivePolicy::AdaptivePolicy(const ConsistencyConfig& config)
     : StepPolicy(config), plan_(config.adaptive_every_steps()) {}
 
-bool AdaptivePolicy::StepCompleteAt(int64_t step, int received, bool all_members_in,
-                                    int members) const {
+bool AdaptivePolicy::StepComplete(int64_t step, int received, bool all_members_in,
+                                  int members) const {
   if (received == 0) return false;
   if (all_members_in) return true;
   absl::MutexLock lock(&mu_);
   return received >= std::max(1, members - plan_.BackupAt(step));
 }
 
-double AdaptivePolicy::RateFactor(const LearningRateScheduler& schedule, int64_t step,
-                                  int members) const {
+double AdaptivePolicy::LearningRate(const LearningRateScheduler& schedule, int64_t version,
+                                    int members, int64_t staleness) const {
+  const double rate = StepPolicy::LearningRate(schedule, version, members, staleness);
   int b = 0;
   {
     absl::MutexLock lock(&mu_);
-    b = plan_.BackupAt(step);
+    b = plan_.BackupAt(version);
   }
-  if (b == 0 || members < 1) return 1.0;
+  if (b == 0 || members < 1) return rate;
   const int contributors = std::max(1, members - b);
-  return schedule.BatchFactor(schedule.global_batch() * contributors / members);
+  return rate * schedule.BatchFactor(schedule.global_batch() * contributors / members);
 }
 
 absl::Status AdaptivePolicy::CheckRelay(const WirePush& push, int num_workers) const {
@@ -95,9 +96,12 @@ void AdaptivePolicy::TakeRelay(const WirePush& push, int shard_id,
     const size_t w = static_cast<size_t>(push.worker_id);
     if (w < compute_ms_.size() && relay.compute_ms() > 0) compute_ms_[w] = relay.compute_ms();
     if (relay.has_change()) {
-      // Checked before the push was admitted; a conflict since (another worker's relay in
-      // between) keeps the first.
-      if (absl::Status s = plan_.Add(relay.change(), static_cast<int>(member.size())); !s.ok()) {
+      // The decision alone, not figures a worker may have attached. Checked before the push was
+      // admitted; a conflict since (another worker's relay in between) keeps the first.
+      ConsistencyChange decision;
+      decision.set_from_step(relay.change().from_step());
+      decision.set_backup_workers(relay.change().backup_workers());
+      if (absl::Status s = plan_.Add(decision, static_cast<int>(member.size())); !s.ok()) {
         RUBATO_LOG(WARNING) << "shard " << shard_id << ": " << s.message();
       }
     }
@@ -108,6 +112,8 @@ void AdaptivePolicy::TakeRelay(const WirePush& push, int shard_id,
 }
 
 void AdaptivePolicy::DecideLocked(int64_t step, const std::vector<char>& member) {
+  const ConsistencyChange* newest = plan_.Newest();
+  const int before = newest == nullptr ? 0 : newest->backup_workers();
   decided_through_ = step;
   std::vector<double> times;
   ConsistencyChange change;
@@ -123,7 +129,7 @@ void AdaptivePolicy::DecideLocked(int64_t step, const std::vector<char>& member)
     }
   }
   if (all_known) {
-    ChooseBackupWorkers(times, current_, kHysteresis, &change);
+    ChooseBackupWorkers(times, before, kHysteresis, &change);
   } else {
     // A member not heard from yet: wait for everyone (bsp) until every time is known.
     change.set_backup_workers(0);
@@ -135,13 +141,11 @@ void AdaptivePolicy::DecideLocked(int64_t step, const std::vector<char>& member)
     RUBATO_LOG(WARNING) << "shard 0: " << s.message();
     return;
   }
-  const int before = current_;
-  current_ = change.backup_workers();
+  const int now = change.backup_workers();
   RUBATO_LOG(INFO) << "adaptive consistency: steps " << step + 1 << ".."
                    << step + plan_.every_steps() << " run "
-                   << (current_ == 0 ? std::string("bsp") : absl::StrCat("backup:", current_))
-                   << (current_ == before ? " (unchanged)" : " (changed)")
-                   << "; compute ms per worker ["
+                   << (now == 0 ? std::string("bsp") : absl::StrCat("backup:", now))
+                   << (now == before ? " (unchanged)" : " (changed)") << "; compute ms per worker ["
                    << absl::StrJoin(change.compute_ms(), ", ",
                                     [](std::string* out, double ms) {
                                       absl::StrAppend(out, std::round(ms * 10) / 10);
@@ -169,8 +173,6 @@ void AdaptivePolicy::RestartAt(int64_t step) {
   absl::MutexLock lock(&mu_);
   plan_.DropAfter(step);
   decided_through_ = std::min(decided_through_, step - 1);
-  const ConsistencyChange* newest = plan_.Newest();
-  current_ = newest == nullptr ? 0 : newest->backup_workers();
 }
 
 }  // namespace rubato

@@ -52,13 +52,11 @@ class AdaptivePolicy final : public StepPolicy {
 
   AdaptivePolicy* adaptive() override { return this; }
 
-  bool StepComplete(int received, bool all_members_in, int members) const override {
-    return StepCompleteAt(0, received, all_members_in, members);
-  }
-  bool StepCompleteAt(int64_t step, int received, bool all_members_in, int members) const override;
-  // The rate scaled for the gradients the step averages (members - b of them), as backup:b's.
-  double RateFactor(const LearningRateScheduler& schedule, int64_t step,
-                    int members) const override;
+  bool StepComplete(int64_t step, int received, bool all_members_in, int members) const override;
+  // The schedule's rate scaled for the gradients the step averages (members - b of them), as
+  // backup:b's.
+  double LearningRate(const LearningRateScheduler& schedule, int64_t version, int members,
+                      int64_t staleness) const override;
 
   // A push's relay: finite compute time in [0, 1e9) ms, and a decision that governs its step
   // and agrees with the one known (INVALID_ARGUMENT / FAILED_PRECONDITION otherwise).
@@ -81,7 +79,6 @@ class AdaptivePolicy final : public StepPolicy {
   ConsistencyPlan plan_ ABSL_GUARDED_BY(mu_);
   std::vector<double> compute_ms_ ABSL_GUARDED_BY(mu_);  // By worker; 0: not heard yet.
   int64_t decided_through_ ABSL_GUARDED_BY(mu_) = 0;     // The last decision step decided.
-  int current_ ABSL_GUARDED_BY(mu_) = 0;                 // b of the newest decision.
 };
 
 }  // namespace rubato

@@ -13,7 +13,8 @@ namespace rubato {
 class ArrivalPolicy : public ConsistencyPolicy {
  public:
   bool Synchronous() const override { return false; }
-  bool StepComplete(int received, bool all_members_in, int members) const override {
+  bool StepComplete(int64_t /*step*/, int received, bool all_members_in,
+                    int members) const override {
     return false;  // Nothing is gathered.
   }
   double LearningRate(const LearningRateScheduler& schedule, int64_t version, int members,

@@ -15,7 +15,8 @@ class BackupPolicy final : public StepPolicy {
  public:
   explicit BackupPolicy(const ConsistencyConfig& config) : StepPolicy(config) {}
 
-  bool StepComplete(int received, bool all_members_in, int members) const override {
+  bool StepComplete(int64_t /*step*/, int received, bool all_members_in,
+                    int members) const override {
     if (received == 0) return false;
     return all_members_in || received >= std::max(1, members - config().backup_workers());
   }

@@ -13,7 +13,8 @@ class BspPolicy final : public StepPolicy {
   explicit BspPolicy(const ConsistencyConfig& config) : StepPolicy(config) {}
 
   bool SumsInWorkerOrder() const override { return true; }
-  bool StepComplete(int received, bool all_members_in, int members) const override {
+  bool StepComplete(int64_t /*step*/, int received, bool all_members_in,
+                    int members) const override {
     return received > 0 && all_members_in;
   }
   // budget / (2 calls x workers), at least 1 MiB and at most 8 MiB of floats, in multiples of

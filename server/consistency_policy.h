@@ -47,22 +47,12 @@ class ConsistencyPolicy {
   // every arrival order; gradients held that long are answered DEADLINE_EXCEEDED after the wait
   // timeout.
   virtual bool SumsInWorkerOrder() const { return false; }
-  // Whether a gathered step with `received` gradients may be applied, `all_members_in` telling
-  // whether every member's is among them.
-  virtual bool StepComplete(int received, bool all_members_in, int members) const = 0;
-  // The same for the gathering of step `step` (a policy whose rule changes between steps).
-  virtual bool StepCompleteAt(int64_t step, int received, bool all_members_in, int members) const {
-    return StepComplete(received, all_members_in, members);
-  }
+  // Whether the gathered step `step` with `received` gradients may be applied, `all_members_in`
+  // telling whether every member's is among them.
+  virtual bool StepComplete(int64_t step, int received, bool all_members_in, int members) const = 0;
   // The rate of the update that takes a tensor from `version` to version + 1.
   virtual double LearningRate(const LearningRateScheduler& schedule, int64_t version, int members,
                               int64_t staleness) const = 0;
-  // A factor on that rate for the update of step `step` with `members` members (a policy whose
-  // step averages a varying number of gradients); 1 by default.
-  virtual double RateFactor(const LearningRateScheduler& schedule, int64_t step,
-                            int members) const {
-    return 1.0;
-  }
   // The part size (elements) in which workers push large tensors, so that what each has in flight
   // stays within its share of `push_budget_bytes`; 0: whole tensors.
   virtual int64_t PartElements(int num_workers, int64_t push_budget_bytes) const { return 0; }

@@ -41,9 +41,9 @@ TEST(BspPolicyTest, AStepIsCompleteOnlyWithEveryMember) {
   auto bsp = PolicyOf("bsp");
   EXPECT_TRUE(bsp->Synchronous());
   EXPECT_TRUE(bsp->SumsInWorkerOrder());
-  EXPECT_FALSE(bsp->StepComplete(3, false, 4));
-  EXPECT_TRUE(bsp->StepComplete(4, true, 4));
-  EXPECT_FALSE(bsp->StepComplete(0, true, 0));  // Nothing to apply.
+  EXPECT_FALSE(bsp->StepComplete(/*step=*/0, 3, false, 4));
+  EXPECT_TRUE(bsp->StepComplete(/*step=*/0, 4, true, 4));
+  EXPECT_FALSE(bsp->StepComplete(/*step=*/0, 0, true, 0));  // Nothing to apply.
   EXPECT_EQ(bsp->NeededVersion(7), 7);
   EXPECT_EQ(bsp->ResumeStep(/*min_version=*/12, /*own_clock=*/3), 12);
   EXPECT_EQ(bsp->VersionsPerStep(4), 1);
@@ -74,19 +74,19 @@ TEST(BackupPolicyTest, AStepIsCompleteWithMembersLessBackups) {
   auto backup = PolicyOf("backup:1");
   EXPECT_TRUE(backup->Synchronous());
   EXPECT_FALSE(backup->SumsInWorkerOrder());
-  EXPECT_FALSE(backup->StepComplete(2, false, 4));
-  EXPECT_TRUE(backup->StepComplete(3, false, 4));
-  EXPECT_TRUE(backup->StepComplete(1, true, 1));
-  EXPECT_FALSE(backup->StepComplete(0, false, 1));
+  EXPECT_FALSE(backup->StepComplete(/*step=*/0, 2, false, 4));
+  EXPECT_TRUE(backup->StepComplete(/*step=*/0, 3, false, 4));
+  EXPECT_TRUE(backup->StepComplete(/*step=*/0, 1, true, 1));
+  EXPECT_FALSE(backup->StepComplete(/*step=*/0, 0, false, 1));
   // With fewer members than backups, one gradient still completes the step.
   auto many = PolicyOf("backup:5");
-  EXPECT_TRUE(many->StepComplete(1, false, 3));
+  EXPECT_TRUE(many->StepComplete(/*step=*/0, 1, false, 3));
 }
 
 TEST(AsyncPolicyTest, AppliesOnArrivalAtTheJobsStepRate) {
   auto async = PolicyOf("async");
   EXPECT_FALSE(async->Synchronous());
-  EXPECT_FALSE(async->StepComplete(4, true, 4));
+  EXPECT_FALSE(async->StepComplete(/*step=*/0, 4, true, 4));
   EXPECT_EQ(async->NeededVersion(9), 0);
   EXPECT_TRUE(async->KeepsClocks());
   EXPECT_FALSE(async->ClockReleasesPulls());
@@ -225,27 +225,27 @@ TEST(AdaptivePolicyTest, ShardZeroDecidesAtEveryKthStepAndTheStepsFollowTheDecis
   for (int w = 0; w < 4; ++w) adaptive->TakeRelay(PushOf(w, 9, w == 3 ? 80 : 20), 0, members);
   ConsistencyChange newest;
   EXPECT_FALSE(adaptive->Newest(&newest));  // Step 9 decides nothing.
-  EXPECT_FALSE(policy->StepCompleteAt(9, 3, false, 4));
+  EXPECT_FALSE(policy->StepComplete(9, 3, false, 4));
   adaptive->TakeRelay(PushOf(1, 10, 20), 0, members);  // Step 10's first push decides 11..20.
   ASSERT_TRUE(adaptive->Newest(&newest));
   EXPECT_EQ(newest.from_step(), 11);
   EXPECT_EQ(newest.backup_workers(), 1);
   ASSERT_EQ(newest.compute_ms_size(), 4);
   EXPECT_EQ(newest.compute_ms(3), 80);
-  EXPECT_FALSE(policy->StepCompleteAt(10, 3, false, 4));  // Step 10 itself is still bsp.
-  EXPECT_TRUE(policy->StepCompleteAt(11, 3, false, 4));
-  EXPECT_FALSE(policy->StepCompleteAt(11, 2, false, 4));
-  EXPECT_TRUE(policy->StepCompleteAt(20, 3, false, 4));
-  EXPECT_FALSE(policy->StepCompleteAt(21, 3, false, 4));  // Not decided yet: bsp.
-  EXPECT_TRUE(policy->StepCompleteAt(21, 4, true, 4));
+  EXPECT_FALSE(policy->StepComplete(10, 3, false, 4));  // Step 10 itself is still bsp.
+  EXPECT_TRUE(policy->StepComplete(11, 3, false, 4));
+  EXPECT_FALSE(policy->StepComplete(11, 2, false, 4));
+  EXPECT_TRUE(policy->StepComplete(20, 3, false, 4));
+  EXPECT_FALSE(policy->StepComplete(21, 3, false, 4));  // Not decided yet: bsp.
+  EXPECT_TRUE(policy->StepComplete(21, 4, true, 4));
   // The rate of a step of 3 of 4 gradients, linearly scaled: 3/4 of the full batch's.
   LearningRateSchedule linear;
   linear.set_scaling("linear");
   linear.set_reference_batch(256);
   const LearningRateScheduler schedule =
       *LearningRateScheduler::Create(0.1, linear, {256, 100, 1000});
-  EXPECT_DOUBLE_EQ(policy->RateFactor(schedule, 15, 4), 0.75);
-  EXPECT_DOUBLE_EQ(policy->RateFactor(schedule, 5, 4), 1.0);
+  EXPECT_DOUBLE_EQ(policy->LearningRate(schedule, 15, 4, 0), 0.75 * schedule.At(15));
+  EXPECT_DOUBLE_EQ(policy->LearningRate(schedule, 5, 4, 0), schedule.At(5));
   // A later push of step 10 decides nothing again; the next decision comes at step 20.
   adaptive->TakeRelay(PushOf(3, 10, 20), 0, members);
   ASSERT_TRUE(adaptive->Newest(&newest));
@@ -263,8 +263,13 @@ TEST(AdaptivePolicyTest, OtherShardsLearnTheDecisionFromRelaysAndCheckThem) {
   EXPECT_FALSE(adaptive->Newest(&newest));
   // A relay of the decision governing step 12 (from 11).
   ASSERT_TRUE(adaptive->CheckRelay(PushOf(2, 12, 20, 11, 2), 4).ok());
-  adaptive->TakeRelay(PushOf(2, 12, 20, 11, 2), 1, members);
-  EXPECT_TRUE(policy->StepCompleteAt(12, 2, false, 4));
+  WirePush padded = PushOf(2, 12, 20, 11, 2);
+  for (int i = 0; i < 1000; ++i) padded.consistency_relay->mutable_change()->add_compute_ms(1e6);
+  adaptive->TakeRelay(padded, 1, members);
+  EXPECT_TRUE(policy->StepComplete(12, 2, false, 4));
+  // Only the decision is kept, not the figures a worker attached to it.
+  ASSERT_EQ(adaptive->Plan().size(), 1u);
+  EXPECT_EQ(adaptive->Plan()[0].compute_ms_size(), 0);
   // Relays that do not govern their step, disagree, or are out of range are refused.
   EXPECT_EQ(adaptive->CheckRelay(PushOf(2, 22, 20, 11, 2), 4).code(),
             absl::StatusCode::kInvalidArgument);
@@ -278,7 +283,7 @@ TEST(AdaptivePolicyTest, OtherShardsLearnTheDecisionFromRelaysAndCheckThem) {
   // A roll-back to step 10 forgets the decision from 11.
   adaptive->RestartAt(10);
   EXPECT_FALSE(adaptive->Newest(&newest));
-  EXPECT_FALSE(policy->StepCompleteAt(12, 2, false, 4));
+  EXPECT_FALSE(policy->StepComplete(12, 2, false, 4));
 }
 
 TEST(AdaptivePolicyTest, AMemberNotHeardFromYetKeepsTheStepsBsp) {

@@ -152,8 +152,8 @@ absl::StatusOr<RegisterResponse> ParameterShard::Register(const RegisterRequest&
     }
     RETURN_IF_ERROR(batch_.CheckRegistration(id, request.batch_size(), members_));
     const Membership::Worker before =
-        members_.Enroll(id, request.batch_size(), request.steps_per_epoch(), request.total_steps(),
-                        request.resume_step(), clock_->Now());
+        members_.Enroll(id, request.batch_size(), request.steps_per_epoch(),
+                        request.total_steps(), request.resume_step(), clock_->Now());
     noise_.SetBatch(request.batch_size());
     if (absl::Status s = StartTrainingIfComplete(); !s.ok()) {
       members_.Unenroll(id, before);
@@ -347,14 +347,15 @@ void ParameterShard::Apply(int worker, int64_t step, const GradientTarget& targe
   TensorAggregator::Gradient gradient{data, std::move(keepalive), std::move(on_added)};
   gradient.part = target.part;
   gradient.max_abs = target.max_abs;
-  const double lr =
-      tensors_[target.tensor].Add(Context(), worker, step, std::move(gradient), outcome, &released);
+  const double lr = tensors_[target.tensor].Add(Context(), worker, step, std::move(gradient),
+                                                 outcome, &released);
   if (outcome->kind == GradientOutcome::kDuplicate) {
     counters_.CountDuplicate();
     return;
   }
   if (outcome->kind == GradientOutcome::kDropped) counters_.CountDroppedGradient();
-  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part && outcome->refused.ok()) {
+  if (outcome->kind == GradientOutcome::kAccepted && outcome->first_part &&
+      outcome->refused.ok()) {
     counters_.RecordStaleness(outcome->staleness);
   }
   if (outcome->applied) counters_.SetLearningRate(lr);

@@ -90,8 +90,9 @@ absl::Time ShardTensors::ExpireHeld(absl::Time now, absl::Duration max_wait, Rel
   absl::Time earliest = absl::InfiniteFuture();
   const std::shared_ptr<const TensorAggregator::Members> view = std::atomic_load(&member_view_);
   for (auto& t : tensors_) {
-    earliest = std::min(earliest, t->ExpireHeld(now - max_wait, *view,
-                                                absl::ToInt64Milliseconds(max_wait), released));
+    earliest = std::min(
+        earliest,
+        t->ExpireHeld(now - max_wait, *view, absl::ToInt64Milliseconds(max_wait), released));
   }
   next_held_check_ = std::min(now + absl::Seconds(1), earliest + max_wait);
   return next_held_check_;

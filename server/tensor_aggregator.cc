@@ -155,8 +155,8 @@ void TensorAggregator::DrainInOrder(int k, const Members& members, Released* rel
   }
 }
 
-void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& data, double max_abs,
-                                const std::shared_ptr<const void>& keepalive,
+void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& data,
+                                double max_abs, const std::shared_ptr<const void>& keepalive,
                                 const std::shared_ptr<std::function<void(absl::Status)>>& on_added,
                                 const Context& ctx) {
   got_[w * parts_ + k] = 1;
@@ -191,8 +191,7 @@ namespace {
 
 // The policy's rate for the update from `version`, scaled for an adaptive batch's step.
 double Rate(const TensorAggregator::Context& ctx, int64_t version, int members, int64_t staleness) {
-  double lr = ctx.policy->LearningRate(*ctx.schedule, version, members, staleness) *
-              ctx.policy->RateFactor(*ctx.schedule, version, members);
+  double lr = ctx.policy->LearningRate(*ctx.schedule, version, members, staleness);
   if (ctx.plan != nullptr) {
     if (std::shared_ptr<const BatchPlan> plan = std::atomic_load(ctx.plan); plan != nullptr) {
       lr *= ctx.schedule->BatchFactor(int64_t{plan->BatchAt(version)} * plan->workers());
@@ -206,7 +205,7 @@ double Rate(const TensorAggregator::Context& ctx, int64_t version, int members, 
 bool TensorAggregator::StepComplete(const Context& ctx, const Members& members) const {
   bool all = true;
   for (int w = 0; w < num_workers_ && all; ++w) all = !members.member[w] || received_[w];
-  return ctx.policy->StepCompleteAt(version_, received_count_, all, members.count);
+  return ctx.policy->StepComplete(version_, received_count_, all, members.count);
 }
 
 double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradient gradient,

@@ -153,9 +153,7 @@ std::vector<int64_t> TrainingLoop::TensorBytes(const std::vector<ParamSpec>& spe
   return bytes;
 }
 
-double TrainingLoop::Elapsed() const {
-  return absl::ToDoubleSeconds(options_.clock->Now() - start_);
-}
+double TrainingLoop::Elapsed() const { return absl::ToDoubleSeconds(options_.clock->Now() - start_); }
 
 absl::StatusOr<TrainingResult> TrainingLoop::Run() {
   start_ = options_.clock->Now();

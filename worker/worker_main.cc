@@ -103,10 +103,9 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(std::string, listen, "",
           "allreduce: host:port this rank's ring server binds (default: its own --peers entry), "
           "e.g. 0.0.0.0:6000 when the others reach it by a Service name or through NAT.");
-ABSL_FLAG(
-    std::string, export_model, "",
-    "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
-    "the --model spec and its named tensors), atomically.");
+ABSL_FLAG(std::string, export_model, "",
+          "At the end of the job, worker 0 writes the trained model here (worker/model/model_file.h: "
+          "the --model spec and its named tensors), atomically.");
 ABSL_FLAG(std::string, summary_file, "",
           "At the end of the job, worker 0 writes the job's summary here, atomically: one JSON "
           "object {\"start\": its start record, \"done\": its done record} (the model, mode, "
@@ -760,8 +759,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<rubato::CopyStreamTo> records_copy;
   if (const std::string path = absl::GetFlag(FLAGS_records_file); !path.empty()) {
     auto copy = rubato::CopyStreamTo::Open(&std::cout, path);
-    if (!copy.ok())
-      return Fail(kExitUsage, absl::StrCat("--records_file: ", copy.status().message()));
+    if (!copy.ok()) return Fail(kExitUsage, absl::StrCat("--records_file: ", copy.status().message()));
     records_copy = std::move(*copy);
   }
   if (const std::string path = absl::GetFlag(FLAGS_eval_model); !path.empty()) {

@@ -264,16 +264,16 @@ class ShardedPsClient final : public PsClient {
     request.set_step(step);
     std::vector<HeartbeatResponse> responses(channels_.size());
     std::vector<absl::Status> answers(channels_.size());
-    const absl::Status status =
-        RunFanOut(&context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
-                  [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-                      ShardChannel::Done done) {
-                    channel->Heartbeat(request, &responses[call], o,
-                                       [&answers, call, done = std::move(done)](absl::Status s) {
-                                         answers[call] = s;
-                                         done(std::move(s));
-                                       });
-                  });
+    const absl::Status status = RunFanOut(
+        &context_, EveryShard(shards(), options_.heartbeat_timeout, Retry::kNever),
+        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Heartbeat(request, &responses[call], o,
+                             [&answers, call, done = std::move(done)](absl::Status s) {
+                               answers[call] = s;
+                               done(std::move(s));
+                             });
+        });
     if (!absl::IsAborted(status) || registrations_.load() != registrations) return status;
     FanOutSpec others = EveryShard(0, options_.heartbeat_timeout, Retry::kNever);
     for (int s = 0; s < shards(); ++s) {
@@ -284,12 +284,12 @@ class ShardedPsClient final : public PsClient {
                      << " is to register again; ending its waiting pulls at shard(s) "
                      << absl::StrJoin(others.shards, ", ") << " (" << status.message() << ")";
     request.set_end_pulls(true);
-    const absl::Status ended =
-        RunFanOut(&context_, std::move(others),
-                  [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-                      ShardChannel::Done done) {
-                    channel->Heartbeat(request, &responses[call], o, std::move(done));
-                  });
+    const absl::Status ended = RunFanOut(
+        &context_, std::move(others),
+        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Heartbeat(request, &responses[call], o, std::move(done));
+        });
     if (!ended.ok()) RUBATO_LOG(WARNING) << "ending waiting pulls: " << ended;
     return status;
   }
@@ -495,8 +495,7 @@ class ShardedPsClient final : public PsClient {
     }
   }
 
-  absl::Status RollBackOnce(const RollbackPlan& plan,
-                            const std::vector<RegisterResponse>& responses,
+  absl::Status RollBackOnce(const RollbackPlan& plan, const std::vector<RegisterResponse>& responses,
                             std::vector<RollbackResponse>* answers_out) {
     RollbackRequest request = plan.request;
     request.set_worker_id(options_.worker_id);
@@ -508,12 +507,12 @@ class ShardedPsClient final : public PsClient {
     // recovery's roll-back as done. So it is retried as a push is.
     spec.retry = Retry::kWhileUnavailable;
     std::vector<RollbackResponse> answers(plan.shards.size());
-    const absl::Status status =
-        RunFanOut(&context_, spec,
-                  [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
-                      ShardChannel::Done done) {
-                    channel->Rollback(request, &answers[call], o, std::move(done));
-                  });
+    const absl::Status status = RunFanOut(
+        &context_, spec,
+        [&](ShardChannel* channel, int call, const ShardChannel::CallOptions& o,
+            ShardChannel::Done done) {
+          channel->Rollback(request, &answers[call], o, std::move(done));
+        });
     if (!status.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the shards stand at different steps after a restart (", DescribeRecoveries(responses),

@@ -14,9 +14,9 @@ absl::Status CheckRegisterAnswers(const std::vector<RegisterResponse>& responses
   for (int s = 0; s < shards; ++s) {
     const RegisterResponse& r = responses[s];
     if (r.num_shards() != shards || r.shard_id() != s) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("server at ", addresses[s], " is shard ", r.shard_id(), " of ",
-                       r.num_shards(), ", but this worker has it as shard ", s, " of ", shards));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server at ", addresses[s], " is shard ", r.shard_id(), " of ", r.num_shards(),
+          ", but this worker has it as shard ", s, " of ", shards));
     }
     // The worker seeks its data to this step (and may send it back in a Rollback).
     if (r.resume_step() < 0 || r.resume_step() >= kMaxStep) {
@@ -25,9 +25,9 @@ absl::Status CheckRegisterAnswers(const std::vector<RegisterResponse>& responses
     }
     if (const int64_t part = r.part_elements();
         part != 0 && (part < kMinPartElements || part > kMaxTensorElements)) {
-      return absl::InternalError(absl::StrCat("server at ", addresses[s],
-                                              " answered part_elements ", part, ", not 0 or in [",
-                                              kMinPartElements, ", ", kMaxTensorElements, "]"));
+      return absl::InternalError(absl::StrCat("server at ", addresses[s], " answered part_elements ",
+                                              part, ", not 0 or in [", kMinPartElements, ", ",
+                                              kMaxTensorElements, "]"));
     }
   }
   return absl::OkStatus();

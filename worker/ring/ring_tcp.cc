@@ -70,8 +70,7 @@ absl::StatusOr<std::unique_ptr<TcpRingListener>> TcpRingListener::Create(const s
     return absl::UnavailableError(
         absl::StrCat("cannot listen for ring data on ", where,
                      " (the host of this rank's own entry in --peers, which must be an address "
-                     "of this host): ",
-                     listening.status().message()));
+                     "of this host): ", listening.status().message()));
   }
   const int fd = listening->fd, actual = listening->port;
   return std::unique_ptr<TcpRingListener>(new TcpRingListener(fd, actual, from_rank));
