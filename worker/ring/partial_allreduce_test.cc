@@ -175,7 +175,10 @@ TEST(PartialAllReduceTest, AFullQuorumWaitsForEveryRankEveryRound) {
 }
 
 // A rank 25 times slower than the others does not hold their rounds back: it takes part in
-// every round, but contributes to few, and its late gradients are folded in, not lost.
+// every round, but contributes to few, and its late gradients are folded in, not lost. Waited
+// for, it would contribute to all 60 rounds; not waited for, to about one in 25 when the fast
+// ranks get their 2 ms, more when a loaded machine stretches them (16 seen under CI's load), so
+// the bound is half.
 TEST(PartialAllReduceTest, ASlowRankDoesNotHoldTheRoundsBack) {
   for (int quorum : {1, 2}) {
     SCOPED_TRACE(absl::StrCat("quorum ", quorum));
@@ -183,7 +186,7 @@ TEST(PartialAllReduceTest, ASlowRankDoesNotHoldTheRoundsBack) {
       return rank == 3 ? absl::Milliseconds(50) : absl::Milliseconds(2);
     });
     CheckExactlyOnce(logs, quorum, 60);
-    EXPECT_LE(logs[3].final_counts.sent, 15) << "the slow rank was waited for";
+    EXPECT_LE(logs[3].final_counts.sent, 30) << "the slow rank was waited for";
     EXPECT_GE(logs[3].final_counts.sent, 1) << "the slow rank's gradients were never carried";
   }
 }
