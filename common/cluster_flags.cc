@@ -20,9 +20,9 @@ ABSL_FLAG(std::optional<std::string>, peers, std::nullopt,
           "allreduce: comma-separated host:port of every worker; rank = position.");
 ABSL_FLAG(std::optional<int>, num_workers, std::nullopt, "Number of workers in the job.");
 ABSL_FLAG(std::optional<std::string>, mode, std::nullopt,
-          "Consistency model: bsp (default), async, backup:B, ssp:S, adaptive[:K] (bsp or "
-          "backup:b, b chosen every K steps, default 20, from the workers' compute times); or, "
-          "with no servers, "
+          "Consistency model: bsp (default), async, backup:B, ssp:S, adaptive[:K] (bsp, "
+          "backup:b or ssp:s in steps, chosen every K steps, default 20, from the workers' "
+          "compute times); or, with no servers, "
           "allreduce (the synchronous ring), allreduce:majority or allreduce:solo (a ring round "
           "goes on once half of the workers, or one, have a gradient ready; eager-SGD).");
 ABSL_FLAG(std::optional<bool>, staleness_aware_lr, std::nullopt,

@@ -4,6 +4,13 @@
 
 namespace rubato {
 
+std::string DescribeDecision(const ConsistencyChange* change) {
+  if (change == nullptr) return "bsp";
+  if (change->backup_workers() > 0) return absl::StrCat("backup:", change->backup_workers());
+  if (change->staleness() > 0) return absl::StrCat("ssp:", change->staleness());
+  return "bsp";
+}
+
 const ConsistencyChange* ConsistencyPlan::At(int64_t step) const {
   const int64_t start = PeriodStart(step);
   if (start == 0) return nullptr;
@@ -14,6 +21,11 @@ const ConsistencyChange* ConsistencyPlan::At(int64_t step) const {
 int ConsistencyPlan::BackupAt(int64_t step) const {
   const ConsistencyChange* c = At(step);
   return c == nullptr ? 0 : c->backup_workers();
+}
+
+int ConsistencyPlan::StalenessAt(int64_t step) const {
+  const ConsistencyChange* c = At(step);
+  return c == nullptr ? 0 : c->staleness();
 }
 
 const ConsistencyChange* ConsistencyPlan::Newest() const {
@@ -32,11 +44,22 @@ absl::Status ConsistencyPlan::Check(const ConsistencyChange& change, int num_wor
         absl::StrCat("adaptive consistency: a decision of ", change.backup_workers(),
                      " backup workers from step ", from, ", not in [0, ", num_workers, ")"));
   }
+  if (change.staleness() < 0 || change.staleness() > kMaxAdaptiveStaleness) {
+    return absl::InvalidArgumentError(absl::StrCat("adaptive consistency: a decision of staleness ",
+                                                   change.staleness(), " from step ", from,
+                                                   ", not in [0, ", kMaxAdaptiveStaleness, "]"));
+  }
+  if (change.staleness() > 0 && change.backup_workers() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adaptive consistency: a decision from step ", from, " of both ", change.backup_workers(),
+        " backup workers and staleness ", change.staleness(), " (one of bsp, backup:b and ssp:s)"));
+  }
   auto it = changes_.find(from);
-  if (it != changes_.end() && it->second.backup_workers() != change.backup_workers()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "adaptive consistency: two decisions for the steps from ", from, ": ",
-        it->second.backup_workers(), " and ", change.backup_workers(), " backup workers"));
+  if (it != changes_.end() && (it->second.backup_workers() != change.backup_workers() ||
+                               it->second.staleness() != change.staleness())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("adaptive consistency: two decisions for the steps from ", from, ": ",
+                     DescribeDecision(&it->second), " and ", DescribeDecision(&change)));
   }
   return absl::OkStatus();
 }

@@ -1,8 +1,11 @@
 // ConsistencyPlan: adaptive consistency's decisions (ConsistencyChange, ConsistencyConfig ADAPTIVE)
 // by the period they govern. With K = adaptive_every_steps, shard 0 decides at step d = K, 2K, ...
-// the backup workers b of the steps d + 1 .. d + K (server/adaptive_policy.h); steps 0 .. K, and
-// any period whose decision a shard or worker does not know, run as bsp (b = 0), so that a step is
-// never applied with fewer gradients than its decision says. Shards learn decisions from shard 0
+// how the steps d + 1 .. d + K run (server/adaptive_policy.h): bsp, backup:b (b backup workers)
+// or ssp:s (a pull for step t needs steps up to t - 1 - s applied, so that a worker may run up to
+// s steps ahead of the slowest; every step still averages every member's gradient). Steps 0 .. K,
+// and any period whose decision a shard or worker does not know, run as bsp (b = s = 0), so that a
+// step is never applied with fewer gradients, nor a pull answered with older weights, than its
+// decision says. Shards learn decisions from shard 0
 // (its own) or from the workers' pushes (ConsistencyRelay), workers from push responses.
 //
 // Not thread-safe.
@@ -11,11 +14,19 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 
 #include "absl/status/status.h"
 #include "proto/parameter_server.pb.h"
 
 namespace rubato {
+
+// The largest s of an ssp:s decision: how far a worker may run ahead of a tensor's version, and so
+// how many of its gradients a tensor may hold for steps not yet due.
+inline constexpr int kMaxAdaptiveStaleness = 3;
+
+// "bsp", "backup:B" or "ssp:S" for a decision (null: bsp).
+std::string DescribeDecision(const ConsistencyChange* change);
 
 class ConsistencyPlan {
  public:
@@ -34,12 +45,15 @@ class ConsistencyPlan {
   const ConsistencyChange* At(int64_t step) const;
   // Its backup workers (0 when unknown).
   int BackupAt(int64_t step) const;
+  // Its staleness s (0 when unknown).
+  int StalenessAt(int64_t step) const;
   // The latest decision known, or null.
   const ConsistencyChange* Newest() const;
 
   // OK when `change` could be a decision of a job of `num_workers`: its from_step a period's
-  // first step (INVALID_ARGUMENT) and its b in [0, num_workers) (INVALID_ARGUMENT), and the same b
-  // as a decision already known for that period (FAILED_PRECONDITION, naming both).
+  // first step, its b in [0, num_workers), its s in [0, kMaxAdaptiveStaleness] and not both
+  // non-zero (INVALID_ARGUMENT), and the same b and s as a decision already known for that period
+  // (FAILED_PRECONDITION, naming both).
   absl::Status Check(const ConsistencyChange& change, int num_workers) const;
   // Check, then keeps it; *added (may be null) tells whether it was new.
   absl::Status Add(const ConsistencyChange& change, int num_workers, bool* added = nullptr);

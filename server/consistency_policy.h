@@ -6,7 +6,7 @@
 //   backup:b  server/backup_policy.h   members - b gradients; later ones dropped
 //   async     server/async_policy.h    each gradient applied alone on arrival
 //   ssp:s     server/ssp_policy.h      as async, with pulls bounded by the slowest member's clock
-//   adaptive  server/adaptive_policy.h bsp or backup:b, b chosen every K steps
+//   adaptive  server/adaptive_policy.h bsp, backup:b or ssp:s (in steps), chosen every K steps
 // bsp, backup and adaptive share StepPolicy (gradients gathered into steps, server/step_policy.h);
 // async and ssp share ArrivalPolicy (applied on arrival, server/arrival_policy.h).
 //
@@ -64,6 +64,10 @@ class ConsistencyPolicy {
   // ---- Pulls and pushes (the shard) ----
   // The version a pull for `step` needs before it is answered.
   virtual int64_t NeededVersion(int64_t step) const = 0;
+  // Where gradients are gathered: how many steps past a tensor's version a push's step may be
+  // (a worker that pulled older weights, as NeededVersion allows); such a gradient is kept until
+  // its step is the tensor's. 0: a push is for the tensor's step or an earlier one.
+  virtual int MaxLead() const { return 0; }
   // Whether a pull for `step` may start asking its tensors, given the members' clocks.
   virtual bool MayStartPull(int64_t step, const Membership& members) const { return true; }
   // Why a pull for `step` that may not start is waiting; called only when MayStartPull is false.

@@ -6,6 +6,7 @@
 
 #include "common/cluster_spec.h"
 #include "common/tensor_wire.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/adaptive_policy.h"
 #include "server/membership.h"
@@ -168,10 +169,55 @@ TEST(SspPolicyTest, APullStartsOnceEveryMemberIsWithinTheBound) {
 namespace rubato {
 namespace {
 
+using ::testing::HasSubstr;
+
+// One row of times: each worker's mean, as when no step was timed.
 ConsistencyChange ChosenFor(std::vector<double> times, int current) {
-  ConsistencyChange c;
-  ChooseBackupWorkers(std::move(times), current, 0.1, &c);
+  ConsistencyChange now, c;
+  now.set_backup_workers(current);
+  ChooseConsistency({std::move(times)}, now, kMaxAdaptiveStaleness, 0.1, &c);
   return c;
+}
+
+ConsistencyChange ChosenOver(const std::vector<std::vector<double>>& steps, int b, int s) {
+  ConsistencyChange now, c;
+  now.set_backup_workers(b);
+  now.set_staleness(s);
+  ChooseConsistency(steps, now, kMaxAdaptiveStaleness, 0.1, &c);
+  return c;
+}
+
+TEST(AdaptiveChoiceTest, StepsSlowOnDifferentWorkersInTurnAreAbsorbedBySsp) {
+  // Each step one of four workers takes 28 ms instead of 20, a different one each step. bsp waits
+  // 28 ms every step (4 gradients: 0.143 a ms). backup:1 leaves the slow one out: 20 ms for 3
+  // gradients (0.150). ssp lets the others run on: over 8 steps each worker computes 2 slow and 6
+  // fast steps, 176 ms, so 8 steps of 4 gradients take about 176 ms (0.18).
+  std::vector<std::vector<double>> steps;
+  for (int t = 0; t < 8; ++t) {
+    std::vector<double> row(4, 20.0);
+    row[t % 4] = 28;
+    steps.push_back(row);
+  }
+  const ConsistencyChange c = ChosenOver(steps, 0, 0);
+  EXPECT_EQ(c.backup_workers(), 0);
+  EXPECT_GE(c.staleness(), 1);
+  EXPECT_LT(c.expected_step_ms(), 24);
+  EXPECT_GT(c.gain(), 1.15);
+  // A slower worker each step (60 ms): now leaving it out is better (3 / 20 against 4 / 30).
+  for (int t = 0; t < 8; ++t) steps[t][t % 4] = 60;
+  EXPECT_EQ(ChosenOver(steps, 0, 0).backup_workers(), 1);
+  // One constant straggler: ssp's slack does not help (everyone waits for it every s steps), so
+  // backup:1 is chosen.
+  std::vector<std::vector<double>> constant(8, {20, 20, 20, 80});
+  const ConsistencyChange k = ChosenOver(constant, 0, 0);
+  EXPECT_EQ(k.backup_workers(), 1);
+  EXPECT_EQ(k.staleness(), 0);
+  // Equal workers: bsp stays, and a current ssp period goes back to bsp only if bsp is 10% better
+  // (here it is not: the same time).
+  std::vector<std::vector<double>> equal(8, {20, 20, 20, 20});
+  EXPECT_EQ(ChosenOver(equal, 0, 0).staleness(), 0);
+  EXPECT_EQ(ChosenOver(equal, 0, 2).staleness(), 2);
+  EXPECT_EQ(ChosenOver(equal, 0, 2).gain(), 1.0);
 }
 
 TEST(AdaptiveChoiceTest, OneSlowWorkerOfFourIsLeftOutAndEqualWorkersAreAllWaitedFor) {
@@ -200,7 +246,8 @@ TEST(AdaptiveChoiceTest, TheCurrentChoiceStaysUnlessAnotherIsTenPercentBetter) {
   EXPECT_DOUBLE_EQ(ChosenFor({20, 20, 20, 29}, 0).gain(), 1.0);
 }
 
-WirePush PushOf(int worker, int64_t step, double compute_ms, int64_t from = -1, int b = 0) {
+WirePush PushOf(int worker, int64_t step, double compute_ms, int64_t from = -1, int b = 0,
+                int s = 0) {
   WirePush p;
   p.worker_id = worker;
   p.step = step;
@@ -209,6 +256,7 @@ WirePush PushOf(int worker, int64_t step, double compute_ms, int64_t from = -1, 
   if (from >= 0) {
     p.consistency_relay->mutable_change()->set_from_step(from);
     p.consistency_relay->mutable_change()->set_backup_workers(b);
+    p.consistency_relay->mutable_change()->set_staleness(s);
   }
   return p;
 }
@@ -301,6 +349,54 @@ TEST(AdaptivePolicyTest, AMemberNotHeardFromYetKeepsTheStepsBsp) {
   ASSERT_TRUE(adaptive->Newest(&newest));
   EXPECT_EQ(newest.from_step(), 11);
   EXPECT_EQ(newest.backup_workers(), 1);  // 1 / 20 beats 2 / 90.
+}
+
+TEST(AdaptivePolicyTest, PerStepTimesFromTheRelaysLeadShardZeroToSspAndPullsToOlderWeights) {
+  auto policy = PolicyOf("adaptive:8");
+  AdaptivePolicy* adaptive = policy->adaptive();
+  const std::vector<char> members(4, 1);
+  EXPECT_EQ(policy->MaxLead(), kMaxAdaptiveStaleness);
+  // Steps 1..8 pushed by every worker, each relaying its previous step's time: one worker slow
+  // (28 ms) in turn, every mean the same (22 ms), which alone would keep bsp.
+  for (int64_t step = 1; step <= 8; ++step) {
+    for (int w = 0; w < 4; ++w) {
+      WirePush p = PushOf(w, step, 22);
+      p.consistency_relay->set_previous_step_ms((step - 1) % 4 == w ? 28 : 20);
+      ASSERT_TRUE(adaptive->CheckRelay(p, 4).ok());
+      adaptive->TakeRelay(p, 0, members);
+    }
+  }
+  ConsistencyChange newest;
+  ASSERT_TRUE(adaptive->Newest(&newest));
+  EXPECT_EQ(newest.from_step(), 9);
+  EXPECT_EQ(newest.backup_workers(), 0);
+  EXPECT_GE(newest.staleness(), 1);
+  const int s = newest.staleness();
+  // Steps of the period are gathered whole (no backup workers) but pulled up to s steps stale.
+  EXPECT_EQ(policy->NeededVersion(8), 8);
+  EXPECT_EQ(policy->NeededVersion(9), 9 - s);
+  EXPECT_EQ(policy->NeededVersion(16), 16 - s);
+  EXPECT_EQ(policy->NeededVersion(17), 17);  // Not decided yet.
+  // The final weights of a job of 16 steps are whole.
+  adaptive->SetTotalSteps(16);
+  EXPECT_EQ(policy->NeededVersion(15), 15 - s);
+  EXPECT_EQ(policy->NeededVersion(16), 16);
+  EXPECT_FALSE(policy->StepComplete(9, 3, false, 4));
+  EXPECT_TRUE(policy->StepComplete(9, 4, true, 4));
+  // A relay of step times out of range is refused, naming the field.
+  WirePush bad = PushOf(1, 9, 30);
+  bad.consistency_relay->set_previous_step_ms(-1);
+  const absl::Status refused = adaptive->CheckRelay(bad, 4);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("previous_step_ms"));
+  // Another shard learns the ssp decision from a relay, staleness included.
+  auto other = PolicyOf("adaptive:8");
+  const WirePush relayed = PushOf(2, 10, 30, 9, 0, s);
+  ASSERT_TRUE(other->adaptive()->CheckRelay(relayed, 4).ok());
+  other->adaptive()->TakeRelay(relayed, 1, members);
+  EXPECT_EQ(other->NeededVersion(10), 10 - s);
+  EXPECT_EQ(other->adaptive()->CheckRelay(PushOf(2, 10, 30, 9, 0, s + 1), 4).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -206,6 +206,9 @@ absl::Status ParameterShard::StartTrainingIfComplete() {
     for (const auto& t : tensors_.all()) t->CaptureNow();
   }
   batch_.Start(members_.num_workers(), members_.worker(0).batch_size);
+  if (AdaptivePolicy* adaptive = policy_->adaptive(); adaptive != nullptr) {
+    adaptive->SetTotalSteps(members_.worker(0).total_steps);
+  }
   RUBATO_LOG(INFO) << "shard " << options_.shard_id << ": all " << options_.cluster.num_workers()
                    << " workers registered; optimizer " << optimizer_->config().type()
                    << "; learning-rate schedule:\n"

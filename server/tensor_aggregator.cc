@@ -1,6 +1,8 @@
 #include "server/tensor_aggregator.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +64,7 @@ void TensorAggregator::Restore(int64_t version, TensorOptimizerState optimizer_s
   version_ = version;
   optimizer_state_ = std::move(optimizer_state);
   guard_.Forget();
+  ahead_.clear();
   std::fill(pulled_version_.begin(), pulled_version_.end(), version);
 }
 
@@ -75,15 +78,73 @@ TensorSnapshot TensorAggregator::Snapshot() const {
   return {weights_, version_};
 }
 
+namespace {
+
+// The policy's rate for the update from `version`, scaled for an adaptive batch's step.
+double Rate(const TensorAggregator::Context& ctx, int64_t version, int members, int64_t staleness) {
+  double lr = ctx.policy->LearningRate(*ctx.schedule, version, members, staleness);
+  if (ctx.plan != nullptr) {
+    if (std::shared_ptr<const BatchPlan> plan = std::atomic_load(ctx.plan); plan != nullptr) {
+      lr *= ctx.schedule->BatchFactor(int64_t{plan->BatchAt(version)} * plan->workers());
+    }
+  }
+  return lr;
+}
+
+}  // namespace
+
 absl::Status TensorAggregator::CheckStep(const Context& ctx, int worker, int64_t step) const {
   if (!ctx.policy->Synchronous()) return absl::OkStatus();
+  const int lead = ctx.policy->MaxLead();
   absl::MutexLock lock(&mu_);
-  if (step > version_) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", step, " from worker ", worker,
-                                                      " is from the future: tensor '", name_,
-                                                      "' is at version ", version_));
+  if (step > version_ + lead) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " from worker ", worker, " is from the future: tensor '", name_,
+        "' is at version ", version_,
+        lead > 0 ? absl::StrCat(", and a push may lead it by ", lead, " steps at most") : ""));
   }
   return absl::OkStatus();
+}
+
+void TensorAggregator::KeepAhead(int w, int k, int64_t step, const ByteChunks& data, double max_abs,
+                                 const std::shared_ptr<const void>& keepalive) {
+  Ahead a;
+  a.worker = w;
+  a.part = k;
+  a.step = step;
+  a.max_abs = max_abs;
+  if (keepalive != nullptr) {
+    a.data = data;
+    a.keepalive = keepalive;
+  } else {
+    auto copy = std::make_shared<const std::string>(data.Flatten());
+    a.data = ByteChunks(*copy);
+    a.keepalive = std::move(copy);
+  }
+  ahead_.push_back(std::move(a));
+}
+
+void TensorAggregator::TakeAheadDue(const Context& ctx) {
+  size_t kept = 0;
+  for (size_t i = 0; i < ahead_.size(); ++i) {
+    Ahead& a = ahead_[i];
+    if (a.step == version_) {
+      TakePart(a.worker, a.part, a.step, a.data, a.max_abs, a.keepalive, nullptr, ctx);
+    } else if (a.step > version_) {
+      ahead_[kept++] = std::move(a);
+    }  // (Older: its step was applied without it, a backup period's; dropped.)
+  }
+  ahead_.resize(kept);
+}
+
+void TensorAggregator::ApplyDueSteps(const Context& ctx, const Members& members,
+                                     Released* released) {
+  // Each update takes the parts kept for the next step (Apply); that step may be complete.
+  while (StepComplete(ctx, members)) {
+    const double lr = Rate(ctx, version_, members.count, 0);
+    // A refusal is in released->refused: no push waits for this step to answer.
+    Apply(ctx, lr, version_, /*worker=*/-1, released).IgnoreError();
+  }
 }
 
 void TensorAggregator::Accumulate(int k, const ByteChunks& data, double max_abs, bool measure) {
@@ -187,21 +248,6 @@ void TensorAggregator::TakePart(int w, int k, int64_t step, const ByteChunks& da
   if (in_order && w == next_worker_[k]) ++next_worker_[k];
 }
 
-namespace {
-
-// The policy's rate for the update from `version`, scaled for an adaptive batch's step.
-double Rate(const TensorAggregator::Context& ctx, int64_t version, int members, int64_t staleness) {
-  double lr = ctx.policy->LearningRate(*ctx.schedule, version, members, staleness);
-  if (ctx.plan != nullptr) {
-    if (std::shared_ptr<const BatchPlan> plan = std::atomic_load(ctx.plan); plan != nullptr) {
-      lr *= ctx.schedule->BatchFactor(int64_t{plan->BatchAt(version)} * plan->workers());
-    }
-  }
-  return lr;
-}
-
-}  // namespace
-
 bool TensorAggregator::StepComplete(const Context& ctx, const Members& members) const {
   bool all = true;
   for (int w = 0; w < num_workers_ && all; ++w) all = !members.member[w] || received_[w];
@@ -250,6 +296,19 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
     outcome->kind = GradientOutcome::kDropped;
     return 0;
   }
+  // The updates its weights lacked: under adaptive consistency's ssp:s periods up to s, else 0.
+  outcome->staleness = std::max<int64_t>(0, step - pulled_version_[worker]);
+  if (step > version_) {  // ssp:s: ahead of the version (CheckStep bounded how far); kept.
+    for (int k = first; k < first + count; ++k) {
+      KeepAhead(worker, k, step,
+                count == 1
+                    ? *gradient.data
+                    : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
+                                         static_cast<size_t>(part_size(k)) * sizeof(float)),
+                gradient.max_abs, gradient.keepalive);
+    }
+    return 0;
+  }
   // One acknowledgement for the whole Add, shared by the parts held; sent by the last one added.
   std::shared_ptr<std::function<void(absl::Status)>> on_added;
   if (gradient.on_added) {
@@ -277,6 +336,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   const double lr = Rate(ctx, version_, members->count, 0);
   outcome->refused = Apply(ctx, lr, step, worker, released);
   outcome->applied = outcome->refused.ok();
+  ApplyDueSteps(ctx, *members, released);
   return lr;
 }
 
@@ -292,6 +352,7 @@ bool TensorAggregator::ApplyIfComplete(const Context& ctx, Released* released,
   *learning_rate = Rate(ctx, version_, members->count, 0);
   // A refusal is in released->refused: no push waits for this step to answer.
   Apply(ctx, *learning_rate, version_, /*worker=*/-1, released).IgnoreError();
+  ApplyDueSteps(ctx, *members, released);
   return true;
 }
 
@@ -396,6 +457,7 @@ absl::Status TensorAggregator::Apply(const Context& ctx, double learning_rate, i
   std::fill(next_worker_.begin(), next_worker_.end(), 0);
   received_count_ = 0;
   squared_norms_ = 0;
+  if (!ahead_.empty()) TakeAheadDue(ctx);
   // Release the pulls this version satisfies; forget those that are over.
   TensorSnapshot snapshot{weights_, version_};
   size_t kept = 0;
@@ -442,6 +504,7 @@ int64_t TensorAggregator::ExtraBytes() const {
   absl::MutexLock lock(&mu_);
   int64_t bytes = static_cast<int64_t>(sum_.capacity() * sizeof(float));
   for (const Held& h : held_) bytes += static_cast<int64_t>(h.data.size());
+  for (const Ahead& a : ahead_) bytes += static_cast<int64_t>(a.data.size());
   return bytes;
 }
 

@@ -9,7 +9,10 @@
 // its buffer alive) until their turn. So the tensor costs its weights, one accumulator and the
 // optimizer's slots, plus the held early arrivals, which are the received messages themselves.
 // Under backup:b the set of contributors depends on the order of arrival anyway, and gradients are
-// added as they come.
+// added as they come. Under adaptive consistency's ssp:s periods a worker may push a step up to
+// ConsistencyPolicy::MaxLead() steps past the version (it pulled older weights): that gradient is
+// kept (the received message, or a copy) and acknowledged at once, and added when its step comes;
+// a step it completes is applied then. Each worker has at most MaxLead() of them per part.
 //
 // Under bsp a tensor of more than `part_elements` elements is also kept in parts of that many
 // elements (the last one shorter): a worker may push its gradient part by part (each part a call
@@ -149,7 +152,8 @@ class TensorAggregator {
   }
 
   int64_t version() const;
-  // FailedPrecondition if `step` is from the future for this tensor (bsp, backup).
+  // FailedPrecondition if `step` is from the future for this tensor (bsp, backup, adaptive: more
+  // than the policy's MaxLead() past the version).
   absl::Status CheckStep(const Context& ctx, int worker, int64_t step) const;
 
   // Takes worker `worker`'s gradient for `step` (or one part of it, gradient.part). Returns the
@@ -177,7 +181,8 @@ class TensorAggregator {
   // The workers (among members) whose gradient for the current step is missing.
   std::vector<int> Missing(const std::vector<char>& member) const;
 
-  // Bytes held beyond the weights: accumulator and held early arrivals (for Stats).
+  // Bytes held beyond the weights: accumulator, held early arrivals and gradients ahead (for
+  // Stats).
   int64_t ExtraBytes() const;
   TensorSnapshot Snapshot() const;
 
@@ -209,6 +214,24 @@ class TensorAggregator {
     bool present = false;
   };
 
+  // A gradient part pushed for a step past the version (MaxLead), kept until that step comes.
+  struct Ahead {
+    int worker = 0;
+    int part = 0;
+    int64_t step = 0;
+    ByteChunks data;
+    std::shared_ptr<const void> keepalive;  // The message, or a copy of the part's bytes.
+    double max_abs = Magnitudes::kUnknown;
+  };
+
+  // Keeps worker `w`'s part `k` of `step` until its step comes.
+  void KeepAhead(int w, int k, int64_t step, const ByteChunks& data, double max_abs,
+                 const std::shared_ptr<const void>& keepalive) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the parts kept ahead for the current step (after an update); drops older ones.
+  void TakeAheadDue(const Context& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the current step while it is complete (after an update: with parts that came ahead).
+  void ApplyDueSteps(const Context& ctx, const Members& members, Released* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the held parts that are next in worker-id order for part `k`, skipping non-members.
   void DrainInOrder(int k, const Members& members, Released* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -262,6 +285,7 @@ class TensorAggregator {
   std::vector<char> received_ ABSL_GUARDED_BY(mu_);    // (workers) every part received
   int received_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);            // (workers x parts) early arrivals, bsp
+  std::vector<Ahead> ahead_ ABSL_GUARDED_BY(mu_);          // Parts of steps past the version.
   std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);  // (workers x parts)
   std::vector<int64_t> pulled_version_ ABSL_GUARDED_BY(mu_);  // (workers)
   struct Waiting {

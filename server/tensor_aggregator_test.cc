@@ -38,6 +38,7 @@ struct Fixture : AggregatorTestContext {
               ConsistencyConfig c;
               c.set_mode(mode);
               c.set_backup_workers(backup);
+              if (mode == ADAPTIVE) c.set_adaptive_every_steps(10);
               return c;
             }(),
             workers, 1.0, 100) {}
@@ -339,6 +340,72 @@ TEST(TensorAggregatorTest, BackupAppliesAfterNMinusBAndDropsTheRest) {
   EXPECT_TRUE(Add(&t, f, 2, 0, Bytes({4})).applied);
   EXPECT_EQ(Add(&t, f, 0, 0, Bytes({100})).kind, GradientOutcome::kDropped);
   EXPECT_EQ((*t.Snapshot().values)[0], -3.0f);
+}
+
+TEST(TensorAggregatorTest, GradientsAheadOfTheVersionWaitForTheirStepAndAreAppliedOnceInOrder) {
+  // adaptive: a worker that pulled older weights (an ssp:s period) may push up to MaxLead steps
+  // past the version. Its gradient is acknowledged at once and added when its step comes.
+  Fixture f(ADAPTIVE, 2);
+  TensorAggregator t("w", {1}, {0}, TensorRole(), 2);
+  const int lead = f.policy->MaxLead();
+  ASSERT_GE(lead, 2);
+  EXPECT_TRUE(t.CheckStep(f.ctx, 0, lead).ok());
+  const absl::Status future = t.CheckStep(f.ctx, 0, lead + 1);
+  EXPECT_EQ(future.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(future.message().find("lead it by"), absl::string_view::npos) << future;
+  EXPECT_FALSE(Add(&t, f, 0, 0, Bytes({2})).applied);
+  // Worker 0 runs two steps ahead of worker 1.
+  for (int64_t step : {1, 2}) {
+    const GradientOutcome o = Add(&t, f, 0, step, Bytes({float(2 << step)}));
+    EXPECT_EQ(o.kind, GradientOutcome::kAccepted);
+    EXPECT_FALSE(o.applied);
+    EXPECT_FALSE(o.held);  // Acknowledged now.
+  }
+  EXPECT_EQ(Add(&t, f, 0, 2, Bytes({99})).kind, GradientOutcome::kDuplicate);
+  EXPECT_EQ(t.version(), 0);
+  EXPECT_EQ(t.ExtraBytes(), 3 * static_cast<int64_t>(sizeof(float)));  // Accumulator + 2 ahead.
+  // A pull that accepts version 0 is answered now; one for version 2 waits.
+  auto stale = std::make_shared<OneSlot>(), fresh = std::make_shared<OneSlot>();
+  EXPECT_TRUE(t.Pull(1, 0, stale, 0));
+  EXPECT_FALSE(t.Pull(1, 2, fresh, 0));
+  // Worker 1's step 0 completes step 0 only: step 1 still lacks worker 1.
+  Released ready;
+  EXPECT_TRUE(Add(&t, f, 1, 0, Bytes({6}), &ready).applied);
+  EXPECT_EQ(t.version(), 1);
+  EXPECT_EQ((*t.Snapshot().values)[0], -4.0f);  // mean(2, 6)
+  EXPECT_TRUE(Add(&t, f, 1, 1, Bytes({8}), &ready).applied);
+  EXPECT_EQ(t.version(), 2);
+  EXPECT_EQ((*t.Snapshot().values)[0], -10.0f);  // - mean(4, 8)
+  ASSERT_EQ(ready.pulls.size(), 1u);
+  EXPECT_EQ(fresh->got.version, 2);
+  // Worker 0 ahead on step 3; worker 1's step 2 completes step 2 (worker 0's came ahead).
+  EXPECT_FALSE(Add(&t, f, 0, 3, Bytes({4})).applied);
+  EXPECT_TRUE(Add(&t, f, 1, 2, Bytes({16})).applied);
+  EXPECT_EQ(t.version(), 3);
+  EXPECT_EQ((*t.Snapshot().values)[0], -22.0f);  // - mean(8, 16)
+  EXPECT_TRUE(Add(&t, f, 1, 3, Bytes({12})).applied);
+  EXPECT_EQ(t.version(), 4);
+  EXPECT_EQ((*t.Snapshot().values)[0], -30.0f);                    // - mean(4, 12)
+  EXPECT_EQ(t.ExtraBytes(), static_cast<int64_t>(sizeof(float)));  // Nothing left ahead.
+  EXPECT_EQ(Add(&t, f, 0, 3, Bytes({4})).kind, GradientOutcome::kDuplicate);
+}
+
+TEST(TensorAggregatorTest, StepsCompletedByGradientsAheadAreAppliedTogether) {
+  // Workers 0 and 1 ahead on step 1 while worker 2 has not pushed step 0; when worker 2 leaves,
+  // step 0 completes without it and step 1, whose gradients are all in, follows at once.
+  Fixture f(ADAPTIVE, 3);
+  TensorAggregator t("w", {1}, {0}, TensorRole(), 3);
+  for (int w : {0, 1}) {
+    Add(&t, f, w, 0, Bytes({float(2 + 2 * w)}));
+    EXPECT_FALSE(Add(&t, f, w, 1, Bytes({float(10 + 10 * w)})).applied);
+  }
+  Released ready;
+  double lr = 0;
+  EXPECT_FALSE(t.ApplyIfComplete(f.ctx, &ready, &lr));
+  f.SetMember(2, false);
+  EXPECT_TRUE(t.ApplyIfComplete(f.ctx, &ready, &lr));
+  EXPECT_EQ(t.version(), 2);
+  EXPECT_EQ((*t.Snapshot().values)[0], -18.0f);  // - mean(2, 4) - mean(10, 20)
 }
 
 }  // namespace

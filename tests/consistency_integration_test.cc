@@ -9,7 +9,11 @@
 //   adaptive  (worker 2 four times slower) shard 0 decides every 10 steps, the first decision
 //             leaves worker 2 out, and shard 1 applies the same decisions, learned from the
 //             workers' relays over the data plane
+//   adaptive  (each step one worker delayed, in turn) shard 0 chooses ssp: every gradient of
+//             every step applied, some computed on weights a step or more old, and the same
+//             decisions on both shards
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,7 +35,7 @@ constexpr int kWorkers = 3;
 constexpr int64_t kSteps = 80;
 
 // What a shard's statistics must show at the end.
-enum class Signature { kBsp, kBackup1, kOnArrival, kAdaptive };
+enum class Signature { kBsp, kBackup1, kOnArrival, kAdaptive, kAdaptiveSsp };
 
 struct ModeCase {
   const char* name;
@@ -40,7 +44,17 @@ struct ModeCase {
   double min_accuracy;
   Signature signature;
   std::vector<std::string> worker_extra = {};  // Flags for the workers only.
+  std::string delay_trace = "";                // Written to a file given as --delay_trace.
 };
+
+// Each step one of the 3 workers is delayed 12 ms (on a 20 ms floor), a different one each step.
+std::string RotatingDelayTrace() {
+  std::string trace = "# step worker delay_ms\n";
+  for (int64_t step = 0; step < kSteps; ++step) {
+    absl::StrAppend(&trace, step, " ", step % kWorkers, " 12\n");
+  }
+  return trace;
+}
 
 // The {"event":"stats",...} line a server prints on stdout as it exits, as GetStatsResponse.
 absl::StatusOr<GetStatsResponse> FinalStats(const std::string& server_stdout) {
@@ -92,6 +106,16 @@ void ExpectSignature(const GetStatsResponse& stats, Signature signature) {
       for (const TensorStats& t : stats.tensors()) EXPECT_EQ(t.version(), kSteps) << t.name();
       EXPECT_GE(stats.consistency_plan_size(), 1) << shard;
       break;
+    case Signature::kAdaptiveSsp:
+      // ssp periods: every member's gradient in every step, some of them computed on weights
+      // that lacked the last step or more.
+      EXPECT_EQ(gradients, kWorkers * kSteps * tensors) << shard;
+      EXPECT_GT(stale, 0) << shard << ": no gradient was computed on older weights";
+      EXPECT_EQ(stats.dropped_gradients(), 0) << shard;
+      EXPECT_EQ(stats.applied_updates(), kSteps * tensors) << shard;
+      for (const TensorStats& t : stats.tensors()) EXPECT_EQ(t.version(), kSteps) << t.name();
+      EXPECT_GE(stats.consistency_plan_size(), 1) << shard;
+      break;
     case Signature::kOnArrival:
       EXPECT_EQ(gradients, kWorkers * kSteps * tensors) << shard;
       EXPECT_GT(stale, 0) << shard << ": three workers never overtook each other";
@@ -126,9 +150,15 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
                                     "--log_every=10"};
   flags.insert(flags.end(), c.extra.begin(), c.extra.end());
   flags.insert(flags.end(), c.worker_extra.begin(), c.worker_extra.end());
+  if (!c.delay_trace.empty()) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/", c.name, ".trace");
+    std::ofstream(path) << c.delay_trace;
+    flags.push_back(absl::StrCat("--delay_trace=", path));
+  }
   for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(IsOk((*cluster)->StartWorker(w, flags)));
   absl::StatusOr<std::map<int, int>> statuses = (*cluster)->WaitForWorkers(absl::Seconds(120));
   ASSERT_TRUE(IsOk(statuses));
+  std::vector<double> accuracies;
   for (int w = 0; w < kWorkers; ++w) {
     Subprocess* worker = (*cluster)->worker(w);
     EXPECT_EQ(statuses->at(w), 0) << worker->ReadStderr();
@@ -136,28 +166,42 @@ TEST_P(ConsistencyIntegrationTest, TwoShardsThreeWorkersLearn) {
     ASSERT_TRUE(IsOk(accuracy)) << "worker " << w;
     std::printf("%s worker %d: final test accuracy %.4f\n", c.mode, w, *accuracy);
     EXPECT_GE(*accuracy, c.min_accuracy) << c.mode << " worker " << w;
+    accuracies.push_back(*accuracy);
+  }
+  if (c.signature != Signature::kOnArrival) {
+    // Where steps are gathered every worker ends on the same final weights (in ssp periods too,
+    // though its last pulls may be stale).
+    for (int w = 1; w < kWorkers; ++w) EXPECT_EQ(accuracies[w], accuracies[0]) << "worker " << w;
   }
   // The servers end by themselves once every worker has finished, printing their statistics.
   ASSERT_TRUE(IsOk((*cluster)->WaitForServers(absl::Seconds(20))));
-  std::map<int64_t, int> decided;  // Adaptive: shard 0's decisions, by first step.
+  // Adaptive: shard 0's decisions (backup workers, staleness), by first step.
+  std::map<int64_t, std::pair<int, int>> decided;
   for (int shard = 0; shard < 2; ++shard) {
     absl::StatusOr<GetStatsResponse> stats = FinalStats((*cluster)->server(shard)->ReadStdout());
     ASSERT_TRUE(IsOk(stats)) << "shard " << shard;
     ExpectSignature(*stats, c.signature);
-    if (c.signature != Signature::kAdaptive) continue;
+    if (c.signature != Signature::kAdaptive && c.signature != Signature::kAdaptiveSsp) continue;
     for (const ConsistencyChange& d : stats->consistency_plan()) {
+      const std::pair<int, int> choice = {d.backup_workers(), d.staleness()};
       if (shard == 0) {
-        decided[d.from_step()] = d.backup_workers();
+        decided[d.from_step()] = choice;
       } else {
         ASSERT_TRUE(decided.count(d.from_step()))
             << "shard 1 knows a decision from step " << d.from_step() << " that shard 0 never took";
-        EXPECT_EQ(decided[d.from_step()], d.backup_workers()) << d.from_step();
+        EXPECT_EQ(decided[d.from_step()], choice) << d.from_step();
       }
     }
     if (shard == 0) {
       ASSERT_FALSE(decided.empty());
       EXPECT_EQ(decided.begin()->first, 11);
-      EXPECT_EQ(decided.begin()->second, 1) << "worker 2 is four times slower";
+      if (c.signature == Signature::kAdaptive) {
+        EXPECT_EQ(decided.begin()->second, std::make_pair(1, 0)) << "worker 2 is four times slower";
+      } else {
+        // bsp waits 32 ms a step, backup:1 20 ms for 2 gradients, ssp about 24 ms for 3.
+        EXPECT_EQ(decided.begin()->second.first, 0);
+        EXPECT_GE(decided.begin()->second.second, 1) << "one worker delayed per step, in turn";
+      }
     }
   }
 }
@@ -182,7 +226,14 @@ INSTANTIATE_TEST_SUITE_P(
                                {},
                                0.65,
                                Signature::kAdaptive,
-                               {"--slow_workers=2:4", "--min_step_ms=10"}}),
+                               {"--slow_workers=2:4", "--min_step_ms=10"}},
+                      ModeCase{"AdaptiveSsp",
+                               "adaptive:10",
+                               {},
+                               0.65,
+                               Signature::kAdaptiveSsp,
+                               {"--min_step_ms=20"},
+                               RotatingDelayTrace()}),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.name; });
 
 }  // namespace

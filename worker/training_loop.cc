@@ -386,7 +386,7 @@ absl::Status TrainingLoop::Account(int64_t step, float loss, const StepTimes& t,
     if (!record.empty() && options_.worker_id == 0) *progress_ << record << '\n';
   }
   RETURN_IF_ERROR(Adopt(pushed.batch_changes, step));
-  RETURN_IF_ERROR(AdoptConsistency(t, pushed));
+  RETURN_IF_ERROR(AdoptConsistency(step, t, pushed));
   i.dropped += pushed.dropped;
   ++i.steps;
   const int64_t done = step + 1;
@@ -464,11 +464,11 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
   return r;
 }
 
-absl::Status TrainingLoop::AdoptConsistency(const StepTimes& t,
+absl::Status TrainingLoop::AdoptConsistency(int64_t step, const StepTimes& t,
                                             const PsClient::PushResult& pushed) {
   const double ms = 1e3 * absl::ToDoubleSeconds(t.computed_delayed - t.drawn);
   compute_ms_ema_ = compute_ms_ema_ <= 0 ? ms : 0.8 * compute_ms_ema_ + 0.2 * ms;
-  client_->SetComputeMs(compute_ms_ema_);
+  client_->SetComputeMs(compute_ms_ema_, step, ms);
   std::vector<ConsistencyChange> learned;
   RETURN_IF_ERROR(client_->AdoptConsistency(pushed.consistency_changes, &learned));
   if (options_.worker_id != 0) return absl::OkStatus();
@@ -478,6 +478,7 @@ absl::Status TrainingLoop::AdoptConsistency(const StepTimes& t,
     k->set_worker(options_.worker_id);
     k->set_step(c.from_step());
     k->set_backup_workers(c.backup_workers());
+    k->set_staleness(c.staleness());
     for (double ms : c.compute_ms()) k->add_compute_ms(RoundDecimals(ms, 2));
     k->set_expected_step_ms(RoundDecimals(c.expected_step_ms(), 2));
     k->set_gain(RoundDecimals(c.gain(), 3));

@@ -197,7 +197,8 @@ class TrainingLoop {
   absl::Status Adopt(const std::vector<BatchChange>& changes, int64_t computed);
   // Adaptive consistency: relays this step's compute time from now on, and takes the decisions
   // the shards announced (worker 0 writes each new one as a `consistency` record).
-  absl::Status AdoptConsistency(const StepTimes& t, const PsClient::PushResult& pushed);
+  absl::Status AdoptConsistency(int64_t step, const StepTimes& t,
+                                const PsClient::PushResult& pushed);
   // Draws the examples an uninterrupted worker would draw from `step` on.
   void Seek(int64_t step);
   // Registers again after a server dropped this worker (or was restored); returns the step to

@@ -60,10 +60,12 @@ std::optional<ConsistencyRelay> PsClient::ConsistencyRelayFor(int64_t step) cons
   if (!consistency_plan_.has_value()) return std::nullopt;
   ConsistencyRelay relay;
   relay.set_compute_ms(compute_ms_);
+  if (timed_step_ == step - 1) relay.set_previous_step_ms(step_ms_);
   if (const ConsistencyChange* c = consistency_plan_->At(step); c != nullptr) {
     // The decision alone: the figures behind it stay with shard 0.
     relay.mutable_change()->set_from_step(c->from_step());
     relay.mutable_change()->set_backup_workers(c->backup_workers());
+    relay.mutable_change()->set_staleness(c->staleness());
   }
   return relay;
 }

@@ -137,9 +137,13 @@ class PsClient {
     consistency_plan_.emplace(every_steps);
     consistency_workers_ = num_workers;
   }
-  void SetComputeMs(double ms) {
+  // The worker's mean compute time per step lately, and step `step`'s own (relayed in the pushes
+  // of step + 1).
+  void SetComputeMs(double mean_ms, int64_t step, double step_ms) {
     absl::MutexLock lock(&consistency_mu_);
-    compute_ms_ = ms;
+    compute_ms_ = mean_ms;
+    timed_step_ = step;
+    step_ms_ = step_ms;
   }
   absl::Status AdoptConsistency(const std::vector<ConsistencyChange>& changes,
                                 std::vector<ConsistencyChange>* learned);
@@ -189,6 +193,8 @@ class PsClient {
   std::optional<ConsistencyPlan> consistency_plan_ ABSL_GUARDED_BY(consistency_mu_);
   int consistency_workers_ ABSL_GUARDED_BY(consistency_mu_) = 0;
   double compute_ms_ ABSL_GUARDED_BY(consistency_mu_) = 0;
+  int64_t timed_step_ ABSL_GUARDED_BY(consistency_mu_) = -1;
+  double step_ms_ ABSL_GUARDED_BY(consistency_mu_) = 0;
 };
 
 struct PsClientOptions {
