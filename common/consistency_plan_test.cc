@@ -8,10 +8,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ConsistencyChange Change(int64_t from, int b) {
+ConsistencyChange Change(int64_t from, int b, int s = 0) {
   ConsistencyChange c;
   c.set_from_step(from);
   c.set_backup_workers(b);
+  c.set_staleness(s);
   return c;
 }
 
@@ -50,16 +51,9 @@ TEST(ConsistencyPlanTest, UnknownPeriodsRunAsBspAndKnownOnesTheirDecision) {
   EXPECT_EQ(plan.BackupAt(25), 2);
 }
 
-ConsistencyChange Ssp(int64_t from, int s) {
-  ConsistencyChange c;
-  c.set_from_step(from);
-  c.set_staleness(s);
-  return c;
-}
-
 TEST(ConsistencyPlanTest, SspPeriodsKeepTheirStalenessAndConflictsNameBothDecisions) {
   ConsistencyPlan plan(10);
-  ASSERT_TRUE(plan.Add(Ssp(11, 2), 4).ok());
+  ASSERT_TRUE(plan.Add(Change(11, 0, 2), 4).ok());
   ASSERT_TRUE(plan.Add(Change(21, 1), 4).ok());
   EXPECT_EQ(plan.StalenessAt(10), 0);
   EXPECT_EQ(plan.StalenessAt(11), 2);
@@ -70,7 +64,7 @@ TEST(ConsistencyPlanTest, SspPeriodsKeepTheirStalenessAndConflictsNameBothDecisi
   EXPECT_EQ(DescribeDecision(plan.At(15)), "ssp:2");
   EXPECT_EQ(DescribeDecision(plan.At(25)), "backup:1");
   EXPECT_EQ(DescribeDecision(plan.At(35)), "bsp");
-  const absl::Status s = plan.Add(Ssp(11, 1), 4);
+  const absl::Status s = plan.Add(Change(11, 0, 1), 4);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("ssp:2 and ssp:1"));
   EXPECT_EQ(plan.Add(Change(11, 0), 4).code(), absl::StatusCode::kFailedPrecondition);
@@ -86,13 +80,11 @@ TEST(ConsistencyPlanTest, MalformedDecisionsAreRefusedNamingTheProblem) {
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_many.message(), HasSubstr("not in [0, 4)"));
   EXPECT_EQ(plan.Add(Change(11, -1), 4).code(), absl::StatusCode::kInvalidArgument);
-  const absl::Status stale = plan.Add(Ssp(11, kMaxAdaptiveStaleness + 1), 4);
+  const absl::Status stale = plan.Add(Change(11, 0, kMaxAdaptiveStaleness + 1), 4);
   EXPECT_EQ(stale.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(stale.message(), HasSubstr("staleness 4"));
-  EXPECT_EQ(plan.Add(Ssp(11, -1), 4).code(), absl::StatusCode::kInvalidArgument);
-  ConsistencyChange both = Ssp(11, 1);
-  both.set_backup_workers(1);
-  const absl::Status mixed = plan.Add(both, 4);
+  EXPECT_EQ(plan.Add(Change(11, 0, -1), 4).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status mixed = plan.Add(Change(11, 1, 1), 4);
   EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(mixed.message(), HasSubstr("one of bsp, backup:b and ssp:s"));
   EXPECT_EQ(plan.size(), 0u);

@@ -162,9 +162,9 @@ void AdaptivePolicy::TakeRelay(const WirePush& push, int shard_id,
     const ConsistencyRelay& relay = *push.consistency_relay;
     const size_t w = static_cast<size_t>(push.worker_id);
     if (w < compute_ms_.size() && relay.compute_ms() > 0) compute_ms_[w] = relay.compute_ms();
-    // Shard 0 keeps the times of the steps a decision will replay: those after the last one's
-    // window and before the next decision (a push may lead by MaxLead steps), so at most 2K +
-    // MaxLead of them.
+    // Shard 0 keeps the times of the steps the next decision will replay: from the last decision
+    // step on, and no further than a push may lead (MaxLead) past the next one: at most K +
+    // MaxLead rows.
     const int64_t timed = push.step - 1;
     if (shard_id == 0 && w < member.size() && relay.previous_step_ms() > 0 &&
         timed >= decided_through_ &&
