@@ -205,12 +205,13 @@ void AdaptivePolicy::DecideLocked(int64_t step, const std::vector<char>& member)
   // The window: the steps timed since the last decision (before `step`), each a row of the
   // members' times, a time not heard being the worker's mean; none timed: one row of the means.
   std::vector<std::vector<double>> rows;
-  auto row_of = [&](const std::vector<double>* times) {
+  const std::vector<double> means = compute_ms_;  // (A copy: the lambda holds no lock.)
+  auto row_of = [&member, &means](const std::vector<double>* times) {
     std::vector<double> row;
     for (size_t w = 0; w < member.size(); ++w) {
       if (!member[w]) continue;
       const double t = times != nullptr && w < times->size() ? (*times)[w] : 0.0;
-      row.push_back(t > 0 ? t : compute_ms_[w]);
+      row.push_back(t > 0 ? t : means[w]);
     }
     return row;
   };
