@@ -106,6 +106,12 @@ absl::Status TensorAggregator::CheckStep(const Context& ctx, int worker, int64_t
   return absl::OkStatus();
 }
 
+ByteChunks TensorAggregator::PartOf(const Gradient& gradient, int k, int count) const {
+  if (count == 1) return *gradient.data;
+  return gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
+                            static_cast<size_t>(part_size(k)) * sizeof(float));
+}
+
 void TensorAggregator::KeepAhead(int w, int k, int64_t step, const ByteChunks& data, double max_abs,
                                  const std::shared_ptr<const void>& keepalive) {
   Ahead a;
@@ -300,12 +306,7 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   outcome->staleness = std::max<int64_t>(0, step - pulled_version_[worker]);
   if (step > version_) {  // ssp:s: ahead of the version (CheckStep bounded how far); kept.
     for (int k = first; k < first + count; ++k) {
-      KeepAhead(worker, k, step,
-                count == 1
-                    ? *gradient.data
-                    : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
-                                         static_cast<size_t>(part_size(k)) * sizeof(float)),
-                gradient.max_abs, gradient.keepalive);
+      KeepAhead(worker, k, step, PartOf(gradient, k, count), gradient.max_abs, gradient.keepalive);
     }
     return 0;
   }
@@ -316,11 +317,8 @@ double TensorAggregator::Add(const Context& ctx, int worker, int64_t step, Gradi
   }
   for (int k = first; k < first + count; ++k) {
     if (got_[worker * parts_ + k]) continue;  // this step's part came before (alone)
-    const ByteChunks part =
-        count == 1 ? *gradient.data
-                   : gradient.data->Sub(static_cast<size_t>(k) * part_elements_ * sizeof(float),
-                                        static_cast<size_t>(part_size(k)) * sizeof(float));
-    TakePart(worker, k, step, part, gradient.max_abs, gradient.keepalive, on_added, ctx);
+    TakePart(worker, k, step, PartOf(gradient, k, count), gradient.max_abs, gradient.keepalive,
+             on_added, ctx);
   }
   if (ctx.policy->SumsInWorkerOrder()) {
     // (A drain of a part this gradient did not bring changes nothing.)
@@ -350,9 +348,7 @@ bool TensorAggregator::ApplyIfComplete(const Context& ctx, Released* released,
   }
   if (!StepComplete(ctx, *members)) return false;
   *learning_rate = Rate(ctx, version_, members->count, 0);
-  // A refusal is in released->refused: no push waits for this step to answer.
-  Apply(ctx, *learning_rate, version_, /*worker=*/-1, released).IgnoreError();
-  ApplyDueSteps(ctx, *members, released);
+  ApplyDueSteps(ctx, *members, released);  // This step, and any that gradients ahead complete.
   return true;
 }
 

@@ -224,6 +224,8 @@ class TensorAggregator {
     double max_abs = Magnitudes::kUnknown;
   };
 
+  // Part `k` of a gradient that holds `count` parts (1: the part itself, else all of them).
+  ByteChunks PartOf(const Gradient& gradient, int k, int count) const;
   // Keeps worker `w`'s part `k` of `step` until its step comes.
   void KeepAhead(int w, int k, int64_t step, const ByteChunks& data, double max_abs,
                  const std::shared_ptr<const void>& keepalive) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
