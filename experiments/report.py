@@ -524,8 +524,10 @@ def notes(data):
     s = data.suite
     budget = s.get("budget_s_used")
     out = [
-        "Each cell ran %d seed(s); ± is the half-width of the 95%% confidence interval of the "
-        "mean (Student's t), over the runs that finished." % s["seeds"],
+        "Each cell ran %s; ± is the half-width of the 95%% confidence interval of the "
+        "mean (Student's t), over the runs that finished." % (
+            "%d seed(s)" % s["seeds"] if not s.get("skipped") else
+            "up to %d seeds (left out with --skip: %s)" % (s["seeds"], ", ".join(s["skipped"]))),
         "Time to target: from the launch until a worker first measured %.2f test accuracy; runs "
         "that never reached it are left out of the mean, and (k/n) says how many did."
         % s["target_accuracy"],
@@ -560,7 +562,8 @@ def notes(data):
     if data.partial:
         out.append("The sweep had not finished (no summary.csv yet): this report has the %d runs "
                    "that results.csv held, of %d." % (len(data.results),
-                                                      len(data.planned) * s["seeds"]))
+                                                      len(data.planned) * s["seeds"] -
+                                                      len(s.get("skipped", []))))
     return out
 
 

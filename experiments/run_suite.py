@@ -215,19 +215,26 @@ def main(argv):
                         "runs/experiments/SUITE-TIME).")
     p.add_argument("--only", default=None, metavar="PATTERN",
                    help="Only the cells whose names match this regular expression.")
+    p.add_argument("--skip", default=None, metavar="PATTERN",
+                   help="Leave out the runs whose names (CELL.seed-N) match this regular "
+                        "expression (e.g. one seed that takes far longer than the rest).")
     p.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
     args = p.parse_args(argv)
     if args.seeds is not None and args.seeds < 1:
         p.error("--seeds must be >= 1")
     try:
         s = suite.load(args.suite)
-        runs = s.runs(seeds=args.seeds, only=args.only)
+        runs = s.runs(seeds=args.seeds, only=args.only, skip=args.skip)
+        kept = {r.name for r in runs}
+        skipped = [r.name for r in s.runs(seeds=args.seeds, only=args.only)
+                   if r.name not in kept]
     except (suite.SuiteError, re.error) as e:  # re.error: a bad --only pattern.
         print("rubato experiment: error: %s" % e, file=sys.stderr)
         return 2
     if not runs:
-        print("rubato experiment: error: --only %r matches no cell of %s (cells: %s)" % (
-            args.only, s.name, ", ".join(c for c, _ in s.cells)), file=sys.stderr)
+        print("rubato experiment: error: --only %r and --skip %r leave no run of %s (cells: %s)"
+              % (args.only, args.skip, s.name, ", ".join(c for c, _ in s.cells)),
+              file=sys.stderr)
         return 2
     out = args.out or os.path.join(ROOT, "runs", "experiments",
                                    "%s-%s" % (s.name, time.strftime("%Y%m%d-%H%M%S")))
@@ -240,9 +247,10 @@ def main(argv):
 
     cells = len({r.cell for r in runs})
     described = describe(s, runs, argv)
+    described["skipped"] = skipped
     write_json(os.path.join(out, "suite.json"), described)
-    log("rubato experiment: suite %s (%s), %d runs (%d cells x %d seeds) into %s" % (
-        s.name, s.path, len(runs), cells, len(runs) // cells, out))
+    log("rubato experiment: suite %s (%s), %d runs (%d cells x up to %d seeds) into %s" % (
+        s.name, s.path, len(runs), cells, described["seeds"], out))
     rows, durations = [], []
     for k, run in enumerate(runs):
         began = time.monotonic()
@@ -302,7 +310,7 @@ def describe(s, runs, argv):
     return {"name": s.name, "description": s.description, "path": os.path.relpath(s.path, ROOT)
             if os.path.abspath(s.path).startswith(ROOT + os.sep) else s.path,
             "command": " ".join(["./rubato", "experiment"] + argv),
-            "began": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seeds": len(runs) // len(cells),
+            "began": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seeds": max(r.seed for r in runs),
             "target_accuracy": s.target_accuracy, "budget_s": s.budget_s,
             "timeline": [c for c in s.timeline if any(c == x["name"] for x in cells)],
             "base": common, "cells": cells}

@@ -103,13 +103,16 @@ class Suite:
         # The cells whose per-worker timelines the report draws.
         self.timeline = timeline if timeline is not None else [c for c, _ in cells[:4]]
 
-    def runs(self, seeds=None, only=None):
+    def runs(self, seeds=None, only=None, skip=None):
         """Every run, cell by cell, seeds 1..N (`seeds` overrides the suite's); `only`: a regular
-        expression a cell's name must contain a match of."""
+        expression a cell's name must contain a match of; `skip`: one that leaves out the runs
+        whose names (CELL.seed-N) contain a match."""
         n = self.seeds if seeds is None else seeds
         pattern = re.compile(only) if only else None
-        return [Run(cell, seed, dict(flags)) for cell, flags in self.cells
+        leave_out = re.compile(skip) if skip else None
+        runs = [Run(cell, seed, dict(flags)) for cell, flags in self.cells
                 if pattern is None or pattern.search(cell) for seed in range(1, n + 1)]
+        return [r for r in runs if leave_out is None or not leave_out.search(r.name)]
 
 
 def _text(value):

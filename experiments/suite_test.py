@@ -63,6 +63,12 @@ class SuiteFileTest(unittest.TestCase):
                                           "--slowdown", "1", "--seed", "2",
                                           "--straggler_seed", "2"])
         self.assertEqual(len(s.runs(seeds=3, only="^async")), 6)
+        # --skip leaves out runs by name: here the third seed of one cell.
+        kept = s.runs(seeds=3, only="^async", skip=r"slowdown=1\.5\.seed-3$")
+        self.assertEqual([r.name for r in kept],
+                         ["async,slowdown=1.seed-1", "async,slowdown=1.seed-2",
+                          "async,slowdown=1.seed-3", "async,slowdown=1.5.seed-1",
+                          "async,slowdown=1.5.seed-2"])
 
     def test_a_switch_is_given_only_when_true(self):
         s = suite.load(self.write("""\
