@@ -10,6 +10,7 @@
 #ifndef RUBATO_COMMON_CLOCK_H_
 #define RUBATO_COMMON_CLOCK_H_
 
+#include <functional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +35,18 @@ class Clock {
 
   // Returns once Now() has moved on by `d`.
   virtual void SleepFor(absl::Duration d) = 0;
+};
+
+// Timer: runs functions at given times on a clock. RetryTimer (worker/ps/retry_timer.h) runs them
+// on a thread of its own; a simulator's event loop (sim/event_loop.h) runs them in simulated time,
+// on the thread that runs the loop.
+class Timer {
+ public:
+  virtual ~Timer() = default;
+  virtual Clock* clock() const = 0;
+  // Runs `fn` once the clock reaches `when` (soon, if it has), after what is due earlier. Never
+  // runs it inside this call.
+  virtual void At(absl::Time when, std::function<void()> fn) = 0;
 };
 
 // A clock that stands still until Advance or SetTime moves it. Waits whose deadline the new time

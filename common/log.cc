@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -11,6 +12,7 @@ namespace rubato {
 namespace {
 
 absl::Mutex tag_mu;
+std::atomic<int> min_level{static_cast<int>(LogLevel::kInfo)};
 std::string& Tag() {
   static std::string* tag = new std::string("rubato");
   return *tag;
@@ -35,10 +37,13 @@ void SetLogTag(const std::string& tag) {
   Tag() = tag;
 }
 
+void SetMinLogLevel(LogLevel level) { min_level.store(static_cast<int>(level)); }
+
 LogMessage::LogMessage(LogLevel level, const char* file, int line)
     : level_(level), file_(file), line_(line) {}
 
 LogMessage::~LogMessage() {
+  if (static_cast<int>(level_) < min_level.load(std::memory_order_relaxed)) return;
   const char* base = std::strrchr(file_, '/');
   std::string tag;
   {

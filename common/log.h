@@ -34,6 +34,9 @@ class LogMessage {
 // Sets the tag printed on every line (e.g. "server-0", "worker-1"). Call once from main.
 void SetLogTag(const std::string& tag);
 
+// Lines below `level` are not written (a simulator of thousands of workers keeps warnings only).
+void SetMinLogLevel(LogLevel level);
+
 }  // namespace rubato
 
 #define RUBATO_LOG_LEVEL_INFO ::rubato::LogLevel::kInfo

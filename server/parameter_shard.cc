@@ -58,16 +58,16 @@ ParameterShard::ParameterShard(const ShardOptions& options,
       tensors_(options.cluster.num_workers()),
       pushes_(options.shard_id, &tensors_.all(), &tensors_.index(), this) {
   if (options.update_threads > 1) pool_ = std::make_unique<ThreadPool>(options.update_threads);
-  update_pool_ = std::make_unique<UpdatePool>(options.apply_threads);
+  if (!options.post) update_pool_ = std::make_unique<UpdatePool>(options.apply_threads);
   if (options.shard_id == 0 && options.cluster.reassign().unit_batches() > 0) {
     work_ = std::make_unique<WorkQueue>(options.cluster.num_workers());
   }
-  deadline_thread_ = std::thread([this] { DeadlineLoop(); });
+  if (options.deadline_thread) deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
 ParameterShard::~ParameterShard() {
   Shutdown();
-  deadline_thread_.join();
+  if (deadline_thread_.joinable()) deadline_thread_.join();
   update_pool_.reset();  // Applies what was queued; pulls it completes fail as shut down.
   Shutdown();
 }
@@ -476,6 +476,18 @@ absl::Time ParameterShard::ExpireDue(std::vector<PullStatePtr>* ready, Released*
   return std::min(next, pulls_.Expire(now, expired));
 }
 
+bool ParameterShard::AnyDue(const std::vector<PullStatePtr>& ready, const Released& released,
+                            const std::vector<std::pair<PullStatePtr, absl::Status>>& expired) {
+  return !expired.empty() || !ready.empty() || !released.pulls.empty() || !released.acks.empty();
+}
+
+void ParameterShard::EndDue(const std::vector<PullStatePtr>& ready, Released* released,
+                            std::vector<std::pair<PullStatePtr, absl::Status>>* expired) {
+  for (const PullStatePtr& p : ready) Complete(p);
+  for (auto& [p, status] : *expired) p->Answer(std::move(status), {});
+  Finish(released);
+}
+
 void ParameterShard::DeadlineLoop() {
   absl::MutexLock lock(&mu_);
   while (!shutdown_) {
@@ -484,15 +496,30 @@ void ParameterShard::DeadlineLoop() {
     Released released;
     std::vector<std::pair<PullStatePtr, absl::Status>> expired;
     const absl::Time next = ExpireDue(&ready, &released, &expired);
-    if (!expired.empty() || !ready.empty() || !released.pulls.empty() || !released.acks.empty()) {
+    if (AnyDue(ready, released, expired)) {
+      // Unlocked only then: a change that comes while the lock is held is not missed.
       mu_.Unlock();
-      for (const PullStatePtr& p : ready) Complete(p);
-      for (auto& [p, status] : expired) p->Answer(std::move(status), {});
-      Finish(&released);
+      EndDue(ready, &released, &expired);
       mu_.Lock();
       continue;
     }
     clock_->WaitWithDeadline(&mu_, &parked_changed_, next);
+  }
+}
+
+absl::Time ParameterShard::ExpireDeadlines() {
+  for (;;) {
+    std::vector<PullStatePtr> ready;
+    Released released;
+    std::vector<std::pair<PullStatePtr, absl::Status>> expired;
+    absl::Time next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return absl::InfiniteFuture();
+      next = ExpireDue(&ready, &released, &expired);
+    }
+    if (!AnyDue(ready, released, expired)) return next;
+    EndDue(ready, &released, &expired);
   }
 }
 

@@ -145,6 +145,12 @@ class ParameterShard : private PushStages {
 
   GetStatsResponse Stats() const;
 
+  // Without a deadline thread (ShardOptions.deadline_thread false): ends what is due by now
+  // (expired leases, held gradients and pulls past their deadlines, with what that completes), and
+  // returns when to call again. Nothing new that arrives before then is due earlier than the
+  // cluster's wait timeout and lease from its arrival.
+  absl::Time ExpireDeadlines();
+
   // Puts back a checkpoint (server/checkpoint.h) before any worker registers: the tensors, their
   // versions and optimizer states, and under async and ssp every worker's clock at the
   // checkpoint's step. Workers then register without values and go on from that step.
@@ -188,7 +194,13 @@ class ParameterShard : private PushStages {
              GradientOutcome* outcome) override;
   void Annotate(int64_t step, PushResponse* response) const override;
   void Count(bool accepted) override { counters_.CountPush(accepted); }
-  void Post(std::function<void()> task) override { update_pool_->Post(std::move(task)); }
+  void Post(std::function<void()> task) override {
+    if (options_.post) {
+      options_.post(std::move(task));
+    } else {
+      update_pool_->Post(std::move(task));
+    }
+  }
 
   // The tensors are in place (adopted or restored): set up what depends on them.
   void TensorsReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,6 +225,11 @@ class ParameterShard : private PushStages {
   absl::Time ExpireDue(std::vector<PullStatePtr>* ready, Released* released,
                        std::vector<std::pair<PullStatePtr, absl::Status>>* expired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether ExpireDue found anything; answers what it found (no lock held).
+  static bool AnyDue(const std::vector<PullStatePtr>& ready, const Released& released,
+                     const std::vector<std::pair<PullStatePtr, absl::Status>>& expired);
+  void EndDue(const std::vector<PullStatePtr>& ready, Released* released,
+              std::vector<std::pair<PullStatePtr, absl::Status>>* expired) ABSL_LOCKS_EXCLUDED(mu_);
   void DeadlineLoop();
 
   // Constant after construction.
@@ -252,8 +269,8 @@ class ParameterShard : private PushStages {
   ShardTensors tensors_;
   PushPipeline pushes_;
 
-  std::unique_ptr<UpdatePool> update_pool_;
-  std::thread deadline_thread_;  // Last members: started when everything else is ready.
+  std::unique_ptr<UpdatePool> update_pool_;  // Unless options_.post is set.
+  std::thread deadline_thread_;  // Last members: started when everything else is ready (if at all).
 };
 
 }  // namespace rubato

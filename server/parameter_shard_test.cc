@@ -1350,5 +1350,67 @@ TEST(JobLifecycleTest, NoLiveWorkerForTheIdleTimeoutIsAnErrorNamingThem) {
   EXPECT_EQ(clock.Now() - start, absl::Milliseconds(400));
 }
 
+// Set up as a simulator sets it up (sim/README.md): no thread of the shard's own. Tasks go where
+// ShardOptions.post says, and a pull's deadline passes only when the owner calls ExpireDeadlines
+// once the clock has reached it.
+TEST(ParameterShardTest, WithoutThreadsTheOwnerRunsTheTasksAndExpiresTheDeadlines) {
+  SimulatedClock clock;
+  const absl::Time start = clock.Now();
+  std::vector<std::function<void()>> tasks;
+  ShardOptions options = Options(2);
+  options.clock = &clock;
+  options.deadline_thread = false;
+  options.post = [&](std::function<void()> t) { tasks.push_back(std::move(t)); };
+  auto shard = ParameterShard::Create(options);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  // A tensor of more than 1 MiB: its push is checked and applied on posted tasks.
+  const std::vector<float> zeros(300000, 0.0f);
+  for (int w = 0; w < 2; ++w) {
+    RegisterRequest r;
+    r.set_worker_id(w);
+    r.set_num_workers(2);
+    r.mutable_consistency()->set_mode(BSP);
+    r.set_batch_size(8);
+    TensorSpec* big = r.add_model();
+    big->set_name("big");
+    big->add_shape(300000);
+    *r.add_initial_values() = Value("big", zeros);
+    auto registered = (*shard)->Register(r);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+  }
+  std::optional<absl::Status> pushed;
+  // The request outlives the push (no keepalive: its bytes must stay valid until it is done).
+  const PushRequest request = PushOf(0, 0, {Value("big", std::vector<float>(300000, 1.0f))});
+  (*shard)->Push(WirePushOf(request), nullptr,
+                 [&](absl::StatusOr<PushResponse> r) { pushed = r.status(); });
+  EXPECT_FALSE(pushed.has_value());
+  ASSERT_FALSE(tasks.empty());
+  while (!tasks.empty()) {
+    std::function<void()> t = std::move(tasks.front());
+    tasks.erase(tasks.begin());
+    t();
+  }
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_TRUE(pushed->ok()) << *pushed;
+
+  // Worker 0's pull of step 1 waits for worker 1's gradient, for at most 2 s.
+  std::optional<absl::Status> pulled;
+  PullRequest pull;
+  pull.set_worker_id(0);
+  pull.set_step(1);
+  (*shard)->Pull(
+      pull, start + absl::Seconds(2),
+      ParameterShard::PullDone([&](absl::Status s, PullResponse) { pulled = std::move(s); }));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_LE((*shard)->ExpireDeadlines(), start + absl::Seconds(2));
+  EXPECT_FALSE(pulled.has_value());
+  clock.Advance(absl::Seconds(2));
+  EXPECT_FALSE(pulled.has_value()) << "no thread of the shard's own expires it";
+  (*shard)->ExpireDeadlines();
+  ASSERT_TRUE(pulled.has_value());
+  EXPECT_EQ(pulled->code(), absl::StatusCode::kDeadlineExceeded) << *pulled;
+  EXPECT_THAT(std::string(pulled->message()), ::testing::HasSubstr("1")) << *pulled;
+}
+
 }  // namespace
 }  // namespace rubato

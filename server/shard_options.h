@@ -48,6 +48,14 @@ struct ShardOptions {
   int64_t part_elements = -1;
   // What every lease, deadline and idle timeout reads; must outlive the shard.
   Clock* clock = Clock::Real();
+  // Where the shard's tasks run (checking and applying large pushes' gradients): empty for an
+  // UpdatePool of apply_threads threads; a simulator's event loop (sim/event_loop.h), which must
+  // run every task posted before the shard is destroyed.
+  std::function<void(std::function<void()>)> post;
+  // Whether the shard watches its deadlines (leases, held gradients, pulls' timeouts) on a thread
+  // of its own; false: its owner calls ParameterShard::ExpireDeadlines when they are due (a
+  // simulator, in simulated time).
+  bool deadline_thread = true;
 };
 
 // INVALID_ARGUMENT naming the first bad option (shard id and count, the cluster spec, thread

@@ -46,7 +46,7 @@ inline constexpr int kCallsInFlightPerShard = 2;
 // What every operation of a client shares. All must outlive the operations.
 struct FanOutContext {
   std::vector<ShardChannel*> channels;  // By shard.
-  RetryTimer* timer = nullptr;          // Its clock is the operations' clock.
+  Timer* timer = nullptr;               // Its clock is the operations' clock.
   absl::Duration retry_timeout = absl::Seconds(30);
 };
 

@@ -31,6 +31,14 @@ absl::Status PsClient::WaitPush(int64_t, PushResult*, PushTiming*) {
   return absl::UnimplementedError("this client pushes all tensors at once (no partial pushes)");
 }
 
+void PsClient::StartPull(int64_t, absl::Span<std::vector<float>>, PullDone done) {
+  done(absl::UnimplementedError("this client has no asynchronous pull"), -1);
+}
+
+void PsClient::StartPushAll(int64_t, absl::Span<const std::vector<float>>, PushDone done) {
+  done(absl::UnimplementedError("this client has no asynchronous push"), PushResult());
+}
+
 void PsClient::AddPushResponse(const PushResponse& response, PushResult* result) {
   result->dropped += response.dropped();
   result->max_staleness = std::max(result->max_staleness, response.max_staleness());
@@ -133,8 +141,21 @@ struct Ticket {
   absl::Status status;
   PsClient::PushTiming timing;
   int64_t min_version = -1;  // Of the tensors pulled, if any.
+  // What ends the ticket: `then` where set (an asynchronous operation), else `over` is notified.
+  std::function<void()> then;
   absl::Notification over;
 };
+
+// The ticket's calls are over.
+void Over(const std::shared_ptr<Ticket>& t) {
+  if (!t->then) {
+    t->over.Notify();
+    return;
+  }
+  std::function<void()> then = std::move(t->then);
+  t->then = nullptr;  // It holds the ticket.
+  then();
+}
 
 class ShardedPsClient final : public PsClient {
  public:
@@ -144,9 +165,9 @@ class ShardedPsClient final : public PsClient {
         plan_(std::move(plan)),
         codec_(options_.worker_id, &options_.model, &plan_),
         channels_(std::move(channels)),
-        timer_(options_.clock),
         part_elements_(channels_.size(), 0) {
-    context_.timer = &timer_;
+    if (options_.timer == nullptr) own_timer_ = std::make_unique<RetryTimer>(options_.clock);
+    context_.timer = options_.timer != nullptr ? options_.timer : own_timer_.get();
     context_.retry_timeout = options_.retry_timeout;
     for (const auto& c : channels_) {
       context_.channels.push_back(c.get());
@@ -177,17 +198,8 @@ class ShardedPsClient final : public PsClient {
 
   absl::Status Pull(int64_t step, absl::Span<std::vector<float>> params,
                     int64_t* min_version) override {
-    if (params.size() != options_.model.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pull into ", params.size(), " tensors, model has ", options_.model.size()));
-    }
-    auto t = std::make_shared<Ticket>();
-    t->timing.started = Now();
-    PlanPull(t.get(), step, params);
-    for (const CallGroup& g : plan_.groups) {
-      t->pull_shards.push_back(g.shard);
-      t->pull_tensors.push_back(g.tensors);
-    }
+    RETURN_IF_ERROR(CheckPullInto(params.size()));
+    std::shared_ptr<Ticket> t = NewPull(step, params);
     StartPulls(t);
     t->over.WaitForNotification();
     if (min_version != nullptr && t->status.ok()) *min_version = t->min_version;
@@ -197,12 +209,44 @@ class ShardedPsClient final : public PsClient {
   absl::Status Push(int64_t step, absl::Span<const std::vector<float>> grads,
                     PushResult* result) override {
     RETURN_IF_ERROR(codec_.CheckSizes(grads, "gradient"));
-    std::vector<int> all(options_.model.size());
-    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-    std::shared_ptr<Ticket> t = NewPush(step, all, grads);
+    std::shared_ptr<Ticket> t = NewPush(step, AllTensors(), grads);
     StartPushCalls(t);
     t->over.WaitForNotification();
     return Collect(t.get(), result);
+  }
+
+  bool supports_async() const override { return true; }
+
+  void StartPull(int64_t step, absl::Span<std::vector<float>> params, PullDone done) override {
+    if (absl::Status s = CheckPullInto(params.size()); !s.ok()) {
+      done(std::move(s), -1);
+      return;
+    }
+    std::shared_ptr<Ticket> t = NewPull(step, params);
+    t->then = [t, done = std::move(done)] {
+      done(t->status, t->status.ok() ? t->min_version : -1);
+    };
+    StartPulls(t);
+  }
+
+  void StartPushAll(int64_t step, absl::Span<const std::vector<float>> grads,
+                    PushDone done) override {
+    if (absl::Status s = codec_.CheckSizes(grads, "gradient"); !s.ok()) {
+      done(std::move(s), PushResult());
+      return;
+    }
+    std::shared_ptr<Ticket> t = NewPush(step, AllTensors(), grads);
+    t->then = [this, t, done = std::move(done)]() mutable {
+      t->requests.clear();
+      // A shard may hold the gradients a little longer (a bsp gradient held for its turn is
+      // acknowledged once added): `done` once every channel has let go of them.
+      t->borrowed.WhenReleased([this, t, done = std::move(done)] {
+        PushResult result;
+        const absl::Status status = Collect(t.get(), &result);
+        done(status, std::move(result));
+      });
+    };
+    StartPushCalls(t);
   }
 
   bool supports_partial_push() const override { return true; }
@@ -530,10 +574,7 @@ class ShardedPsClient final : public PsClient {
                                 absl::Span<const std::vector<float>> grads,
                                 const std::vector<std::vector<float>>* pull_into) const {
     const size_t n = options_.model.size();
-    if (pull_into != nullptr && pull_into->size() != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pull into ", pull_into->size(), " tensors, model has ", n));
-    }
+    if (pull_into != nullptr) RETURN_IF_ERROR(CheckPullInto(pull_into->size()));
     if (grads.size() != n) {
       return absl::InvalidArgumentError(
           absl::StrCat(grads.size(), " gradients for a model of ", n, " tensors"));
@@ -577,6 +618,30 @@ class ShardedPsClient final : public PsClient {
     return t;
   }
 
+  absl::Status CheckPullInto(size_t tensors) const {
+    if (tensors == options_.model.size()) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull into ", tensors, " tensors, model has ", options_.model.size()));
+  }
+
+  std::vector<int> AllTensors() const {
+    std::vector<int> all(options_.model.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    return all;
+  }
+
+  // A ticket pulling every tensor for `step` into `params`, its calls planned but not started.
+  std::shared_ptr<Ticket> NewPull(int64_t step, absl::Span<std::vector<float>> params) {
+    auto t = std::make_shared<Ticket>();
+    t->timing.started = Now();
+    PlanPull(t.get(), step, params);
+    for (const CallGroup& g : plan_.groups) {
+      t->pull_shards.push_back(g.shard);
+      t->pull_tensors.push_back(g.tensors);
+    }
+    return t;
+  }
+
   // The ticket pulls for `step` into `into` once its push is acknowledged (its calls: the caller
   // fills pull_shards and pull_tensors).
   void PlanPull(Ticket* t, int64_t step, absl::Span<std::vector<float>> into) const {
@@ -615,7 +680,7 @@ class ShardedPsClient final : public PsClient {
           t->timing.acknowledged = t->timing.pulled = Now();
           t->status = std::move(status);
           if (!t->status.ok() || !t->pulls) {
-            t->over.Notify();
+            Over(t);
             return;
           }
           StartPulls(t);
@@ -647,7 +712,7 @@ class ShardedPsClient final : public PsClient {
           }
           t->timing.pulled = Now();
           t->status = std::move(status);
-          t->over.Notify();
+          Over(t);
         });
   }
 
@@ -670,7 +735,7 @@ class ShardedPsClient final : public PsClient {
   const PsCodec codec_;
   const std::vector<std::unique_ptr<ShardChannel>> channels_;
   std::vector<std::string> addresses_;  // Of each shard, for messages.
-  RetryTimer timer_;
+  std::unique_ptr<RetryTimer> own_timer_;  // Unless options_.timer is given.
   FanOutContext context_;
   // Each shard's bsp part size from its last Register answer (0: whole tensors).
   std::vector<int64_t> part_elements_;
@@ -693,6 +758,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> CreatePsClient(
     if (c == nullptr) return absl::InvalidArgumentError("a shard without a channel");
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
+  if (options.timer != nullptr && options.timer->clock() != options.clock) {
+    return absl::InvalidArgumentError("the client's timer runs on another clock than its own");
+  }
   ASSIGN_OR_RETURN(CallPlan plan, PlanCalls(options.model, static_cast<int>(channels.size()),
                                             options.max_message_bytes, options.target_call_bytes));
   std::unique_ptr<PsClient> client(

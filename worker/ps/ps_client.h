@@ -27,6 +27,7 @@
 #ifndef RUBATO_WORKER_PS_PS_CLIENT_H_
 #define RUBATO_WORKER_PS_PS_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,6 +114,20 @@ class PsClient {
                                             absl::Span<const std::vector<float>> grads,
                                             std::vector<std::vector<float>>* pull_into = nullptr);
   virtual absl::Status WaitPush(int64_t ticket, PushResult* result, PushTiming* timing = nullptr);
+
+  // Asynchronous Pull and Push of every tensor, for a caller that must not block (a simulator's
+  // event loop drives every worker from one thread: sim/README.md): each starts the operation and
+  // returns; `done` runs exactly once, on the thread that ends the last call (possibly the
+  // caller's, inside the call), with what Pull or Push would have returned (min_version -1 on
+  // error). The vectors must stay valid, and the gradients unchanged, until then; the client must
+  // outlive its operations. Only clients whose supports_async() is true implement them; others
+  // answer UNIMPLEMENTED at once.
+  using PullDone = std::function<void(absl::Status, int64_t min_version)>;
+  using PushDone = std::function<void(absl::Status, PushResult)>;
+  virtual bool supports_async() const { return false; }
+  virtual void StartPull(int64_t step, absl::Span<std::vector<float>> params, PullDone done);
+  virtual void StartPushAll(int64_t step, absl::Span<const std::vector<float>> grads,
+                            PushDone done);
 
   // Adds what one ticket's shards reported (`part`) into `total`, as WaitPush does: dropped
   // gradients summed, the largest staleness, the smallest version pulled (-1: none).
@@ -226,6 +241,10 @@ struct PsClientOptions {
   // What deadlines, backoffs and timings read; must outlive the client. Channels read their calls'
   // deadlines on the same clock.
   Clock* clock = Clock::Real();
+  // What runs the retries' backoffs: null for a RetryTimer of the client's own (a thread waiting on
+  // `clock`); a simulator's event loop (sim/event_loop.h). Its clock must be `clock`; it must
+  // outlive the client.
+  Timer* timer = nullptr;
   // The size calls are cut to (worker/ps/call_plan.h); tests make it small.
   int64_t target_call_bytes = kTargetCallBytes;
 };

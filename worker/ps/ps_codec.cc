@@ -37,10 +37,27 @@ void BorrowedSlices::WaitReleased() {
   }
 }
 
+void BorrowedSlices::WhenReleased(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (out_ > 0) {
+      when_released_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
 void BorrowedSlices::Release(void* self) {
   auto* b = static_cast<BorrowedSlices*>(self);
-  absl::MutexLock lock(&b->mu_);
-  --b->out_;
+  std::function<void()> fn;
+  {
+    absl::MutexLock lock(&b->mu_);
+    if (--b->out_ > 0 || !b->when_released_) return;
+    fn = std::move(b->when_released_);
+    b->when_released_ = nullptr;
+  }
+  fn();  // Last: it may destroy *b.
 }
 
 absl::Status ParseMessageBytes(const std::string& address, const grpc::ByteBuffer& raw,

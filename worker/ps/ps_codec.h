@@ -6,6 +6,7 @@
 #define RUBATO_WORKER_PS_PS_CODEC_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,12 +36,16 @@ class BorrowedSlices {
   // is a guard against a bug, which would otherwise let a channel read memory that the caller
   // reuses: it ends the process, naming the cause.
   void WaitReleased();
+  // Runs `fn` once every slice is released: at once if none is out, else on the thread that
+  // releases the last (at most one such `fn` at a time). For callers that must not block.
+  void WhenReleased(std::function<void()> fn);
 
  private:
   static void Release(void* self);
 
   absl::Mutex mu_;
   int out_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> when_released_ ABSL_GUARDED_BY(mu_);
 };
 
 // A small answer (a PushResponse) from its bytes; INTERNAL naming the server if malformed.

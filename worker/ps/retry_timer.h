@@ -14,20 +14,20 @@
 
 namespace rubato {
 
-class RetryTimer {
+class RetryTimer final : public Timer {
  public:
   // `clock` must outlive the timer.
   explicit RetryTimer(Clock* clock);
   // Stops the thread; what is still due is not run (the owner ends every operation first).
-  ~RetryTimer();
+  ~RetryTimer() override;
   RetryTimer(const RetryTimer&) = delete;
   RetryTimer& operator=(const RetryTimer&) = delete;
 
   // Runs `fn` on the timer's thread once the clock reaches `when` (at once if it has), after what
   // is due earlier.
-  void At(absl::Time when, std::function<void()> fn);
+  void At(absl::Time when, std::function<void()> fn) override;
 
-  Clock* clock() const { return clock_; }
+  Clock* clock() const override { return clock_; }
 
  private:
   void Loop();
