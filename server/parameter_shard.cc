@@ -431,9 +431,12 @@ void ParameterShard::Pull(const PullRequest& request, absl::Time deadline, Share
     } else {
       const absl::Time now = clock_->Now();
       members_.worker(request.worker_id()).last_seen = now;
+      bool sooner = false;
       complete = pulls_.Take(request.worker_id(), request.step(), std::move(*which), deadline, now,
-                             std::move(done), &superseded);
-      if (complete == nullptr) parked_changed_.Signal();  // A new deadline to keep.
+                             std::move(done), &superseded, &sooner);
+      // A deadline earlier than the deadline thread waits for: it must look again (it scans every
+      // parked pull, so not at every pull).
+      if (sooner) parked_changed_.Signal();
     }
   }
   if (!refused.ok()) {

@@ -56,23 +56,39 @@ std::vector<TensorSnapshot> PullState::TakeSnapshots() {
   return std::move(got_);
 }
 
+bool ParkedPulls::Park(PullStatePtr pull) {
+  const bool sooner = pull->deadline() < due_;
+  due_ = std::min(due_, pull->deadline());
+  const int worker = pull->worker();
+  parked_.push_back(std::move(pull));
+  of_worker_[worker].push_back(std::prev(parked_.end()));
+  return sooner;
+}
+
+ParkedPulls::List::iterator ParkedPulls::Erase(List::iterator it) {
+  auto found = of_worker_.find((*it)->worker());
+  std::vector<List::iterator>& mine = found->second;
+  mine.erase(std::find(mine.begin(), mine.end(), it));
+  if (mine.empty()) of_worker_.erase(found);
+  return parked_.erase(it);
+}
+
 void ParkedPulls::Supersede(const PullState& pull, std::vector<std::function<void()>>* out) {
-  for (auto it = parked_.begin(); it != parked_.end();) {
-    PullStatePtr& p = *it;
+  auto found = of_worker_.find(pull.worker());
+  if (found == of_worker_.end()) return;
+  const std::vector<List::iterator> mine = found->second;  // Erase changes the index.
+  for (List::iterator it : mine) {
+    PullStatePtr p = *it;
     if (p->Over()) {
-      it = parked_.erase(it);
-      continue;
-    }
-    if (p->worker() == pull.worker() && p->Overlaps(pull) && p->End()) {
+      Erase(it);
+    } else if (p->Overlaps(pull) && p->End()) {
       out->push_back([p = std::move(p), step = pull.step()] {
         p->Answer(
             absl::AbortedError(absl::StrCat("pull for step ", p->step(), " by worker ", p->worker(),
                                             " superseded by its pull for step ", step)),
             {});
       });
-      it = parked_.erase(it);
-    } else {
-      ++it;
+      Erase(it);
     }
   }
 }
@@ -83,12 +99,12 @@ void ParkedPulls::ArmWhere(const std::function<bool(const PullState&)>& may_star
   for (auto it = parked_.begin(); it != parked_.end();) {
     PullState& p = **it;
     if (p.Over()) {
-      it = parked_.erase(it);
+      it = Erase(it);
       continue;
     }
     if (!p.armed && may_start(p) && arm(*it)) {
       ready->push_back(*it);
-      it = parked_.erase(it);
+      it = Erase(it);
       continue;
     }
     ++it;
@@ -102,16 +118,17 @@ absl::Time ParkedPulls::Expire(absl::Time now,
   for (auto it = parked_.begin(); it != parked_.end();) {
     PullState& p = **it;
     if (p.Over()) {
-      it = parked_.erase(it);
+      it = Erase(it);
     } else if (p.deadline() <= now) {
       absl::Status status = why(p);
       if (p.End()) expired->emplace_back(*it, std::move(status));
-      it = parked_.erase(it);
+      it = Erase(it);
     } else {
       next = std::min(next, p.deadline());
       ++it;
     }
   }
+  due_ = next;
   return next;
 }
 
@@ -120,6 +137,7 @@ void ParkedPulls::EndAll(std::vector<PullStatePtr>* ended) {
     if (p->End()) ended->push_back(std::move(p));
   }
   parked_.clear();
+  of_worker_.clear();
 }
 
 void ParkedPulls::EndWorker(int worker, std::vector<PullStatePtr>* ended) {
@@ -129,7 +147,7 @@ void ParkedPulls::EndWorker(int worker, std::vector<PullStatePtr>* ended) {
       continue;
     }
     if ((*it)->End()) ended->push_back(*it);
-    it = parked_.erase(it);
+    it = Erase(it);
   }
 }
 

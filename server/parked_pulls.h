@@ -82,11 +82,15 @@ using PullStatePtr = std::shared_ptr<PullState>;
 
 class ParkedPulls {
  public:
-  void Park(PullStatePtr pull) { parked_.push_back(std::move(pull)); }
+  // Returns true when its deadline is earlier than any the last Expire left, or any parked since
+  // (whoever keeps the deadlines must look again sooner).
+  bool Park(PullStatePtr pull);
 
   // Ends the same worker's parked pulls that share a tensor with `pull` (an honest worker has one
   // pull per tensor in flight, and a retry replaces a pull whose call broke), and appends to *out
-  // what answers them ABORTED. This bounds a worker's parked pulls by the shard's tensors.
+  // what answers them ABORTED. This bounds a worker's parked pulls by the shard's tensors. It
+  // looks at that worker's pulls only: with thousands of workers, a scan of all of them on every
+  // pull made each step quadratic in the workers.
   void Supersede(const PullState& pull, std::vector<std::function<void()>>* out);
 
   // Arms every parked pull not yet armed that `may_start` allows, with `arm` (true: that
@@ -110,7 +114,15 @@ class ParkedPulls {
   int64_t Pending() const;
 
  private:
-  std::list<PullStatePtr> parked_;
+  using List = std::list<PullStatePtr>;
+  // Removes `it` from the list and from its worker's index; returns the next.
+  List::iterator Erase(List::iterator it);
+
+  List parked_;  // In order of arrival.
+  // Each worker's entries in parked_ (a few: one per tensor in flight).
+  absl::flat_hash_map<int, std::vector<List::iterator>> of_worker_;
+  // The earliest deadline the last Expire left, or of a pull parked since.
+  absl::Time due_ = absl::InfiniteFuture();
 };
 
 // The shard's slots of the tensors `request` asks for, in its order: every tensor (of

@@ -9,12 +9,13 @@ namespace rubato {
 
 PullStatePtr PullRouter::Take(int worker, int64_t step, std::vector<int> which,
                               absl::Time deadline, absl::Time now, PullState::Done done,
-                              std::vector<std::function<void()>>* superseded) {
+                              std::vector<std::function<void()>>* superseded, bool* sooner) {
   auto pull = std::make_shared<PullState>(worker, step, std::move(which),
                                           std::min(deadline, now + max_wait_), std::move(done));
   parked_.Supersede(*pull, superseded);
   if (MayStart(*pull) && Arm(pull)) return pull;
-  parked_.Park(std::move(pull));
+  const bool earlier = parked_.Park(std::move(pull));
+  if (sooner != nullptr) *sooner = earlier;
   return nullptr;
 }
 

@@ -41,10 +41,11 @@ class PullRouter {
   // Worker `worker`'s pull for `step` of the tensors in slots `which`, waiting until `deadline`
   // at the latest (capped at now + max_wait). Its earlier parked pulls of any of those tensors
   // are superseded: what answers them ABORTED goes to *superseded. Returns the pull if it is
-  // complete at once (to answer), null if it was parked.
+  // complete at once (to answer), null if it was parked; then *sooner (if given) says whether its
+  // deadline is earlier than any Expire has to look at (ParkedPulls::Park).
   PullStatePtr Take(int worker, int64_t step, std::vector<int> which, absl::Time deadline,
                     absl::Time now, PullState::Done done,
-                    std::vector<std::function<void()>>* superseded);
+                    std::vector<std::function<void()>>* superseded, bool* sooner = nullptr);
 
   // Arms the parked pulls that may start now (training started, the policy allows, after a
   // change of members or clocks); those that completed go to *ready.

@@ -97,8 +97,8 @@ TEST(PullRouterTest, ABspPullWaitsForItsStepsUpdate) {
   router.StartTraining();
   std::vector<std::function<void()>> superseded;
   Answer now;
-  PullStatePtr at_once = router.Take(0, 0, {0}, absl::InfiniteFuture(), kNow, now.done(),
-                                     &superseded);
+  PullStatePtr at_once =
+      router.Take(0, 0, {0}, absl::InfiniteFuture(), kNow, now.done(), &superseded);
   ASSERT_NE(at_once, nullptr) << "step 0 needs version 0";
   Answer later;
   EXPECT_EQ(router.Take(1, 1, {0}, absl::InfiniteFuture(), kNow, later.done(), &superseded),
@@ -136,8 +136,7 @@ TEST(PullRouterTest, AnSspPullPastTheBoundTimesOutNamingTheSlowWorker) {
   std::vector<std::function<void()>> superseded;
   // Worker 0 at step 2 is 2 ahead of worker 1 (clock 0) with a bound of 1; its own deadline is
   // 30 s away, the router's cap 10 s.
-  EXPECT_EQ(router.Take(0, 2, {0}, kNow + absl::Seconds(30), kNow, a.done(), &superseded),
-            nullptr);
+  EXPECT_EQ(router.Take(0, 2, {0}, kNow + absl::Seconds(30), kNow, a.done(), &superseded), nullptr);
   std::vector<std::pair<PullStatePtr, absl::Status>> expired;
   EXPECT_EQ(router.Expire(kNow + absl::Seconds(9), &expired), kNow + absl::Seconds(10));
   EXPECT_TRUE(expired.empty());
@@ -148,6 +147,39 @@ TEST(PullRouterTest, AnSspPullPastTheBoundTimesOutNamingTheSlowWorker) {
   EXPECT_EQ(why.message(),
             "pull for step 2 by worker 0 timed out on shard 3: ssp: step 2 needs every worker at "
             "clock >= 1; waiting for worker(s) 1 (clock 0)");
+}
+
+// The deadline thread is asked to look again only for a deadline earlier than it knows of; a
+// worker's new pull supersedes its own parked pull of the tensor and no other worker's.
+TEST(PullRouterTest, OnlyAnEarlierDeadlineAsksForAnotherLookAndPullsSupersedeTheirOwn) {
+  Shard s(Mode(ASYNC), 3);
+  PullRouter router(0, absl::Seconds(10), s.f.policy.get(), &s.tensors, &s.members);
+  Answer a0, a1, a2, again;
+  std::vector<std::function<void()>> superseded;
+  bool sooner = false;
+  // Before training starts every pull parks.
+  EXPECT_EQ(router.Take(0, 0, {0}, kNow + absl::Seconds(5), kNow, a0.done(), &superseded, &sooner),
+            nullptr);
+  EXPECT_TRUE(sooner);
+  EXPECT_EQ(router.Take(1, 0, {0}, kNow + absl::Seconds(8), kNow, a1.done(), &superseded, &sooner),
+            nullptr);
+  EXPECT_FALSE(sooner);
+  EXPECT_EQ(router.Take(2, 0, {0}, kNow + absl::Seconds(2), kNow, a2.done(), &superseded, &sooner),
+            nullptr);
+  EXPECT_TRUE(sooner);
+  std::vector<std::pair<PullStatePtr, absl::Status>> expired;
+  EXPECT_EQ(router.Expire(kNow + absl::Seconds(1), &expired), kNow + absl::Seconds(2));
+  EXPECT_TRUE(expired.empty());
+  // Worker 0 pulls again: its first pull is superseded, the others stay.
+  EXPECT_EQ(router.Take(0, 0, {0}, kNow + absl::Seconds(3), kNow + absl::Seconds(1), again.done(),
+                        &superseded, &sooner),
+            nullptr);
+  EXPECT_FALSE(sooner) << "3 s is later than the 2 s the last Expire left";
+  ASSERT_EQ(superseded.size(), 1u);
+  superseded[0]();
+  EXPECT_TRUE(absl::IsAborted(a0.status)) << a0.status;
+  EXPECT_EQ(a1.calls + a2.calls + again.calls, 0);
+  EXPECT_EQ(router.Pending(), 3);
 }
 
 }  // namespace
