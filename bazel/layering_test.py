@@ -1,6 +1,7 @@
 """Rubato's one layering rule, checked on the sources themselves: common/ includes neither side,
 worker/ never includes server/, and server/ never includes worker/. Code that needs both (the
-in-process client, tests that run both sides, fuzzers) lives in inprocess/, fuzz/ or tests/.
+in-process client, tests that run both sides, fuzzers, the simulator) lives in inprocess/, fuzz/,
+tests/ or sim/.
 
 The sources arrive as the filegroups //common:sources, //server:sources, and //worker:sources with
 those of its subpackages (their runfiles paths are their repository paths)."""
@@ -17,9 +18,9 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 # package -> the top-level packages its files must not include.
 FORBIDDEN = {
-    "common": ("server", "worker", "inprocess", "tests", "fuzz", "experiments"),
-    "server": ("worker", "inprocess", "tests", "fuzz", "experiments"),
-    "worker": ("server", "inprocess", "tests", "fuzz", "experiments"),
+    "common": ("server", "worker", "inprocess", "tests", "fuzz", "experiments", "sim"),
+    "server": ("worker", "inprocess", "tests", "fuzz", "experiments", "sim"),
+    "worker": ("server", "inprocess", "tests", "fuzz", "experiments", "sim"),
 }
 
 

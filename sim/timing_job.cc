@@ -1,0 +1,338 @@
+#include "sim/timing_job.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/consistency_policy.h"
+#include "server/parameter_shard.h"
+#include "sim/event_loop.h"
+#include "sim/sim_shard_channel.h"
+#include "worker/ps/call_plan.h"
+#include "worker/ps/ps_client.h"
+#include "worker/ps/recovery.h"
+
+namespace rubato {
+namespace {
+
+// How often the shards' deadlines (pull timeouts, held gradients) are looked at: they are seconds
+// long, so a second late at most.
+constexpr absl::Duration kDeadlineTick = absl::Seconds(1);
+
+int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// bsp's part size for the real tensors (0: a mode without parts).
+int64_t RealParts(const TimingJobOptions& o) {
+  return PushPartElements(o.cluster.consistency(), o.cluster.num_workers(),
+                          ShardOptions().push_budget_bytes);
+}
+
+class Job {
+ public:
+  explicit Job(const TimingJobOptions& options) : o_(options), network_(&loop_) {}
+
+  ~Job() {
+    // Answers whatever still waits at a shard (after an error), and lets it reach its client,
+    // before the clients go.
+    for (auto& s : shards_) s->Shutdown();
+    loop_.Run();
+    workers_.clear();
+  }
+
+  absl::StatusOr<TimingJobResult> Run() {
+    RETURN_IF_ERROR(Build());
+    const absl::Time real_start = absl::Now();
+    start_ = loop_.Now();
+    running_ = static_cast<int>(workers_.size());
+    for (auto& w : workers_) Pull(w.get());
+    loop_.After(kDeadlineTick, [this] { Tick(); });
+    const int64_t events = loop_.Run();
+    RETURN_IF_ERROR(error_);
+    if (running_ > 0) {
+      return absl::InternalError(absl::StrCat("the simulation ran out of events with ", running_,
+                                              " worker(s) still running"));
+    }
+    TimingJobResult r;
+    r.events = events;
+    r.real_seconds = absl::ToDoubleSeconds(absl::Now() - real_start);
+    for (const auto& w : workers_) {
+      r.workers.push_back(w->result);
+      r.wall = std::max(r.wall, w->result.finished);
+      r.dropped_gradients += w->dropped;
+    }
+    const double wall = absl::ToDoubleSeconds(r.wall);
+    for (int h : server_hosts_) {
+      const Network::HostStats s = network_.stats(h);
+      if (wall > 0) {
+        r.max_shard_nic_in = std::max(r.max_shard_nic_in, absl::ToDoubleSeconds(s.busy_in) / wall);
+        r.max_shard_nic_out =
+            std::max(r.max_shard_nic_out, absl::ToDoubleSeconds(s.busy_out) / wall);
+      }
+    }
+    return r;
+  }
+
+ private:
+  struct Worker {
+    int id = 0;
+    std::unique_ptr<PsClient> client;
+    std::optional<StragglerModel> straggler;
+    std::vector<std::vector<float>> params;
+    int64_t step = 0;
+    absl::Time since;  // The call in progress began.
+    int64_t dropped = 0;
+    TimingJobResult::Worker result;
+  };
+
+  absl::Status Build() {
+    RETURN_IF_ERROR(ValidateTimingJobOptions(o_));
+    const int num_workers = o_.cluster.num_workers();
+    ClusterSpec cluster = o_.cluster;
+    // No failures are simulated and workers send no heartbeats: leases of a day (the longest
+    // allowed) run out only in a run that long.
+    cluster.set_lease_ms(int64_t{24} * 3600 * 1000);
+    std::vector<TensorSpec> model;
+    for (size_t i = 0; i < o_.tensor_elements.size(); ++i) {
+      TensorSpec t;
+      t.set_name(absl::StrCat("tensor_", i));
+      t.add_shape(Ceil(o_.tensor_elements[i], o_.scale));
+      model.push_back(t);
+    }
+    for (int h = 0; h < Ceil(o_.shards, o_.shards_per_host); ++h) {
+      HostSpec spec = o_.server_host;
+      spec.name = absl::StrCat("server-host-", h);
+      server_hosts_.push_back(network_.AddHost(spec));
+    }
+    for (int s = 0; s < o_.shards; ++s) {
+      ShardOptions so;
+      so.shard_id = s;
+      so.num_shards = o_.shards;
+      so.cluster = cluster;
+      so.clock = loop_.clock();
+      so.post = [this](std::function<void()> task) {
+        loop_.After(absl::ZeroDuration(), std::move(task));
+      };
+      so.deadline_thread = false;
+      RETURN_IF_ERROR(ScaleParts(&so));
+      ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> shard, ParameterShard::Create(so));
+      shards_.push_back(std::move(shard));
+      processors_.push_back(std::isinf(o_.apply_bytes_per_second)
+                                ? nullptr
+                                : std::make_unique<Queue>(o_.apply_bytes_per_second));
+    }
+    std::vector<int> worker_hosts;
+    for (int h = 0; h < Ceil(num_workers, o_.workers_per_host); ++h) {
+      HostSpec spec = o_.worker_host;
+      spec.name = absl::StrCat("worker-host-", h);
+      worker_hosts.push_back(network_.AddHost(spec));
+    }
+    for (const TensorSpec& t : model) grads_.emplace_back(t.shape(0), 0.0f);
+    for (int w = 0; w < num_workers; ++w) {
+      auto worker = std::make_unique<Worker>();
+      worker->id = w;
+      std::vector<std::unique_ptr<ShardChannel>> channels;
+      for (int s = 0; s < o_.shards; ++s) {
+        SimRoute route;
+        route.network = &network_;
+        route.worker_host = worker_hosts[w / o_.workers_per_host];
+        route.shard_host = server_hosts_[s / o_.shards_per_host];
+        route.shard_processor = processors_[s].get();
+        route.scale = o_.scale;
+        channels.push_back(std::make_unique<SimShardChannel>(
+            shards_[s].get(), absl::StrCat("simulated shard ", s), route));
+      }
+      PsClientOptions co;
+      co.worker_id = w;
+      co.num_workers = num_workers;
+      co.consistency = cluster.consistency();
+      co.steps_per_epoch = o_.steps;
+      co.total_steps = o_.steps;
+      co.model = model;
+      co.clock = loop_.clock();
+      co.timer = &loop_;
+      co.use_data_plane = false;
+      // Cut into as many calls as the real client would cut the full-size tensors into.
+      co.target_call_bytes = std::max<int64_t>(kTargetCallBytes / o_.scale, 1024);
+      ASSIGN_OR_RETURN(worker->client, CreatePsClient(co, std::move(channels)));
+      if (!o_.stragglers.empty()) {
+        ASSIGN_OR_RETURN(StragglerModel m, StragglerModel::Create(o_.stragglers[w], w));
+        worker->straggler.emplace(std::move(m));
+      }
+      worker->params = grads_;
+      // Answered at once by every shard (SimShardChannel): the first worker's values are adopted.
+      ASSIGN_OR_RETURN(worker->step, worker->client->Register(worker->params, o_.batch_size, 0));
+      workers_.push_back(std::move(worker));
+    }
+    return absl::OkStatus();
+  }
+
+  // bsp pushes large tensors in parts: as many parts of the held tensors as of the real ones.
+  absl::Status ScaleParts(ShardOptions* so) const {
+    const int64_t parts = RealParts(o_);
+    if (parts == 0) return absl::OkStatus();
+    if (MaxScale(o_) == std::numeric_limits<int64_t>::max()) {
+      so->part_elements = 0;  // Every tensor goes whole, as at its full size.
+    } else if (o_.scale <= MaxScale(o_)) {
+      so->part_elements = parts / o_.scale;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bsp pushes this model's tensors in parts of ", parts,
+                       " elements, and a client takes no part below ", kMinPartElements,
+                       " elements: scale must be at most ", MaxScale(o_), ", got ", o_.scale));
+    }
+    return absl::OkStatus();
+  }
+
+  void Pull(Worker* w) {
+    w->since = loop_.Now();
+    w->client->StartPull(w->step, absl::MakeSpan(w->params),
+                         [this, w](absl::Status status, int64_t min_version) {
+                           Pulled(w, std::move(status), min_version);
+                         });
+  }
+
+  void Pulled(Worker* w, absl::Status status, int64_t min_version) {
+    if (!Check(w, status, "pull")) return;
+    w->result.waiting += loop_.Now() - w->since;
+    if (o_.cluster.consistency().mode() == BACKUP && min_version > w->step) {
+      // The job went on without this worker's step: compute the current one instead.
+      w->result.skipped_steps += min_version - w->step;
+      w->step = min_version;
+      if (w->step >= o_.steps) {
+        Done(w);
+        return;
+      }
+    }
+    absl::Duration compute = o_.step_time;
+    if (w->straggler.has_value()) compute += w->straggler->DelayFor(w->step, o_.step_time);
+    w->result.compute += compute;
+    loop_.After(compute, [this, w] { Push(w); });
+  }
+
+  void Push(Worker* w) {
+    w->since = loop_.Now();
+    w->client->StartPushAll(w->step, grads_,
+                            [this, w](absl::Status status, PsClient::PushResult result) {
+                              Pushed(w, std::move(status), result);
+                            });
+  }
+
+  void Pushed(Worker* w, absl::Status status, const PsClient::PushResult& result) {
+    if (!Check(w, status, "push")) return;
+    w->result.waiting += loop_.Now() - w->since;
+    w->dropped += result.dropped;
+    ++w->result.computed_steps;
+    if (++w->step >= o_.steps) {
+      Done(w);
+      return;
+    }
+    Pull(w);
+  }
+
+  void Done(Worker* w) {
+    w->result.finished = loop_.Now() - start_;
+    (void)w->client->Finish(w->step);  // Answered at once.
+    --running_;
+  }
+
+  bool Check(Worker* w, const absl::Status& status, const char* what) {
+    if (!error_.ok()) return false;
+    if (status.ok()) return true;
+    error_ = absl::Status(status.code(), absl::StrCat("worker ", w->id, "'s ", what, " of step ",
+                                                      w->step, ": ", status.message()));
+    return false;
+  }
+
+  void Tick() {
+    if (!error_.ok() || running_ == 0) return;
+    for (auto& s : shards_) s->ExpireDeadlines();
+    loop_.After(kDeadlineTick, [this] { Tick(); });
+  }
+
+  const TimingJobOptions o_;
+  EventLoop loop_;
+  Network network_;
+  std::vector<int> server_hosts_;
+  // Before the workers: their clients' channels reach the shards.
+  std::vector<std::unique_ptr<ParameterShard>> shards_;
+  std::vector<std::unique_ptr<Queue>> processors_;
+  std::vector<std::vector<float>> grads_;  // Every worker pushes these (zeros, never changed).
+  std::vector<std::unique_ptr<Worker>> workers_;
+  absl::Time start_;
+  int running_ = 0;
+  absl::Status error_;
+};
+
+}  // namespace
+
+absl::Status ValidateTimingJobOptions(const TimingJobOptions& o) {
+  const int workers = o.cluster.num_workers();
+  if (workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", workers));
+  }
+  switch (o.cluster.consistency().mode()) {
+    case BSP:
+    case BACKUP:
+    case SSP:
+    case ASYNC:
+      break;
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("the simulator does not run consistency mode ",
+                       ConsistencyMode_Name(o.cluster.consistency().mode()),
+                       " (it runs bsp, backup, ssp and async)"));
+  }
+  if (o.cluster.reassign().unit_batches() > 0) {
+    return absl::UnimplementedError("the simulator does not run work reassignment");
+  }
+  if (o.shards < 1)
+    return absl::InvalidArgumentError(absl::StrCat("shards must be >= 1, got ", o.shards));
+  if (o.tensor_elements.empty()) return absl::InvalidArgumentError("the model has no tensors");
+  for (int64_t e : o.tensor_elements) {
+    if (e < 1) return absl::InvalidArgumentError(absl::StrCat("a tensor of ", e, " elements"));
+  }
+  if (o.scale < 1)
+    return absl::InvalidArgumentError(absl::StrCat("scale must be >= 1, got ", o.scale));
+  if (o.steps < 1)
+    return absl::InvalidArgumentError(absl::StrCat("steps must be >= 1, got ", o.steps));
+  if (o.batch_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size must be >= 1, got ", o.batch_size));
+  }
+  if (o.step_time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("step_time must be >= 0");
+  }
+  if (!o.stragglers.empty() && static_cast<int>(o.stragglers.size()) != workers) {
+    return absl::InvalidArgumentError(absl::StrCat("straggler options for ", o.stragglers.size(),
+                                                   " workers, the job has ", workers));
+  }
+  if (o.workers_per_host < 1 || o.shards_per_host < 1) {
+    return absl::InvalidArgumentError("workers_per_host and shards_per_host must be >= 1");
+  }
+  if (!(o.apply_bytes_per_second > 0)) {
+    return absl::InvalidArgumentError("apply_bytes_per_second must be > 0");
+  }
+  RETURN_IF_ERROR(ValidateHostSpec(o.worker_host));
+  return ValidateHostSpec(o.server_host);
+}
+
+int64_t MaxScale(const TimingJobOptions& o) {
+  const int64_t parts = RealParts(o);
+  if (parts == 0 || o.tensor_elements.empty() ||
+      *std::max_element(o.tensor_elements.begin(), o.tensor_elements.end()) <= parts) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return std::max<int64_t>(1, parts / kMinPartElements);
+}
+
+absl::StatusOr<TimingJobResult> RunTimingJob(const TimingJobOptions& options) {
+  Job job(options);
+  return job.Run();
+}
+
+}  // namespace rubato

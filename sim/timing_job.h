@@ -1,0 +1,90 @@
+// TimingJob: one parameter-server job run in simulated time (sim/README.md).
+//
+// The real ParameterShard (its consistency policy, aggregation, membership, parked pulls and
+// optimizer) and the real sharded PsClient (placement, call plan, codec, fan-out, gates, retries)
+// of every worker run on one thread, driven by an EventLoop; their calls cross a simulated Network
+// (SimShardChannel). Each worker's step is the training loop's: pull the weights its step needs,
+// compute for the step time its StragglerModel gives (the same flags and patterns as
+// rubato_worker), push the gradients, and go on; under backup:b a worker whose pull comes back
+// newer skips to that step, as the loop does. No model is trained: each tensor is held and sent at
+// 1 / scale of its size, its bytes counted in full by the network and the shards' processors, so
+// that thousands of workers of a large model fit in one process.
+//
+// What is not simulated (yet): adaptive consistency and work reassignment (refused), the ring
+// all-reduce, failures and heartbeats (leases are set beyond the run), the overlap of pushes with
+// the backward pass, and the real model's compute.
+#ifndef RUBATO_SIM_TIMING_JOB_H_
+#define RUBATO_SIM_TIMING_JOB_H_
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+#include "sim/network.h"
+#include "worker/straggler_model.h"
+
+namespace rubato {
+
+struct TimingJobOptions {
+  // The job: num_workers, consistency (bsp, backup:b, ssp:s, async), optimizer, wait_timeout_ms.
+  // Leases are set to a day (no failures are simulated, no heartbeats sent).
+  ClusterSpec cluster;
+  int shards = 1;
+  // Each tensor's elements, as the real model has them.
+  std::vector<int64_t> tensor_elements;
+  // >= 1: each tensor is held at ceil(elements / scale) elements.
+  int64_t scale = 1;
+  int64_t steps = 100;  // Every worker's.
+  int batch_size = 64;  // Per worker (for the shards' schedule).
+  // One step's compute before each worker's StragglerModel adds to it.
+  absl::Duration step_time = absl::Milliseconds(20);
+  // Worker w's injected delays (empty: none).
+  std::vector<StragglerOptions> stragglers;
+  // Hosts: workers_per_host workers on each worker host, shards_per_host shards on each server
+  // host (servers on hosts of their own).
+  HostSpec worker_host;
+  HostSpec server_host;
+  int workers_per_host = 1;
+  int shards_per_host = 1;
+  // How fast a shard applies pushed gradients (bytes of gradient a second; infinite: no time).
+  double apply_bytes_per_second = std::numeric_limits<double>::infinity();
+};
+
+// The largest scale the job allows: bsp pushes a tensor larger than its part size in parts, and a
+// held part may not be smaller than a client accepts (worker/ps/recovery.h). Unbounded (INT64_MAX)
+// otherwise.
+int64_t MaxScale(const TimingJobOptions& options);
+
+// INVALID_ARGUMENT naming the first bad option; UNIMPLEMENTED for a mode the simulator does not
+// run.
+absl::Status ValidateTimingJobOptions(const TimingJobOptions& options);
+
+struct TimingJobResult {
+  // Simulated time from the start to the last worker's last push acknowledged.
+  absl::Duration wall;
+  struct Worker {
+    int64_t computed_steps = 0;
+    int64_t skipped_steps = 0;
+    absl::Duration compute;   // Step times and injected delays.
+    absl::Duration waiting;   // In pulls and pushes.
+    absl::Duration finished;  // From the start.
+  };
+  std::vector<Worker> workers;
+  int64_t dropped_gradients = 0;
+  // Busy fraction of the busiest shard host's NIC, in and out, over the run.
+  double max_shard_nic_in = 0;
+  double max_shard_nic_out = 0;
+  int64_t events = 0;
+  double real_seconds = 0;  // Wall-clock time the simulation took.
+};
+
+// Runs the job to its end. An error of a worker's call (a timeout naming whom it waited for) ends
+// the simulation with that error.
+absl::StatusOr<TimingJobResult> RunTimingJob(const TimingJobOptions& options);
+
+}  // namespace rubato
+
+#endif  // RUBATO_SIM_TIMING_JOB_H_
