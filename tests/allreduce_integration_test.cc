@@ -158,8 +158,11 @@ TEST_F(AllReduceTest, ARankWaitingOnAStalledPeerSaysOnWhomEveryFewSeconds) {
   for (const std::string transport : {"tcp", "grpc"}) {
     SCOPED_TRACE(transport);
     workers_.clear();
-    ASSERT_NO_FATAL_FAILURE(StartRing(
-        2, {"--steps=60", "--wait_timeout_ms=30000", "--ring_transport=" + transport}));
+    // A step record every step, and steps enough to go on well past it: the stop must come
+    // mid-run (with 60 steps and a record every 10, a loaded machine stopped rank 1 only as the
+    // run was ending, and rank 0 never waited 5 s).
+    ASSERT_NO_FATAL_FAILURE(StartRing(2, {"--steps=600", "--log_every=1", "--wait_timeout_ms=30000",
+                                          "--ring_transport=" + transport}));
     ASSERT_TRUE(
         IsOk(WaitForStdoutLine(workers_[1].get(), "\"event\":\"step\"", absl::Seconds(30))));
     ASSERT_TRUE(IsOk(workers_[1]->Signal(SIGSTOP)));
