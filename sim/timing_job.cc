@@ -109,8 +109,10 @@ class Job {
       spec.name = absl::StrCat("server-host-", h);
       server_hosts_.push_back(network_.AddHost(spec));
     }
+    ASSIGN_OR_RETURN(const int64_t part_elements, ScaledParts());
     for (int s = 0; s < o_.shards; ++s) {
       ShardOptions so;
+      so.part_elements = part_elements;
       so.shard_id = s;
       so.num_shards = o_.shards;
       so.cluster = cluster;
@@ -119,7 +121,6 @@ class Job {
         loop_.After(absl::ZeroDuration(), std::move(task));
       };
       so.deadline_thread = false;
-      RETURN_IF_ERROR(ScaleParts(&so));
       ASSIGN_OR_RETURN(std::unique_ptr<ParameterShard> shard, ParameterShard::Create(so));
       shards_.push_back(std::move(shard));
       processors_.push_back(std::isinf(o_.apply_bytes_per_second)
@@ -172,21 +173,20 @@ class Job {
     return absl::OkStatus();
   }
 
-  // bsp pushes large tensors in parts: as many parts of the held tensors as of the real ones.
-  absl::Status ScaleParts(ShardOptions* so) const {
+  // ShardOptions.part_elements for every shard: bsp pushes large tensors in parts, as many parts
+  // of the held tensors as of the real ones (-1: the policy's own, a mode without parts).
+  absl::StatusOr<int64_t> ScaledParts() const {
     const int64_t parts = RealParts(o_);
-    if (parts == 0) return absl::OkStatus();
-    if (MaxScale(o_) == std::numeric_limits<int64_t>::max()) {
-      so->part_elements = 0;  // Every tensor goes whole, as at its full size.
-    } else if (o_.scale <= MaxScale(o_)) {
-      so->part_elements = parts / o_.scale;
-    } else {
+    if (parts == 0) return -1;
+    const int64_t max_scale = MaxScale(o_);
+    if (max_scale == std::numeric_limits<int64_t>::max()) return 0;  // Whole, as at full size.
+    if (o_.scale > max_scale) {
       return absl::InvalidArgumentError(
           absl::StrCat("bsp pushes this model's tensors in parts of ", parts,
                        " elements, and a client takes no part below ", kMinPartElements,
-                       " elements: scale must be at most ", MaxScale(o_), ", got ", o_.scale));
+                       " elements: scale must be at most ", max_scale, ", got ", o_.scale));
     }
-    return absl::OkStatus();
+    return parts / o_.scale;
   }
 
   void Pull(Worker* w) {

@@ -1,5 +1,7 @@
 #include "sim/timing_job.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace rubato {
@@ -144,6 +146,17 @@ TEST(TimingJob, RefusesWhatItDoesNotSimulate) {
   o = Job(BSP, 10);
   o.worker_host.nic_bytes_per_second = 0;
   EXPECT_EQ(RunTimingJob(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // bsp pushes a tensor larger than its part size (1 Mi elements for 4 workers) in parts, and a
+  // held part may not fall below 1,024 elements: the scale is bounded, and the error says by what.
+  o = Job(BSP, 10);
+  o.tensor_elements = {4 * kElements};
+  EXPECT_EQ(MaxScale(o), 1024);
+  o.scale = 2000;
+  s = RunTimingJob(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("scale must be at most 1024, got 2000"), absl::string_view::npos) << s;
+  o.tensor_elements = {kElements};  // Whole tensors: no bound.
+  EXPECT_EQ(MaxScale(o), std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace
