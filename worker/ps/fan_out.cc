@@ -43,7 +43,7 @@ class Operation : public std::enable_shared_from_this<Operation> {
   }
 
   void Start() {
-    const int n = static_cast<int>(calls_.size());
+    const int n = static_cast<int>(spec_.shards.size());  // calls_.size(), constant
     {
       absl::MutexLock lock(&mu_);
       outstanding_ = n;
