@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 from experiments import analysis, report, stats, suite  # noqa: E402
 
 LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
+SIMULATE = os.path.join(ROOT, "experiments", "simulate.py")
 # What results.csv holds for each run, from its summary.json.
 METRICS = ("wall_s", "test_accuracy", "time_to_target_s", "steps_to_target", "epochs_to_target",
            "worker_steps_per_s",
@@ -89,15 +90,22 @@ def finished(run_dir):
         return False
 
 
-def run_one(run, out_dir, bin_dir, target, log):
-    """Runs `run` (suite.Run) into out_dir/runs/<name>; returns its results.csv row."""
+def run_one(run, out_dir, bin_dir, target, log, sim_flags=None):
+    """Runs `run` (suite.Run) into out_dir/runs/<name>, or with `sim_flags` (a list, perhaps
+    empty) in the simulator (experiments/simulate.py) with those flags of its own; returns its
+    results.csv row."""
     run_dir = os.path.join(out_dir, "runs", run.name)
     summary_path = os.path.join(run_dir, "summary.json")
     row = {"cell": run.cell, "seed": run.seed}
     cpu = None
     if not finished(run_dir):
-        argv = [sys.executable, LAUNCH, "--bin_dir", bin_dir, "--run_dir", run_dir,
-                "--target_accuracy", str(target), "--refresh", "1"] + run.argv()
+        if sim_flags is None:
+            argv = [sys.executable, LAUNCH, "--bin_dir", bin_dir, "--run_dir", run_dir,
+                    "--target_accuracy", str(target), "--refresh", "1"] + run.argv()
+        else:
+            argv = ([sys.executable, SIMULATE, "--bin_dir", bin_dir, "--run_dir", run_dir,
+                     "--target_accuracy", str(target)] + run.argv()
+                    + ["--sim_flag=" + f for f in sim_flags])
         os.makedirs(os.path.dirname(run_dir), exist_ok=True)
         sampler = CpuSampler()
         with open(run_dir + ".log", "w") as f:
@@ -105,8 +113,11 @@ def run_one(run, out_dir, bin_dir, target, log):
             f.flush()
             subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
         cpu = sampler.stop()
-        with open(os.path.join(out_dir, "cpu.json"), "a") as f:
-            f.write(json.dumps({"run": run.name, "cpu_busy": round(cpu, 4)}) + "\n")
+        if sim_flags is not None:  # Simulated time does not depend on the machine's load.
+            cpu = None
+        else:
+            with open(os.path.join(out_dir, "cpu.json"), "a") as f:
+                f.write(json.dumps({"run": run.name, "cpu_busy": round(cpu, 4)}) + "\n")
     else:
         cpu = previous_cpu(out_dir, run.name)
     try:
@@ -219,7 +230,15 @@ def main(argv):
                    help="Leave out the runs whose names (CELL.seed-N) match this regular "
                         "expression (e.g. one seed that takes far longer than the rest).")
     p.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
+    p.add_argument("--simulate", action="store_true",
+                   help="Run every job in the simulator (experiments/simulate.py, sim/README.md) "
+                        "instead of as processes: the same results, in simulated seconds.")
+    p.add_argument("--sim_flag", action="append", default=[], metavar="FLAG",
+                   help="With --simulate: a flag for rubato_sim (e.g. --sim_flag=--compute_ms=2). "
+                        "Repeatable.")
     args = p.parse_args(argv)
+    if args.sim_flag and not args.simulate:
+        p.error("--sim_flag needs --simulate")
     if args.seeds is not None and args.seeds < 1:
         p.error("--seeds must be >= 1")
     try:
@@ -248,6 +267,7 @@ def main(argv):
     cells = len({r.cell for r in runs})
     described = describe(s, runs, argv)
     described["skipped"] = skipped
+    described["simulated"] = args.simulate
     write_json(os.path.join(out, "suite.json"), described)
     log("rubato experiment: suite %s (%s), %d runs (%d cells x up to %d seeds) into %s" % (
         s.name, s.path, len(runs), cells, described["seeds"], out))
@@ -255,7 +275,8 @@ def main(argv):
     for k, run in enumerate(runs):
         began = time.monotonic()
         resumed = finished(os.path.join(out, "runs", run.name))
-        row = run_one(run, out, args.bin_dir, s.target_accuracy, log)
+        row = run_one(run, out, args.bin_dir, s.target_accuracy, log,
+                      args.sim_flag if args.simulate else None)
         row["suite"] = s.name
         rows.append(row)
         if not resumed:

@@ -42,6 +42,10 @@ absl::Status ValidateHostSpec(const HostSpec& spec) {
   if (absl::Status s = rate("NIC rate", spec.nic_bytes_per_second); !s.ok()) return s;
   if (absl::Status s = rate("loopback rate", spec.loopback_bytes_per_second); !s.ok()) return s;
   if (absl::Status s = delay("latency", spec.latency); !s.ok()) return s;
+  if (spec.cores < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host '", spec.name, "': cores must be >= 0, got ", spec.cores));
+  }
   return delay("loopback latency", spec.loopback_latency);
 }
 

@@ -54,9 +54,11 @@ struct HostSpec {
   absl::Duration latency = absl::Microseconds(10);
   double loopback_bytes_per_second = 8e9;
   absl::Duration loopback_latency = absl::Microseconds(20);
+  // Processors its processes share (sim/cpu.h); 0: as many as their work needs.
+  int cores = 0;
 };
 
-// INVALID_ARGUMENT naming the field: rates must be > 0, latencies >= 0.
+// INVALID_ARGUMENT naming the field: rates must be > 0, latencies and cores >= 0.
 absl::Status ValidateHostSpec(const HostSpec& spec);
 
 class Network {

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "server/consistency_policy.h"
 #include "server/parameter_shard.h"
+#include "sim/cpu.h"
 #include "sim/event_loop.h"
 #include "sim/sim_shard_channel.h"
 #include "worker/ps/call_plan.h"
@@ -66,6 +67,7 @@ class Job {
       r.wall = std::max(r.wall, w->result.finished);
       r.dropped_gradients += w->dropped;
     }
+    for (const auto& s : shards_) r.shard_stats.push_back(s->Stats());
     const double wall = absl::ToDoubleSeconds(r.wall);
     for (int h : server_hosts_) {
       const Network::HostStats s = network_.stats(h);
@@ -82,9 +84,12 @@ class Job {
   struct Worker {
     int id = 0;
     std::unique_ptr<PsClient> client;
+    Cpu* cpu = nullptr;  // Its host's.
     std::optional<StragglerModel> straggler;
     std::vector<std::vector<float>> params;
+    std::vector<std::vector<float>> grads;  // The training level's; the timing level's are grads_.
     int64_t step = 0;
+    SimStep current;   // The step in progress.
     absl::Time since;  // The call in progress began.
     int64_t dropped = 0;
     TimingJobResult::Worker result;
@@ -98,13 +103,32 @@ class Job {
     // allowed) run out only in a run that long.
     cluster.set_lease_ms(int64_t{24} * 3600 * 1000);
     std::vector<TensorSpec> model;
-    for (size_t i = 0; i < o_.tensor_elements.size(); ++i) {
-      TensorSpec t;
-      t.set_name(absl::StrCat("tensor_", i));
-      t.add_shape(Ceil(o_.tensor_elements[i], o_.scale));
-      model.push_back(t);
+    std::vector<std::vector<float>> initial;
+    if (o_.workload != nullptr) {
+      model = o_.workload->Model();
+      initial = o_.workload->InitialParams();
+      if (initial.size() != model.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("the workload's model has ", model.size(),
+                                                       " tensors and its weights ",
+                                                       initial.size()));
+      }
+    } else {
+      for (size_t i = 0; i < o_.tensor_elements.size(); ++i) {
+        TensorSpec t;
+        t.set_name(absl::StrCat("tensor_", i));
+        t.add_shape(Ceil(o_.tensor_elements[i], o_.scale));
+        model.push_back(t);
+        initial.emplace_back(t.shape(0), 0.0f);
+      }
     }
-    for (int h = 0; h < Ceil(o_.shards, o_.shards_per_host); ++h) {
+    int local_host = -1;
+    if (o_.colocated) {
+      HostSpec spec = o_.worker_host;
+      spec.name = "localhost";
+      local_host = network_.AddHost(spec);
+      server_hosts_.push_back(local_host);
+    }
+    for (int h = 0; !o_.colocated && h < Ceil(o_.shards, o_.shards_per_host); ++h) {
       HostSpec spec = o_.server_host;
       spec.name = absl::StrCat("server-host-", h);
       server_hosts_.push_back(network_.AddHost(spec));
@@ -128,21 +152,25 @@ class Job {
                                 : std::make_unique<Queue>(o_.apply_bytes_per_second));
     }
     std::vector<int> worker_hosts;
-    for (int h = 0; h < Ceil(num_workers, o_.workers_per_host); ++h) {
+    for (int h = 0; !o_.colocated && h < Ceil(num_workers, o_.workers_per_host); ++h) {
       HostSpec spec = o_.worker_host;
       spec.name = absl::StrCat("worker-host-", h);
       worker_hosts.push_back(network_.AddHost(spec));
     }
-    for (const TensorSpec& t : model) grads_.emplace_back(t.shape(0), 0.0f);
+    for (int h = 0; h < network_.hosts(); ++h) {
+      cpus_.push_back(std::make_unique<Cpu>(&loop_, network_.host(h).cores));
+    }
+    if (o_.workload == nullptr) grads_ = initial;  // Zeros.
     for (int w = 0; w < num_workers; ++w) {
       auto worker = std::make_unique<Worker>();
       worker->id = w;
+      worker->cpu = cpus_[o_.colocated ? local_host : worker_hosts[w / o_.workers_per_host]].get();
       std::vector<std::unique_ptr<ShardChannel>> channels;
       for (int s = 0; s < o_.shards; ++s) {
         SimRoute route;
         route.network = &network_;
-        route.worker_host = worker_hosts[w / o_.workers_per_host];
-        route.shard_host = server_hosts_[s / o_.shards_per_host];
+        route.worker_host = o_.colocated ? local_host : worker_hosts[w / o_.workers_per_host];
+        route.shard_host = o_.colocated ? local_host : server_hosts_[s / o_.shards_per_host];
         route.shard_processor = processors_[s].get();
         route.scale = o_.scale;
         channels.push_back(std::make_unique<SimShardChannel>(
@@ -152,7 +180,7 @@ class Job {
       co.worker_id = w;
       co.num_workers = num_workers;
       co.consistency = cluster.consistency();
-      co.steps_per_epoch = o_.steps;
+      co.steps_per_epoch = o_.steps_per_epoch > 0 ? o_.steps_per_epoch : o_.steps;
       co.total_steps = o_.steps;
       co.model = model;
       co.clock = loop_.clock();
@@ -165,7 +193,8 @@ class Job {
         ASSIGN_OR_RETURN(StragglerModel m, StragglerModel::Create(o_.stragglers[w], w));
         worker->straggler.emplace(std::move(m));
       }
-      worker->params = grads_;
+      worker->params = initial;
+      if (o_.workload != nullptr) worker->grads = initial;
       // Answered at once by every shard (SimShardChannel): the first worker's values are adopted.
       ASSIGN_OR_RETURN(worker->step, worker->client->Register(worker->params, o_.batch_size, 0));
       workers_.push_back(std::move(worker));
@@ -177,7 +206,7 @@ class Job {
   // of the held tensors as of the real ones (-1: the policy's own, a mode without parts).
   absl::StatusOr<int64_t> ScaledParts() const {
     const int64_t parts = RealParts(o_);
-    if (parts == 0) return -1;
+    if (parts == 0 || o_.scale == 1) return -1;  // As a real shard: the policy's own.
     const int64_t max_scale = MaxScale(o_);
     if (max_scale == std::numeric_limits<int64_t>::max()) return 0;  // Whole, as at full size.
     if (o_.scale > max_scale) {
@@ -200,39 +229,88 @@ class Job {
   void Pulled(Worker* w, absl::Status status, int64_t min_version) {
     if (!Check(w, status, "pull")) return;
     w->result.waiting += loop_.Now() - w->since;
+    w->current = SimStep();
+    w->current.worker = w->id;
+    w->current.pull = loop_.Now() - w->since;
     if (o_.cluster.consistency().mode() == BACKUP && min_version > w->step) {
       // The job went on without this worker's step: compute the current one instead.
-      w->result.skipped_steps += min_version - w->step;
+      w->current.skipped = std::min<int64_t>(min_version, o_.steps) - w->step;
+      w->result.skipped_steps += w->current.skipped;
       w->step = min_version;
       if (w->step >= o_.steps) {
-        Done(w);
+        End(w);
         return;
       }
     }
-    absl::Duration compute = o_.step_time;
-    if (w->straggler.has_value()) compute += w->straggler->DelayFor(w->step, o_.step_time);
-    w->result.compute += compute;
-    loop_.After(compute, [this, w] { Push(w); });
+    w->current.step = w->step;
+    absl::Duration work = o_.step_time;
+    if (o_.workload != nullptr) {
+      absl::StatusOr<absl::Duration> c = o_.workload->Compute(w->id, w->step, w->params, &w->grads);
+      if (!Check(w, c.status(), "compute")) return;
+      work = *c;
+    }
+    // The compute shares its host's processors; the injected delay, as the worker's sleep, does
+    // not, and follows from the compute time as measured (worker/straggler_model.h).
+    const absl::Time began = loop_.Now();
+    w->cpu->Run(work, [this, w, began] { Computed(w, loop_.Now() - began); });
+  }
+
+  void Computed(Worker* w, absl::Duration compute) {
+    w->current.compute = compute;
+    if (w->straggler.has_value()) w->current.delay = w->straggler->DelayFor(w->step, compute);
+    w->result.compute += compute + w->current.delay;
+    loop_.After(w->current.delay, [this, w] { Push(w); });
   }
 
   void Push(Worker* w) {
     w->since = loop_.Now();
-    w->client->StartPushAll(w->step, grads_,
+    w->client->StartPushAll(w->step, o_.workload != nullptr ? w->grads : grads_,
                             [this, w](absl::Status status, PsClient::PushResult result) {
-                              Pushed(w, std::move(status), result);
+                              Pushed(w, std::move(status), std::move(result));
                             });
   }
 
-  void Pushed(Worker* w, absl::Status status, const PsClient::PushResult& result) {
+  void Pushed(Worker* w, absl::Status status, PsClient::PushResult result) {
     if (!Check(w, status, "push")) return;
     w->result.waiting += loop_.Now() - w->since;
     w->dropped += result.dropped;
     ++w->result.computed_steps;
-    if (++w->step >= o_.steps) {
+    ++w->step;
+    absl::Duration next = absl::ZeroDuration();
+    if (o_.workload != nullptr) {
+      w->current.push = loop_.Now() - w->since;
+      w->current.at = loop_.Now() - start_;
+      w->current.pushed = std::move(result);
+      absl::StatusOr<absl::Duration> extra = o_.workload->StepDone(w->current, w->params);
+      if (!Check(w, extra.status(), "step")) return;
+      next = *extra;
+    }
+    // An evaluation that falls due is work on the worker's host.
+    if (w->step >= o_.steps) {
+      w->cpu->Run(next, [this, w] { End(w); });
+      return;
+    }
+    w->cpu->Run(next, [this, w] { Pull(w); });
+  }
+
+  // The last step is done: at the training level the worker pulls the final weights (everything
+  // every worker pushed, applied) and the workload sees them before the worker finishes.
+  void End(Worker* w) {
+    if (o_.workload == nullptr) {
       Done(w);
       return;
     }
-    Pull(w);
+    w->since = loop_.Now();
+    w->client->StartPull(
+        o_.steps, absl::MakeSpan(w->params), [this, w](absl::Status status, int64_t) {
+          if (!Check(w, status, "final pull")) return;
+          w->result.waiting += loop_.Now() - w->since;
+          absl::StatusOr<absl::Duration> extra =
+              o_.workload->Finished(w->id, o_.steps, w->result.computed_steps,
+                                    w->result.skipped_steps, loop_.Now() - start_, w->params);
+          if (!Check(w, extra.status(), "final evaluation")) return;
+          w->cpu->Run(*extra, [this, w] { Done(w); });
+        });
   }
 
   void Done(Worker* w) {
@@ -262,7 +340,8 @@ class Job {
   // Before the workers: their clients' channels reach the shards.
   std::vector<std::unique_ptr<ParameterShard>> shards_;
   std::vector<std::unique_ptr<Queue>> processors_;
-  std::vector<std::vector<float>> grads_;  // Every worker pushes these (zeros, never changed).
+  std::vector<std::unique_ptr<Cpu>> cpus_;  // One per network host, by its index.
+  std::vector<std::vector<float>> grads_;   // Every worker pushes these (zeros, never changed).
   std::vector<std::unique_ptr<Worker>> workers_;
   absl::Time start_;
   int running_ = 0;
@@ -288,12 +367,19 @@ absl::Status ValidateTimingJobOptions(const TimingJobOptions& o) {
                        ConsistencyMode_Name(o.cluster.consistency().mode()),
                        " (it runs bsp, backup, ssp and async)"));
   }
+  if (o.workload != nullptr) {
+    if (o.scale != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a workload trains the model at its size: scale must be 1, got ", o.scale));
+    }
+  } else if (o.tensor_elements.empty()) {
+    return absl::InvalidArgumentError("the model has no tensors");
+  }
   if (o.cluster.reassign().unit_batches() > 0) {
     return absl::UnimplementedError("the simulator does not run work reassignment");
   }
   if (o.shards < 1)
     return absl::InvalidArgumentError(absl::StrCat("shards must be >= 1, got ", o.shards));
-  if (o.tensor_elements.empty()) return absl::InvalidArgumentError("the model has no tensors");
   for (int64_t e : o.tensor_elements) {
     if (e < 1) return absl::InvalidArgumentError(absl::StrCat("a tensor of ", e, " elements"));
   }

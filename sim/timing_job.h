@@ -6,13 +6,15 @@
 // (SimShardChannel). Each worker's step is the training loop's: pull the weights its step needs,
 // compute for the step time its StragglerModel gives (the same flags and patterns as
 // rubato_worker), push the gradients, and go on; under backup:b a worker whose pull comes back
-// newer skips to that step, as the loop does. No model is trained: each tensor is held and sent at
-// 1 / scale of its size, its bytes counted in full by the network and the shards' processors, so
-// that thousands of workers of a large model fit in one process.
+// newer skips to that step, as the loop does. At the timing level no model is trained: each tensor
+// is held and sent at 1 / scale of its size, its bytes counted in full by the network and the
+// shards' processors, so that thousands of workers of a large model fit in one process. At the
+// training level a Workload (sim/workload.h) computes each worker's real gradients and reports
+// what the worker would; each worker then pulls the final weights before it finishes.
 //
 // What is not simulated (yet): adaptive consistency and work reassignment (refused), the ring
-// all-reduce, failures and heartbeats (leases are set beyond the run), the overlap of pushes with
-// the backward pass, and the real model's compute.
+// all-reduce, failures and heartbeats (leases are set beyond the run), and the overlap of pushes
+// with the backward pass.
 #ifndef RUBATO_SIM_TIMING_JOB_H_
 #define RUBATO_SIM_TIMING_JOB_H_
 
@@ -23,7 +25,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
+#include "proto/parameter_server.pb.h"
 #include "sim/network.h"
+#include "sim/workload.h"
 #include "worker/straggler_model.h"
 
 namespace rubato {
@@ -33,12 +37,17 @@ struct TimingJobOptions {
   // Leases are set to a day (no failures are simulated, no heartbeats sent).
   ClusterSpec cluster;
   int shards = 1;
-  // Each tensor's elements, as the real model has them.
+  // Each tensor's elements, as the real model has them (the timing level).
   std::vector<int64_t> tensor_elements;
-  // >= 1: each tensor is held at ceil(elements / scale) elements.
+  // >= 1: each tensor is held at ceil(elements / scale) elements (the timing level).
   int64_t scale = 1;
-  int64_t steps = 100;  // Every worker's.
-  int batch_size = 64;  // Per worker (for the shards' schedule).
+  // The training level (not owned; must outlive the run): the workload's model, weights,
+  // gradients and compute times, in place of tensor_elements, zeros and step_time. scale must be
+  // 1.
+  Workload* workload = nullptr;
+  int64_t steps = 100;          // Every worker's.
+  int64_t steps_per_epoch = 0;  // For the shards' schedules (0: steps).
+  int batch_size = 64;          // Per worker (for the shards' schedule).
   // One step's compute before each worker's StragglerModel adds to it.
   absl::Duration step_time = absl::Milliseconds(20);
   // Worker w's injected delays (empty: none).
@@ -49,6 +58,9 @@ struct TimingJobOptions {
   HostSpec server_host;
   int workers_per_host = 1;
   int shards_per_host = 1;
+  // Every worker and shard on one host (worker_host's spec), all talking through its loopback: a
+  // local launch. The two fields above are then ignored.
+  bool colocated = false;
   // How fast a shard applies pushed gradients (bytes of gradient a second; infinite: no time).
   double apply_bytes_per_second = std::numeric_limits<double>::infinity();
 };
@@ -74,6 +86,8 @@ struct TimingJobResult {
   };
   std::vector<Worker> workers;
   int64_t dropped_gradients = 0;
+  // Each shard's statistics at the end (as a real server reports them).
+  std::vector<GetStatsResponse> shard_stats;
   // Busy fraction of the busiest shard host's NIC, in and out, over the run.
   double max_shard_nic_in = 0;
   double max_shard_nic_out = 0;

@@ -60,8 +60,10 @@ class WorkerView:
     """What the live view knows of one worker, fed by its JSON-lines progress."""
 
     def __init__(self, index, jsonl_path):
+        """`jsonl_path`: where the records are copied (None: nowhere, for records read from a
+        file already, as experiments/simulate.py does)."""
         self.index = index
-        self.jsonl = open(jsonl_path, "w")
+        self.jsonl = open(jsonl_path, "w") if jsonl_path is not None else None
         self.lock = threading.Lock()
         self.start = {}
         self._step = {}
@@ -79,14 +81,17 @@ class WorkerView:
         for lines in read_lines(stream):
             self.take(lines, began)
 
-    def take(self, raw_lines, began):
-        """One chunk's complete lines (bytes): copied to worker-N.jsonl, and the records read."""
+    def take(self, raw_lines, began, now=None):
+        """One chunk's complete lines (bytes): copied to worker-N.jsonl, and the records read, as
+        arriving `now` seconds after the launch (default: time.monotonic() - `began`)."""
         lines = [l for l in (raw.decode("utf-8", "replace").strip() for raw in raw_lines) if l]
         if not lines:
             return
-        self.jsonl.write("".join(line + "\n" for line in lines))
-        self.jsonl.flush()
-        now = time.monotonic() - began
+        if self.jsonl is not None:
+            self.jsonl.write("".join(line + "\n" for line in lines))
+            self.jsonl.flush()
+        if now is None:
+            now = time.monotonic() - began
         steps, records = [], []
         for line in lines:
             kind = record_kind(line)

@@ -1,0 +1,172 @@
+"""./rubato simulate and the simulated suites end to end (experiments/simulate.py, run_suite.py
+--simulate) with the real rubato_sim, and the validation table's arithmetic
+(experiments/validate_sim.py) on runs made up here.
+
+    bazel test //experiments:simulate_test
+"""
+
+import csv
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from bazel import pyunit  # noqa: E402
+from experiments import calibrate_sim, run_suite, simulate, validate_sim  # noqa: E402
+
+DATA = "/usr/share/datasets/fashion-mnist"
+BIN_DIR = ROOT if os.path.exists(os.path.join(ROOT, "sim", "rubato_sim")) else \
+    os.path.join(ROOT, "bazel-bin")
+# A small job: 2 workers x 30 steps, worker 1 four times slower than the 20 ms floor; a step's
+# compute and an evaluation are given, so that the simulated times are known in advance.
+JOB = ["--workers", "2", "--servers", "1", "--steps", "30", "--train_limit", "2000",
+       "--test_limit", "500", "--eval_every", "10", "--log_every", "10", "--layers", "784-32-10",
+       "--min_step_ms", "20", "--slow_workers", "1:4", "--data_dir", DATA,
+       "--sim_flag=--compute_ms=1", "--sim_flag=--eval_ms=5"]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+class SimulateTest(unittest.TestCase):
+
+    def setUp(self):
+        if not os.path.isdir(DATA):
+            self.skipTest("no Fashion-MNIST at %s (Debian's dataset-fashion-mnist)" % DATA)
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def simulate(self, *extra):
+        run_dir = os.path.join(self.tmp.name, "run")
+        rc = simulate.main(["--bin_dir", BIN_DIR, "--run_dir", run_dir, "--target_accuracy",
+                            "0.5"] + JOB + list(extra))
+        return rc, run_dir
+
+    def test_bsp_job_with_a_straggler(self):
+        rc, run_dir = self.simulate("--mode", "bsp")
+        self.assertEqual(rc, 0)
+        s = load(os.path.join(run_dir, "summary.json"))
+        self.assertTrue(s["ok"], s.get("error"))
+        self.assertEqual(s["simulated"]["compute_ms"], 1.0)
+        # bsp waits for worker 1 every step: 30 steps of 4 x 20 ms, plus worker 0's evaluations
+        # after steps 10 and 20 and its final one (5 ms each), plus transfers of microseconds.
+        self.assertGreaterEqual(s["wall_s"], 30 * 0.080)
+        self.assertLess(s["wall_s"], 30 * 0.080 + 3 * 0.005 + 0.05)
+        self.assertEqual(s["steps"], 30)
+        self.assertEqual([e["step"] for e in s["evals"]], [10, 20, 30])
+        self.assertTrue(all(e["worker"] == 0 for e in s["evals"]))
+        # Worker 0's step 9 starts once worker 1 has pushed step 8 (at 9 x 80 ms) and takes its
+        # 20 ms floor; the record of the evaluation that follows counts from its end (5 ms later),
+        # as a real worker's record arrives then.
+        self.assertAlmostEqual(s["evals"][0]["t"], 9 * 0.080 + 0.020 + 0.005, delta=0.005)
+        self.assertGreater(s["test_accuracy"], 0.5)
+        self.assertIsNotNone(s["time_to_target_s"])
+        # 30 steps x 4 tensors (two layers' weights and biases) on one shard.
+        self.assertEqual(s["applied_updates"], 30 * 4)
+        for w in (0, 1):
+            self.assertTrue(os.path.exists(os.path.join(run_dir, "worker-%d.jsonl" % w)))
+
+    def test_modes_it_does_not_model_are_refused_by_name(self):
+        rc, run_dir = self.simulate("--mode", "adaptive")
+        self.assertEqual(rc, 2)
+        s = load(os.path.join(run_dir, "summary.json"))
+        self.assertFalse(s["ok"])
+        self.assertIn("ADAPTIVE", s["error"])
+        rc, run_dir = self.simulate("--mode", "allreduce")
+        self.assertEqual(rc, 2)
+        self.assertIn("all-reduce", load(os.path.join(run_dir, "summary.json"))["error"])
+
+    def test_a_simulated_suite_writes_what_a_real_one_does(self):
+        suite = os.path.join(self.tmp.name, "tiny.yaml")
+        with open(suite, "w") as f:
+            f.write("name: tiny\nseeds: 2\ntarget_accuracy: 0.5\n"
+                    "base: {workers: 2, steps: 20, train_limit: 2000, test_limit: 500, "
+                    "eval_every: 10, log_every: 10, layers: 784-32-10, min_step_ms: 20, "
+                    "timeout: 120, data_dir: %s}\n"
+                    "cells:\n  - {name: bsp, mode: bsp}\n  - {name: async, mode: async}\n" % DATA)
+        out = os.path.join(self.tmp.name, "out")
+        rc = run_suite.main([suite, "--out", out, "--bin_dir", BIN_DIR, "--simulate",
+                             "--sim_flag=--compute_ms=1", "--sim_flag=--eval_ms=5"])
+        self.assertEqual(rc, 0)
+        with open(os.path.join(out, "results.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(sorted((r["cell"], r["seed"]) for r in rows),
+                         [("async", "1"), ("async", "2"), ("bsp", "1"), ("bsp", "2")])
+        self.assertTrue(all(r["ok"] == "True" for r in rows), rows)
+        self.assertTrue(load(os.path.join(out, "suite.json"))["simulated"])
+        # The same job is the same simulation: the seed changes the data order, not the clock.
+        bsp = [float(r["wall_s"]) for r in rows if r["cell"] == "bsp"]
+        self.assertAlmostEqual(bsp[0], 20 * 0.020, delta=0.05)
+        # The simulated runs beside themselves are within any tolerance.
+        rows = validate_sim.compare(validate_sim.cell_runs(out), validate_sim.cell_runs(out), 0.01)
+        self.assertEqual([r["cell"] for r in rows], ["async", "bsp"])
+        self.assertTrue(all(r["within"] for r in rows))
+
+    def test_calibration_from_one_real_worker(self):
+        c = calibrate_sim.calibrate(BIN_DIR, "784-256-10", 100, DATA)
+        self.assertEqual(c["model_bytes"], 4 * (784 * 256 + 256 + 256 * 10 + 10))
+        self.assertGreater(c["compute_ms"], 0)
+        self.assertGreater(c["eval_ms"], 0)
+        self.assertGreater(c["loopback_gbps"], 0)
+        self.assertGreaterEqual(c["loopback_latency_us"], 0)
+        # The real model's pulls take longer than the tiny one's: that is what the rate is.
+        self.assertGreater(c["model"]["pull_ms"] + c["model"]["push_ms"],
+                           c["tiny"]["pull_ms"] + c["tiny"]["push_ms"])
+        self.assertEqual([f.split("=")[0] for f in c["sim_flags"]],
+                         ["--compute_ms", "--eval_ms", "--loopback_latency_us",
+                          "--loopback_gbps", "--cores"])
+
+
+def fake_run(root, name, started, walls, ttt, steps):
+    """A run directory as a launch leaves it: summary.json and step records (each worker's
+    `steps`: (step, compute, delay, pull, push) in ms)."""
+    d = os.path.join(root, "runs", name)
+    os.makedirs(d)
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump({"ok": True, "worker_started_s": started, "time_to_target_s": ttt,
+                   "per_worker": [{"wall_s": w} for w in walls]}, f)
+    for w in range(len(started)):
+        with open(os.path.join(d, "worker-%d.jsonl" % w), "w") as f:
+            for step, compute, delay, pull, push in steps:
+                f.write(json.dumps({"event": "step", "step": step, "compute_ms": compute,
+                                    "delay_ms": delay, "pull_ms": pull, "push_ms": push}) + "\n")
+
+
+class ValidateSimTest(unittest.TestCase):
+
+    def test_figures_origin_and_ratios(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            real, sim = os.path.join(tmp, "real"), os.path.join(tmp, "sim")
+            # Real: the last worker started at 1.0 s; training took 10 and 12 s after it.
+            fake_run(real, "bsp.seed-1", [0.5, 1.0], [10.2, 10.0], 6.0,
+                     [(10, 2, 8, 5, 5), (20, 2, 8, 5, 5)])
+            fake_run(real, "bsp.seed-2", [0.8, 1.0], [11.5, 12.0], 8.0,
+                     [(10, 2, 8, 5, 5), (20, 2, 8, 5, 5)])
+            # Simulated: started at 0; wall 11.5 (ratio 1.045, outside 3%), ttt 5.5 (0.917),
+            # waiting 0.475 against 0.5 (0.95).
+            fake_run(sim, "bsp.seed-1", [0.0, 0.0], [11.5, 11.5], 5.5,
+                     [(10, 2, 8.5, 4.75, 4.75), (20, 2, 8.5, 4.75, 4.75)])
+            rows = validate_sim.compare(validate_sim.cell_runs(real),
+                                        validate_sim.cell_runs(sim), 0.10)
+            self.assertEqual(len(rows), 1)
+            r = rows[0]
+            self.assertAlmostEqual(r["real_wall_s"], 11.0)
+            self.assertAlmostEqual(r["real_ttt_s"], 6.0)
+            self.assertAlmostEqual(r["real_waiting"], 0.5)
+            self.assertAlmostEqual(r["wall_s_ratio"], 11.5 / 11.0)
+            self.assertAlmostEqual(r["ttt_s_ratio"], 5.5 / 6.0)
+            self.assertAlmostEqual(r["waiting_ratio"], 0.475 / 0.5)
+            self.assertTrue(r["within"])
+            strict = validate_sim.compare(validate_sim.cell_runs(real),
+                                          validate_sim.cell_runs(sim), 0.03)
+            self.assertFalse(strict[0]["within"])
+
+
+if __name__ == "__main__":
+    sys.exit(pyunit.main("experiments/simulate_test"))
