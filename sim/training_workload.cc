@@ -119,28 +119,11 @@ absl::StatusOr<absl::Duration> TrainingWorkload::StepDone(
   const int64_t done = s.step + 1;
   const int64_t steps = options_.job.steps;
   if (done % options_.log_every == 0 || done == steps) {
-    // The step record TrainingLoop::Report writes (without the overlap's fields: no overlap).
-    const double n = static_cast<double>(i.steps);
-    const double elapsed = Seconds(s.at - i.start);
-    w.final_loss = i.loss / n;
-    auto ms = [n](double seconds) { return RoundDecimals(1e3 * seconds / n, 3); };
+    // The step record TrainingLoop writes (without the overlap's fields: no overlap).
+    w.final_loss = i.loss / static_cast<double>(i.steps);
     ProgressRecord r;
-    StepRecord* rec = r.mutable_step();
-    rec->set_worker(s.worker);
-    rec->set_step(done);
-    rec->set_epoch(w.batcher->epoch());
-    rec->set_t(RoundDecimals(Seconds(s.at), 3));
-    rec->set_loss(RoundDecimals(w.final_loss, 5));
-    rec->set_steps_per_s(RoundDecimals(i.steps / std::max(elapsed, 1e-9), 2));
-    rec->set_compute_ms(ms(i.compute_s));
-    rec->set_comm_ms(ms(i.pull_s + i.push_s));
-    rec->set_pull_ms(ms(i.pull_s));
-    rec->set_push_ms(ms(i.push_s));
-    rec->set_delay_ms(ms(i.delay_s));
-    rec->set_staleness(RoundDecimals(i.staleness / n, 3));
-    rec->set_dropped(i.dropped);
-    rec->set_skipped(i.skipped);
-    rec->set_overlap(false);
+    *r.mutable_step() =
+        StepRecordOf(s.worker, done, w.batcher->epoch(), Seconds(s.at), Seconds(s.at - i.start), i);
     WriteProgress(*options_.progress[s.worker], r, /*flush=*/false);
     i = Interval();
     i.start = s.at;

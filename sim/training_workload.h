@@ -75,10 +75,8 @@ class TrainingWorkload final : public Workload {
 
  private:
   // A log interval's sums, as TrainingLoop keeps them.
-  struct Interval {
+  struct Interval : StepSums {
     absl::Duration start;
-    double loss = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, staleness = 0;
-    int64_t steps = 0, dropped = 0, skipped = 0;
   };
   struct Worker {
     std::unique_ptr<ShardedBatcher> batcher;

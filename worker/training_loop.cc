@@ -103,6 +103,28 @@ std::vector<absl::Span<const T>> ConstSpans(const std::vector<std::vector<T>>& v
 
 }  // namespace
 
+StepRecord StepRecordOf(int worker, int64_t done, int64_t epoch, double t, double elapsed,
+                        const StepSums& sums) {
+  const double n = static_cast<double>(sums.steps);
+  auto ms = [n](double seconds) { return RoundDecimals(1e3 * seconds / n, 3); };
+  StepRecord s;
+  s.set_worker(worker);
+  s.set_step(done);
+  s.set_epoch(epoch);
+  s.set_t(RoundDecimals(t, 3));
+  s.set_loss(RoundDecimals(sums.loss / n, 5));
+  s.set_steps_per_s(RoundDecimals(sums.steps / std::max(elapsed, 1e-9), 2));
+  s.set_compute_ms(ms(sums.compute_s));
+  s.set_comm_ms(ms(sums.pull_s + sums.push_s));
+  s.set_pull_ms(ms(sums.pull_s));
+  s.set_push_ms(ms(sums.push_s));
+  s.set_delay_ms(ms(sums.delay_s));
+  s.set_staleness(RoundDecimals(sums.staleness / n, 3));
+  s.set_dropped(sums.dropped);
+  s.set_skipped(sums.skipped);
+  return s;
+}
+
 bool OverlapEnabled(const TrainingOptions& options, const PsClient& client, std::string* why_not) {
   std::string reason;
   if (!options.overlap) {
@@ -403,26 +425,15 @@ absl::Status TrainingLoop::Account(int64_t step, float loss, const StepTimes& t,
 
 void TrainingLoop::Report(int64_t done, const StepTimes& t) {
   Interval& i = interval_;
-  const double elapsed = absl::ToDoubleSeconds(t.pushed - i.start);
   const double n = static_cast<double>(i.steps);
   result_.final_loss = i.loss / n;
   auto ms = [n](double seconds) { return RoundDecimals(1e3 * seconds / n, 3); };
   ProgressRecord r;
   StepRecord* s = r.mutable_step();
-  s->set_worker(options_.worker_id);
-  s->set_step(done);
-  s->set_epoch(options_.work != nullptr ? options_.work->epoch() : batcher_->epoch());
-  s->set_t(RoundDecimals(absl::ToDoubleSeconds(t.pushed - start_), 3));
-  s->set_loss(RoundDecimals(result_.final_loss, 5));
-  s->set_steps_per_s(RoundDecimals(i.steps / std::max(elapsed, 1e-9), 2));
-  s->set_compute_ms(ms(i.compute_s));
-  s->set_comm_ms(ms(i.pull_s + i.push_s));
-  s->set_pull_ms(ms(i.pull_s));
-  s->set_push_ms(ms(i.push_s));
-  s->set_delay_ms(ms(i.delay_s));
-  s->set_staleness(RoundDecimals(i.staleness / n, 3));
-  s->set_dropped(i.dropped);
-  s->set_skipped(i.skipped);
+  *s = StepRecordOf(options_.worker_id, done,
+                    options_.work != nullptr ? options_.work->epoch() : batcher_->epoch(),
+                    absl::ToDoubleSeconds(t.pushed - start_),
+                    absl::ToDoubleSeconds(t.pushed - i.start), i);
   s->set_overlap(overlap_);
   s->set_push_busy_ms(ms(i.push_busy_s));
   s->set_hidden_fraction(

@@ -35,6 +35,7 @@
 #include "absl/types/span.h"
 #include "common/batch_plan.h"
 #include "common/clock.h"
+#include "proto/progress.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/job_noise_scale.h"
 #include "worker/model/model_backend.h"
@@ -117,6 +118,18 @@ struct TrainingResult {
   int64_t reassigned_units = 0;
 };
 
+// What a step record reports of a log interval: sums over its steps, times in seconds.
+struct StepSums {
+  double loss = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, staleness = 0;
+  int64_t steps = 0, dropped = 0, skipped = 0;
+};
+
+// The step record (proto/progress.proto) of an interval of `sums.steps` (>= 1) steps that ended
+// with step `done`, `t` seconds after the loop began and `elapsed` seconds after the interval
+// did: the means per step, rounded as every record is. The loop's overlap figures are its own.
+StepRecord StepRecordOf(int worker, int64_t done, int64_t epoch, double t, double elapsed,
+                        const StepSums& sums);
+
 // Whether RunTraining will overlap pushes with the backward pass, and if not, why not (for logs).
 bool OverlapEnabled(const TrainingOptions& options, const PsClient& client, std::string* why_not);
 
@@ -161,11 +174,9 @@ class TrainingLoop {
   // accounting: time pushes were in flight (the union of their intervals), the part of it inside
   // the step's compute, and per layer (by its first tensor) the time from gradient ready to push
   // acknowledged.
-  struct Interval {
+  struct Interval : StepSums {
     absl::Time start;
-    double loss = 0, compute_s = 0, delay_s = 0, pull_s = 0, push_s = 0, grad_norm = 0;
-    double staleness = 0, push_busy_s = 0, push_hidden_s = 0;
-    int64_t steps = 0, dropped = 0, skipped = 0;
+    double grad_norm = 0, push_busy_s = 0, push_hidden_s = 0;
     std::vector<double> ready_to_ack_s;
   };
 
