@@ -582,7 +582,10 @@ def write(out):
     batches = report_batch.batch_table(data)
     s = data.suite
 
-    md = ["# Experiment %s" % s["name"], "", s.get("description") or "", "",
+    simulated = (["Simulated: every run is the simulator's (sim/README.md), its times simulated "
+                  "seconds; the machine's CPU use says nothing about them.", ""]
+                 if s.get("simulated") else [])
+    md = ["# Experiment %s" % s["name"], "", s.get("description") or "", ""] + simulated + [
           "Command: `%s`" % s["command"], "",
           "Suite file: `%s`; output: `%s`; began %s." % (s["path"], out, s.get("began", "?")), "",
           "## Results", ""] + _md_table(header, rows)
@@ -612,6 +615,7 @@ def write(out):
          "padding:3px 7px;text-align:right}td:first-child,th:first-child{text-align:left}"
          "img{max-width:100%}code{background:#f4f4f4}</style></head><body>",
          "<h1>Experiment %s</h1>" % e(s["name"]), "<p>%s</p>" % e(s.get("description") or ""),
+         "".join("<p>%s</p>" % e(line) for line in simulated if line),
          "<p>Command: <code>%s</code></p>" % e(s["command"]),
          "<p>Suite file: <code>%s</code>; output: <code>%s</code>; began %s.</p>" % (
              e(s["path"]), e(out), e(s.get("began", "?"))),
