@@ -13,29 +13,30 @@ constexpr double kEpsilonNs = 0.5;
 
 }  // namespace
 
-double Cpu::Rate() const {
-  const int n = static_cast<int>(jobs_.size());
-  if (cores_ == 0 || n <= cores_) return 1.0;
-  return static_cast<double>(cores_) / n;
+double Cpu::Share() const {
+  if (cores_ == 0 || width_ <= cores_) return 1.0;
+  return static_cast<double>(cores_) / static_cast<double>(width_);
 }
 
-void Cpu::Run(absl::Duration work, std::function<void()> done) {
-  if (cores_ == 0) {  // Nothing to share: the work takes its own time.
+void Cpu::Run(absl::Duration work, std::function<void()> done, int width) {
+  width = std::max(width, 1);
+  if (cores_ == 0) {  // Nothing to share: the work takes its own time over its width.
     busy_ += work;
-    loop_->After(work, std::move(done));
+    loop_->After(work / width, std::move(done));
     return;
   }
   Advance();
-  jobs_.push_back(
-      Job{absl::ToDoubleNanoseconds(std::max(work, absl::ZeroDuration())), work, std::move(done)});
+  jobs_.push_back(Job{absl::ToDoubleNanoseconds(std::max(work, absl::ZeroDuration())), work,
+                      std::move(done), width});
+  width_ += width;
   Settle();
 }
 
 void Cpu::Advance() {
   const absl::Time now = loop_->Now();
   if (!jobs_.empty() && now > last_) {
-    const double progress = absl::ToDoubleNanoseconds(now - last_) * Rate();
-    for (Job& j : jobs_) j.remaining_ns -= progress;
+    const double progress = absl::ToDoubleNanoseconds(now - last_) * Share();
+    for (Job& j : jobs_) j.remaining_ns -= progress * j.width;
   }
   last_ = now;
 }
@@ -46,16 +47,17 @@ void Cpu::Settle() {
                                         [](const Job& j) { return j.remaining_ns > kEpsilonNs; });
   for (auto it = finished; it != jobs_.end(); ++it) {
     busy_ += it->work;
+    width_ -= it->width;
     loop_->After(absl::ZeroDuration(), std::move(it->done));
   }
   jobs_.erase(finished, jobs_.end());
   ++generation_;
   if (jobs_.empty()) return;
-  double least = std::numeric_limits<double>::infinity();
-  for (const Job& j : jobs_) least = std::min(least, j.remaining_ns);
+  double least = std::numeric_limits<double>::infinity();  // Time to the first finish.
+  for (const Job& j : jobs_) least = std::min(least, j.remaining_ns / (j.width * Share()));
   const uint64_t generation = generation_;
   // Rounded up to a whole nanosecond, so that the job is done when it fires.
-  const double ns = std::ceil(least / Rate());
+  const double ns = std::ceil(least);
   loop_->After(absl::Nanoseconds(static_cast<int64_t>(ns)), [this, generation] {
     if (generation != generation_) return;  // Work came or went since: rescheduled.
     Advance();

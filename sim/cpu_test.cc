@@ -42,6 +42,28 @@ TEST(CpuTest, ArrivalsAndDeparturesChangeTheShare) {
   EXPECT_NEAR(b, 20, 1e-3);
 }
 
+TEST(CpuTest, WideWorkUsesSeveralCoresAndCountsThemInTheShare) {
+  EventLoop loop;
+  const absl::Time start = loop.Now();
+  Cpu cpu(&loop, 2);
+  double wide = -1, narrow = -1;
+  // Alone, 10 ms of width-2 work takes 5 ms on two cores.
+  cpu.Run(
+      absl::Milliseconds(10), [&] { wide = Ms(loop, start); }, 2);
+  loop.Run();
+  EXPECT_NEAR(wide, 5, 1e-3);
+  // With a width-1 job beside it (3 of width on 2 cores), each gets 2/3 of its width: the wide
+  // one does 4/3 ms of work a ms, the narrow one 2/3. The narrow one's 2 ms end at 3 ms (the wide
+  // one has done 4 by then); the wide one's last 6 take 3 more ms alone.
+  const absl::Time t0 = loop.Now();
+  cpu.Run(
+      absl::Milliseconds(10), [&] { wide = Ms(loop, t0); }, 2);
+  cpu.Run(absl::Milliseconds(2), [&] { narrow = Ms(loop, t0); });
+  loop.Run();
+  EXPECT_NEAR(narrow, 3, 1e-3);
+  EXPECT_NEAR(wide, 6, 1e-3);
+}
+
 TEST(CpuTest, ZeroCoresMeansNoSharing) {
   EventLoop loop;
   const absl::Time start = loop.Now();

@@ -51,13 +51,25 @@ absl::Status ValidateHostSpec(const HostSpec& spec) {
 
 int Network::AddHost(const HostSpec& spec) {
   hosts_.push_back(Host{spec, Queue(spec.nic_bytes_per_second), Queue(spec.nic_bytes_per_second),
-                        Queue(spec.loopback_bytes_per_second)});
+                        Queue(spec.loopback_bytes_per_second), nullptr});
   return static_cast<int>(hosts_.size()) - 1;
 }
 
 absl::Time Network::Send(int from, int to, int64_t bytes, std::function<void()> delivered) {
   const absl::Time now = loop_->Now();
   absl::Time arrived;
+  if (from == to && hosts_[from].cpu != nullptr) {
+    Host& h = hosts_[from];
+    const absl::Duration latency = h.spec.loopback_latency;
+    EventLoop* loop = loop_;
+    h.cpu->Run(
+        2 * h.loopback.Time(bytes),
+        [loop, latency, delivered = std::move(delivered)]() mutable {
+          loop->After(latency, std::move(delivered));
+        },
+        /*width=*/2);
+    return absl::InfiniteFuture();
+  }
   if (from == to) {
     Host& h = hosts_[from];
     arrived = h.loopback.Take(now, bytes) + h.spec.loopback_latency;

@@ -9,7 +9,10 @@
 // bisection, as a data-centre fabric aims for); nothing is lost, reordered between two hosts, or
 // retransmitted; a queue does not share its bandwidth between messages as TCP flows would (the
 // last message of a burst ends at the same time, the others earlier). Messages between processes
-// of one host go through its loopback, one queue at the loopback's rate and latency.
+// of one host go through its loopback, one queue at the loopback's rate and latency; or, where
+// the host's processors are modelled (UseCpu), as work on them: the loopback moves bytes with the
+// sender's and the receiver's CPU, so a transfer of B bytes is 2 B / rate of work on up to two
+// cores (it takes B / rate on an idle host), shared with whatever else the host computes.
 //
 // A Queue alone models any first-in-first-out server (a shard's processor applying gradients).
 #ifndef RUBATO_SIM_NETWORK_H_
@@ -22,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "sim/cpu.h"
 #include "sim/event_loop.h"
 
 namespace rubato {
@@ -72,8 +76,12 @@ class Network {
   EventLoop* loop() const { return loop_; }
   const HostSpec& host(int h) const { return hosts_[h].spec; }
 
+  // Host `h`'s loopback moves bytes on `cpu` (not owned; must outlive the network) from now on.
+  void UseCpu(int h, Cpu* cpu) { hosts_[h].cpu = cpu; }
+
   // Sends `bytes` (>= 0) from host `from` to host `to` now; `delivered` runs (as an event) when
-  // the last byte has been taken in. Returns that time.
+  // the last byte has been taken in. Returns that time (InfiniteFuture through a loopback on a
+  // Cpu, where it depends on what comes later).
   absl::Time Send(int from, int to, int64_t bytes, std::function<void()> delivered);
 
   // What each host's NIC has carried: bytes out and in, and the time each direction was busy.
@@ -91,6 +99,7 @@ class Network {
     Queue out;
     Queue in;
     Queue loopback;
+    Cpu* cpu = nullptr;
   };
 
   EventLoop* const loop_;

@@ -159,6 +159,8 @@ class Job {
     }
     for (int h = 0; h < network_.hosts(); ++h) {
       cpus_.push_back(std::make_unique<Cpu>(&loop_, network_.host(h).cores));
+      // Where a host's cores are modelled, its loopback transfers take them too.
+      if (network_.host(h).cores > 0) network_.UseCpu(h, cpus_.back().get());
     }
     if (o_.workload == nullptr) grads_ = initial;  // Zeros.
     for (int w = 0; w < num_workers; ++w) {
