@@ -374,8 +374,11 @@ TEST(ParameterShardTest, BspTakesGradientsInPartsAtPartBoundariesOnly) {
     return p;
   };
   {
-    auto [shard, announced] = start(BSP, 2);
-    EXPECT_EQ(announced, kPart);
+    // Not a structured binding: the lambda below captures the shard (C++17 does not let a lambda
+    // capture a binding; clang refuses it).
+    auto started = start(BSP, 2);
+    std::unique_ptr<ParameterShard> shard = std::move(started.first);
+    EXPECT_EQ(started.second, kPart);
     const auto expect_refused = [&](const PushRequest& p, const char* what) {
       auto r = shard->Push(p);
       EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
