@@ -34,11 +34,6 @@ LAUNCH = os.path.join(ROOT, "deploy", "launch.py")
 TINY_LAYERS = "784-1-10"
 
 
-def parameters(layers):
-    sizes = [int(x) for x in layers.split("-")]
-    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
-
-
 def one_worker(bin_dir, layers, steps, run_dir, data_dir, min_step_ms):
     """Mean compute_ms, pull_ms and push_ms of a real one-worker job's step records."""
     argv = [sys.executable, LAUNCH, "--bin_dir", bin_dir, "--run_dir", run_dir, "--servers", "1",
@@ -56,9 +51,13 @@ def one_worker(bin_dir, layers, steps, run_dir, data_dir, min_step_ms):
     records = analysis.worker_records(run_dir, "step", "pull_ms").get(0, [])[1:]
     if not records:
         raise RuntimeError("the calibration job (%s) wrote no step records" % layers)
+    start = analysis.worker_records(run_dir, "start", "parameters").get(0, [])
+    if not start:
+        raise RuntimeError("the calibration job (%s) wrote no start record" % layers)
     mean = lambda key: sum(float(r[key]) for r in records) / len(records)  # noqa: E731
     return {"compute_ms": mean("compute_ms"), "pull_ms": mean("pull_ms"),
-            "push_ms": mean("push_ms"), "steps": steps, "layers": layers}
+            "push_ms": mean("push_ms"), "steps": steps, "layers": layers,
+            "parameters": int(start[0]["parameters"])}
 
 
 def eval_ms(bin_dir, layers, run_dir, data_dir):
@@ -83,7 +82,7 @@ def calibrate(bin_dir, layers, steps, data_dir=None, min_step_ms=0):
                           min_step_ms)
         evaluation = eval_ms(bin_dir, layers, os.path.join(tmp, "eval"), data_dir)
     latency_ms = (tiny["pull_ms"] + tiny["push_ms"]) / 4
-    model_bytes = 4 * parameters(layers)
+    model_bytes = 4 * big["parameters"]  # As the worker counts them (its start record).
     transfer_ms = (big["pull_ms"] + big["push_ms"]) / 2 - 2 * latency_ms
     if transfer_ms <= 0:
         raise RuntimeError("the model's pulls and pushes (%.3f, %.3f ms) took no longer than the "

@@ -87,8 +87,11 @@ def compare(real, sim, tolerance):
             s = [x[m] for x in sim[cell] if x[m] is not None]
             row["real_" + m] = stats.mean(r) if r else None
             # The 95% interval's half-width.
-            row["real_" + m + "_ci"] = (
-                (stats.ci95(r)[1] - stats.ci95(r)[0]) / 2 if len(r) > 1 else None)
+            if len(r) > 1:
+                low, high = stats.ci95(r)
+                row["real_" + m + "_ci"] = (high - low) / 2
+            else:
+                row["real_" + m + "_ci"] = None
             row["sim_" + m] = stats.mean(s) if s else None
             ratio = (row["sim_" + m] / row["real_" + m]
                      if r and s and row["real_" + m] else None)

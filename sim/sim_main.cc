@@ -221,17 +221,13 @@ int Main() {
   t.num_workers = workers;
   t.batch_size = absl::GetFlag(FLAGS_batch_size);
   t.seed = absl::GetFlag(FLAGS_seed);
-  t.job.global_batch = int64_t{t.batch_size} * workers;
-  t.job.steps_per_epoch =
-      std::max<int64_t>(1, (train->size + t.job.global_batch - 1) / t.job.global_batch);
-  t.job.steps = absl::GetFlag(FLAGS_steps) > 0
-                    ? absl::GetFlag(FLAGS_steps)
-                    : absl::GetFlag(FLAGS_epochs) * t.job.steps_per_epoch;
+  t.job = JobLengthOf(t.batch_size, workers, train->size, absl::GetFlag(FLAGS_steps),
+                      absl::GetFlag(FLAGS_epochs));
   t.eval_every = absl::GetFlag(FLAGS_eval_every);
-  if (t.eval_every == 0) t.eval_every = std::max<int64_t>(1, t.job.steps_per_epoch / 2);
+  if (t.eval_every == 0) t.eval_every = DefaultEvalEvery(t.job);
   t.log_every = absl::GetFlag(FLAGS_log_every);
-  t.every_worker_evaluates =
-      absl::GetFlag(FLAGS_eval_all_workers) || cluster->consistency().mode() != BSP;
+  t.consistency = cluster->consistency().mode();
+  t.eval_all_workers = absl::GetFlag(FLAGS_eval_all_workers);
   t.mode = FormatConsistency(cluster->consistency());
   t.compute_time = compute;
   t.eval_time = eval;

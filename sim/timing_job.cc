@@ -261,6 +261,10 @@ class Job {
     w->current.compute = compute;
     if (w->straggler.has_value()) w->current.delay = w->straggler->DelayFor(w->step, compute);
     w->result.compute += compute + w->current.delay;
+    if (w->current.delay == absl::ZeroDuration()) {
+      Push(w);  // Already an event of its own (the compute's end): no need for another.
+      return;
+    }
     loop_.After(w->current.delay, [this, w] { Push(w); });
   }
 

@@ -131,7 +131,7 @@ absl::StatusOr<absl::Duration> TrainingWorkload::StepDone(
   // TrainingLoop's rule at a fixed batch: every eval_every steps, but not at the last (the final
   // evaluation follows it).
   if (evaluates(s.worker) && options_.eval_every > 0 && done != steps &&
-      done / options_.eval_every > s.step / options_.eval_every) {
+      done % options_.eval_every == 0) {
     RETURN_IF_ERROR(Evaluate(s.worker, done, s.at, w.applied_examples, params).status());
     return options_.eval_time;
   }

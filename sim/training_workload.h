@@ -39,8 +39,9 @@ struct TrainingWorkloadOptions {
   JobLength job;
   int64_t eval_every = 0;  // Steps; 0: only at the end.
   int64_t log_every = 20;
-  // Which workers evaluate: rubato_worker's rule is worker 0 under bsp, every worker otherwise.
-  bool every_worker_evaluates = false;
+  // Which workers evaluate, by rubato_worker's rule (WorkerEvaluates, worker/worker_records.h).
+  ConsistencyMode consistency = BSP;
+  bool eval_all_workers = false;
   std::string mode;  // FormatConsistency's spelling, for the start record.
   absl::Duration compute_time = absl::Milliseconds(1);  // One step's forward and backward pass.
   absl::Duration eval_time = absl::ZeroDuration();      // One evaluation of the test set.
@@ -70,7 +71,7 @@ class TrainingWorkload final : public Workload {
 
   bool evaluates(int worker) const {
     return options_.test != nullptr && options_.test->size > 0 &&
-           (worker == 0 || options_.every_worker_evaluates);
+           WorkerEvaluates(worker, options_.consistency, options_.eval_all_workers);
   }
 
  private:

@@ -70,7 +70,7 @@ class TrainingLevelTest : public ::testing::Test {
     t.job.steps = steps;
     t.eval_every = 10;
     t.log_every = 10;
-    t.every_worker_evaluates = mode != "bsp";
+    t.consistency = mode == "bsp" ? BSP : ASYNC;
     t.mode = mode;
     t.compute_time = absl::Milliseconds(3);
     t.eval_time = absl::Milliseconds(7);

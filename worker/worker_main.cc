@@ -400,12 +400,8 @@ absl::StatusOr<ModelChoice> ModelFromFlags() {
 
 // The job's length from --steps, or --epochs over `train_examples`.
 rubato::JobLength LengthFromFlags(int batch_size, int num_workers, int64_t train_examples) {
-  rubato::JobLength j;
-  j.global_batch = int64_t{batch_size} * num_workers;
-  j.steps_per_epoch = std::max<int64_t>(1, (train_examples + j.global_batch - 1) / j.global_batch);
-  j.steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps)
-                                           : absl::GetFlag(FLAGS_epochs) * j.steps_per_epoch;
-  return j;
+  return rubato::JobLengthOf(batch_size, num_workers, train_examples, absl::GetFlag(FLAGS_steps),
+                             absl::GetFlag(FLAGS_epochs));
 }
 
 rubato::PsClientOptions ClientOptionsFromFlags(const rubato::ClusterSpec& cluster, int worker_id,
@@ -557,8 +553,8 @@ absl::Status LoadData(Setup* s) {
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   ASSIGN_OR_RETURN(s->train, rubato::LoadFashionMnist(data_dir, rubato::Split::kTrain,
                                                       absl::GetFlag(FLAGS_train_limit)));
-  s->evaluates = s->worker_id == 0 || absl::GetFlag(FLAGS_eval_all_workers) ||
-                 s->cluster.consistency().mode() != rubato::BSP;
+  s->evaluates = rubato::WorkerEvaluates(s->worker_id, s->cluster.consistency().mode(),
+                                         absl::GetFlag(FLAGS_eval_all_workers));
   if (s->evaluates) {
     ASSIGN_OR_RETURN(s->test, rubato::LoadFashionMnist(data_dir, rubato::Split::kTest,
                                                        absl::GetFlag(FLAGS_test_limit)));
@@ -655,8 +651,7 @@ rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
   options.worker_id = s->worker_id;
   options.steps = s->job.steps;
   options.eval_every = absl::GetFlag(FLAGS_eval_every);
-  if (options.eval_every == 0)
-    options.eval_every = std::max<int64_t>(1, s->job.steps_per_epoch / 2);
+  if (options.eval_every == 0) options.eval_every = rubato::DefaultEvalEvery(s->job);
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.clip_global_norm = s->cluster.optimizer().clip_global_norm();
   options.start_step = start_step;

@@ -1,5 +1,6 @@
 #include "worker/worker_records.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -14,6 +15,15 @@ uint64_t ParamsFingerprint(const std::vector<std::vector<float>>& params) {
     for (size_t i = 0; i < t.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ULL;
   }
   return h;
+}
+
+JobLength JobLengthOf(int batch_size, int num_workers, int64_t train_examples, int64_t steps,
+                      int epochs) {
+  JobLength j;
+  j.global_batch = int64_t{batch_size} * num_workers;
+  j.steps_per_epoch = std::max<int64_t>(1, (train_examples + j.global_batch - 1) / j.global_batch);
+  j.steps = steps > 0 ? steps : epochs * j.steps_per_epoch;
+  return j;
 }
 
 ProgressRecord StartProgress(int worker, const JobLength& job, int batch_size,

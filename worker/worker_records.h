@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/cluster.pb.h"
 #include "proto/model_file.pb.h"
 #include "proto/progress.pb.h"
 #include "worker/model/model_backend.h"
@@ -24,6 +25,22 @@ struct JobLength {
   int64_t steps_per_epoch = 0;
   int64_t steps = 0;
 };
+
+// The length of a job of `num_workers` x `batch_size` over `train_examples`: `steps` when > 0,
+// else `epochs` passes (an epoch's last step may be short of examples).
+JobLength JobLengthOf(int batch_size, int num_workers, int64_t train_examples, int64_t steps,
+                      int epochs);
+
+// --eval_every's default: twice an epoch.
+inline int64_t DefaultEvalEvery(const JobLength& job) {
+  return job.steps_per_epoch / 2 > 1 ? job.steps_per_epoch / 2 : 1;
+}
+
+// Whether a worker evaluates: worker 0 under bsp (every worker holds the same weights), every
+// worker otherwise or with --eval_all_workers.
+inline bool WorkerEvaluates(int worker, ConsistencyMode mode, bool eval_all_workers) {
+  return worker == 0 || eval_all_workers || mode != BSP;
+}
 
 // FNV-1a over the final weights' bytes: equal on workers that hold bit-identical parameters.
 uint64_t ParamsFingerprint(const std::vector<std::vector<float>>& params);

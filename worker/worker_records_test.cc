@@ -79,5 +79,26 @@ TEST(WorkerRecordsTest, ToolRecordsNameTheModelAndRoundItsFigures) {
             R"("best_step":7})");
 }
 
+TEST(JobLengthTest, EpochsOrStepsAndTheEvaluationDefault) {
+  const JobLength j = JobLengthOf(64, 4, 60000, /*steps=*/0, /*epochs=*/3);
+  EXPECT_EQ(j.global_batch, 256);
+  EXPECT_EQ(j.steps_per_epoch, 235);  // ceil(60000 / 256): the last step is short.
+  EXPECT_EQ(j.steps, 705);
+  EXPECT_EQ(DefaultEvalEvery(j), 117);
+  EXPECT_EQ(JobLengthOf(64, 4, 60000, /*steps=*/100, /*epochs=*/3).steps, 100);
+  const JobLength tiny = JobLengthOf(64, 4, 10, 0, 2);
+  EXPECT_EQ(tiny.steps_per_epoch, 1);
+  EXPECT_EQ(tiny.steps, 2);
+  EXPECT_EQ(DefaultEvalEvery(tiny), 1);
+}
+
+TEST(JobLengthTest, WhoEvaluates) {
+  EXPECT_TRUE(WorkerEvaluates(0, BSP, false));
+  EXPECT_FALSE(WorkerEvaluates(1, BSP, false));
+  EXPECT_TRUE(WorkerEvaluates(1, BSP, true));
+  EXPECT_TRUE(WorkerEvaluates(1, ASYNC, false));
+  EXPECT_TRUE(WorkerEvaluates(3, BACKUP, false));
+}
+
 }  // namespace
 }  // namespace rubato
