@@ -255,6 +255,9 @@ def main(argv):
               % (args.only, args.skip, s.name, ", ".join(c for c, _ in s.cells)),
               file=sys.stderr)
         return 2
+    if s.simulate is not None:  # A suite only the simulator runs.
+        args.simulate = True
+        args.sim_flag = list(s.simulate) + args.sim_flag
     out = args.out or os.path.join(ROOT, "runs", "experiments",
                                    "%s-%s" % (s.name, time.strftime("%Y%m%d-%H%M%S")))
     os.makedirs(out, exist_ok=True)

@@ -10,8 +10,9 @@ that real and simulated runs of one suite share results.csv, summary.csv and the
 The simulator's own flags (the network, the calibration: `rubato_sim --helpfull`) are passed with
 --sim_flag, once each. The launcher's flags that only concern processes (transports, backends,
 timeouts, security, hosts) mean nothing here and are ignored, with a note; a flag that would
-change the job in a way the simulator does not model (a crash, reassignment, the adaptive and
-all-reduce modes) makes rubato_sim fail with an error that names it.
+change the job in a way the simulator does not model at the training level (a crash,
+reassignment, the all-reduce modes, which sim/ring_job.h runs at the timing level only) makes
+rubato_sim fail with an error that names it.
 
 summary.json adds, under "simulated": the calibration (compute_ms and eval_ms: one step's
 forward and backward pass and one evaluation as measured on this machine unless given), the

@@ -16,7 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from bazel import pyunit  # noqa: E402
-from experiments import calibrate_sim, run_suite, simulate, validate_sim  # noqa: E402
+from experiments import (calibrate_sim, report, run_suite, sim_scale, simulate,  # noqa: E402
+                         validate_sim)
 
 DATA = "/usr/share/datasets/fashion-mnist"
 BIN_DIR = ROOT if os.path.exists(os.path.join(ROOT, "sim", "rubato_sim")) else \
@@ -72,12 +73,24 @@ class SimulateTest(unittest.TestCase):
         for w in (0, 1):
             self.assertTrue(os.path.exists(os.path.join(run_dir, "worker-%d.jsonl" % w)))
 
+    def test_adaptive_consistency_leaves_the_straggler_behind(self):
+        # adaptive:5 decides from the relayed compute times every 5 steps: bsp for steps 1-5 (at
+        # worker 1's 80 ms), then backup:1 (worker 0's 20 ms, worker 1 skipping to the current
+        # step).
+        rc, run_dir = self.simulate("--mode", "adaptive:5")
+        self.assertEqual(rc, 0)
+        s = load(os.path.join(run_dir, "summary.json"))
+        self.assertTrue(s["ok"], s.get("error"))
+        self.assertGreaterEqual(s["wall_s"], 5 * 0.080)
+        self.assertLess(s["wall_s"], 0.5 * 30 * 0.080)
+        self.assertEqual(s["steps"], 30)
+
     def test_modes_it_does_not_model_are_refused_by_name(self):
-        rc, run_dir = self.simulate("--mode", "adaptive")
+        rc, run_dir = self.simulate("--mode", "async", "--reassign", "true")
         self.assertEqual(rc, 2)
         s = load(os.path.join(run_dir, "summary.json"))
         self.assertFalse(s["ok"])
-        self.assertIn("ADAPTIVE", s["error"])
+        self.assertIn("reassignment", s["error"])
         rc, run_dir = self.simulate("--mode", "allreduce")
         self.assertEqual(rc, 2)
         self.assertIn("all-reduce", load(os.path.join(run_dir, "summary.json"))["error"])
@@ -108,6 +121,24 @@ class SimulateTest(unittest.TestCase):
         self.assertEqual([r["cell"] for r in rows], ["async", "bsp"])
         self.assertTrue(all(r["within"] for r in rows))
 
+    def test_a_suite_that_only_the_simulator_runs(self):
+        suite = os.path.join(self.tmp.name, "sim-only.yaml")
+        with open(suite, "w") as f:
+            f.write("name: sim-only\nseeds: 1\ntarget_accuracy: 0.5\n"
+                    "simulate: [--compute_ms=1, --eval_ms=5]\n"
+                    "base: {workers: 2, steps: 20, train_limit: 2000, test_limit: 500, "
+                    "eval_every: 10, log_every: 10, layers: 784-32-10, min_step_ms: 20, "
+                    "data_dir: %s}\n" % DATA)
+        out = os.path.join(self.tmp.name, "out")
+        # No --simulate: the suite asks for the simulator, with its flags first.
+        self.assertEqual(run_suite.main([suite, "--out", out, "--bin_dir", BIN_DIR]), 0)
+        self.assertTrue(load(os.path.join(out, "suite.json"))["simulated"])
+        with open(os.path.join(out, "results.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(len(rows), 1)
+        self.assertEqual(rows[0]["ok"], "True", rows)
+        self.assertAlmostEqual(float(rows[0]["wall_s"]), 20 * 0.020, delta=0.05)
+
     def test_calibration_from_one_real_worker(self):
         c = calibrate_sim.calibrate(BIN_DIR, "784-256-10", 100, DATA)
         self.assertEqual(c["model_bytes"], 4 * (784 * 256 + 256 + 256 * 10 + 10))
@@ -136,6 +167,46 @@ def fake_run(root, name, started, walls, ttt, steps):
             for step, compute, delay, pull, push in steps:
                 f.write(json.dumps({"event": "step", "step": step, "compute_ms": compute,
                                     "delay_ms": delay, "pull_ms": pull, "push_ms": push}) + "\n")
+
+
+class SimScaleTest(unittest.TestCase):
+    """experiments/sim_scale.py's quick corner with the real scale_study."""
+
+    def test_quick_studies_and_their_report(self):
+        binary = os.path.join(BIN_DIR, "sim", "scale_study")
+        with tempfile.TemporaryDirectory() as out:
+            try:
+                sim_scale.run(binary, out, quick=True, log=lambda _: None)
+            except report.ReportError as e:  # No matplotlib: the figures are still checked.
+                print("sim_scale report skipped: %s" % e)
+            with open(os.path.join(out, "grid.csv"), newline="") as f:
+                grid = {(r["workers"], r["mode"], r["pattern"]): r for r in csv.DictReader(f)}
+            with open(os.path.join(out, "shards.csv"), newline="") as f:
+                shards = list(csv.DictReader(f))
+        self.assertEqual(len(grid), len(sim_scale.QUICK_GRID[0][0].split(",")) * 2 * 7)
+
+        def epoch(mode, pattern, column="epoch_s"):
+            return float(grid[("16", mode, pattern)][column])
+        # A worker 4x slower holds bsp and the synchronous ring to its pace (100 ms -> 400 ms of
+        # compute a step); the solo ring's rounds go on without it.
+        self.assertGreater(epoch("bsp", "constant"), 3 * epoch("bsp", "none"))
+        self.assertGreater(epoch("allreduce", "constant"), 3 * epoch("allreduce", "none"))
+        self.assertLess(epoch("allreduce:solo", "constant"), 1.2 * epoch("allreduce", "none"))
+        # async's fixed shares wait for the straggler's; its rate does not.
+        self.assertGreater(epoch("async", "constant"), 3 * epoch("async", "none"))
+        self.assertLess(epoch("async", "constant", "rate_epoch_s"),
+                        1.2 * epoch("async", "none", "rate_epoch_s"))
+        # The ring's step: 100 ms of compute and 2 (N-1) / N of the model over the NIC.
+        ring = [r for r in shards if r["mode"] == "allreduce" and r["model_mb"] == "100" and
+                r["nic_gbps"] == "25"]
+        self.assertEqual(len(ring), 1)
+        self.assertAlmostEqual(float(ring[0]["step_s"]), 0.1 + 2 * 15 / 16 * 100e6 / 3.125e9,
+                               delta=0.002)
+        # More shards never slow bsp down here, and one shard is the slowest.
+        bsp = sorted((int(r["shards"]), float(r["step_s"])) for r in shards
+                     if r["mode"] == "bsp" and r["model_mb"] == "100" and r["nic_gbps"] == "25")
+        self.assertEqual([k for k, _ in bsp], [1, 4, 16])
+        self.assertGreater(bsp[0][1], bsp[-1][1])
 
 
 class ValidateSimTest(unittest.TestCase):

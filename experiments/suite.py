@@ -22,6 +22,9 @@ A suite is YAML:
                                      # wall time)
     timeline: [bsp, async]           # optional: cells whose per-worker timeline is drawn
                                      # (default: the first four)
+    simulate: [--hosts=apart]        # optional: a suite only the simulator runs (jobs larger
+                                     # than this machine): `./rubato experiment` runs it as with
+                                     # --simulate, with these rubato_sim flags first
 
 With both, every cell is crossed with every combination of the axes; with neither, the suite is
 the base alone. A cell's flags override the base's, an axis's override both. Flag names are the
@@ -46,7 +49,7 @@ SUITES_DIR = os.path.join(HERE, "suites")
 # Set by the runner for each run, never by a suite.
 RUNNER_FLAGS = ("run_dir", "bin_dir", "seed", "help")
 TOP_KEYS = ("name", "description", "seeds", "target_accuracy", "base", "cells", "axes",
-            "budget_s", "timeline")
+            "budget_s", "timeline", "simulate")
 
 
 class SuiteError(ValueError):
@@ -92,7 +95,7 @@ class Run:
 
 class Suite:
     def __init__(self, path, name, description, seeds, target_accuracy, cells, budget_s=None,
-                 timeline=None):
+                 timeline=None, simulate=None):
         self.path = path
         self.name = name
         self.description = description
@@ -102,6 +105,8 @@ class Suite:
         self.budget_s = budget_s  # None: the report picks the fastest cell's median wall time.
         # The cells whose per-worker timelines the report draws.
         self.timeline = timeline if timeline is not None else [c for c, _ in cells[:4]]
+        # Not None: the suite runs only in the simulator, with these rubato_sim flags first.
+        self.simulate = simulate
 
     def runs(self, seeds=None, only=None, skip=None):
         """Every run, cell by cell, seeds 1..N (`seeds` overrides the suite's); `only`: a regular
@@ -348,6 +353,24 @@ def _budget(path, top):
     return budget
 
 
+def _simulate(path, top):
+    """The simulated-only suite's rubato_sim flags (a list of "--name=value"), or None."""
+    if "simulate" not in top:
+        return None
+    node = top["simulate"][1]
+    if not isinstance(node, yaml.SequenceNode):
+        raise SuiteError("%s: simulate must be a list of rubato_sim flags (--name=value)"
+                         % _where(path, node))
+    flags = []
+    for item in node.value:
+        flag = _text(_scalar(path, item, "a simulate flag"))
+        if not re.fullmatch(r"--[a-z][a-z0-9_]*=\S+", flag):
+            raise SuiteError("%s: simulate: %r is not a flag of the form --name=value"
+                             % (_where(path, item), flag))
+        flags.append(flag)
+    return flags
+
+
 def _timeline(path, top, expanded):
     """The timeline's cells, each one of `expanded`, or None."""
     if "timeline" not in top:
@@ -377,4 +400,4 @@ def load(path):
     cells = _cells(path, top, known)
     expanded = _expand(base, cells, _axes(path, top, known))
     return Suite(path, name, description, seeds, target, expanded, _budget(path, top),
-                 _timeline(path, top, expanded))
+                 _timeline(path, top, expanded), _simulate(path, top))

@@ -124,6 +124,13 @@ class SuiteFileTest(unittest.TestCase):
         self.assert_error("name: t\ntimeline: a\n", "PATH:2: timeline must be a list")
         self.assert_error("name: t\nbudget_s: -1\n", "PATH:2: budget_s must be a number")
 
+    def test_a_simulated_only_suite_carries_its_flags(self):
+        s = suite.load(self.write("name: t\nsimulate: [--hosts=apart, --nic_gbps=25]\n"))
+        self.assertEqual(s.simulate, ["--hosts=apart", "--nic_gbps=25"])
+        self.assertIsNone(suite.load(self.write("name: t\n")).simulate)
+        self.assert_error("name: t\nsimulate: --hosts=apart\n", "PATH:2", "must be a list")
+        self.assert_error("name: t\nsimulate: [hosts]\n", "PATH:2", "'hosts' is not a flag")
+
     def test_every_mistake_names_its_line(self):
         self.assert_error("name: x\nbase:\n  workers: 2\n  wokers: 3\n",
                           "PATH:4: 'wokers' is not a ./rubato launch flag")

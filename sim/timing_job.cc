@@ -92,6 +92,7 @@ class Job {
     SimStep current;   // The step in progress.
     absl::Time since;  // The call in progress began.
     int64_t dropped = 0;
+    double compute_ms_ema = 0;  // Adaptive consistency's.
     TimingJobResult::Worker result;
   };
 
@@ -234,7 +235,8 @@ class Job {
     w->current = SimStep();
     w->current.worker = w->id;
     w->current.pull = loop_.Now() - w->since;
-    if (o_.cluster.consistency().mode() == BACKUP && min_version > w->step) {
+    const ConsistencyMode mode = o_.cluster.consistency().mode();
+    if ((mode == BACKUP || mode == ADAPTIVE) && min_version > w->step) {
       // The job went on without this worker's step: compute the current one instead.
       w->current.skipped = std::min<int64_t>(min_version, o_.steps) - w->step;
       w->result.skipped_steps += w->current.skipped;
@@ -280,6 +282,18 @@ class Job {
     if (!Check(w, status, "push")) return;
     w->result.waiting += loop_.Now() - w->since;
     w->dropped += result.dropped;
+    if (result.dropped > 0) ++w->result.dropped_pushes;
+    if (o_.cluster.consistency().mode() == ADAPTIVE) {
+      // As TrainingLoop::AdoptConsistency: the step's compute and delay, their moving mean, and
+      // the shards' decisions, which the next pushes relay.
+      const double ms = 1e3 * absl::ToDoubleSeconds(w->current.compute + w->current.delay);
+      w->compute_ms_ema = w->compute_ms_ema <= 0 ? ms : 0.8 * w->compute_ms_ema + 0.2 * ms;
+      w->client->SetComputeMs(w->compute_ms_ema, w->step, ms);
+      if (!Check(w, w->client->AdoptConsistency(result.consistency_changes, nullptr),
+                 "adopt the shards' consistency")) {
+        return;
+      }
+    }
     ++w->result.computed_steps;
     ++w->step;
     absl::Duration next = absl::ZeroDuration();
@@ -366,12 +380,13 @@ absl::Status ValidateTimingJobOptions(const TimingJobOptions& o) {
     case BACKUP:
     case SSP:
     case ASYNC:
+    case ADAPTIVE:
       break;
     default:
       return absl::UnimplementedError(
           absl::StrCat("the simulator does not run consistency mode ",
                        ConsistencyMode_Name(o.cluster.consistency().mode()),
-                       " (it runs bsp, backup, ssp and async)"));
+                       " (it runs bsp, backup, ssp, async and adaptive)"));
   }
   if (o.workload != nullptr) {
     if (o.scale != 1) {

@@ -80,9 +80,10 @@ struct TimingJobResult {
   struct Worker {
     int64_t computed_steps = 0;
     int64_t skipped_steps = 0;
-    absl::Duration compute;   // Step times and injected delays.
-    absl::Duration waiting;   // In pulls and pushes.
-    absl::Duration finished;  // From the start.
+    int64_t dropped_pushes = 0;  // Pushes of which a shard dropped a gradient (backup:b).
+    absl::Duration compute;      // Step times and injected delays.
+    absl::Duration waiting;      // In pulls and pushes.
+    absl::Duration finished;     // From the start.
   };
   std::vector<Worker> workers;
   int64_t dropped_gradients = 0;

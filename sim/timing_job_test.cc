@@ -88,6 +88,10 @@ TEST(TimingJob, BackupWorkersDoNotWaitForAConstantStraggler) {
   for (int w = 0; w < 3; ++w) EXPECT_EQ(backup->workers[w].computed_steps, 30) << w;
   EXPECT_LT(backup->workers[3].computed_steps, 30);
   EXPECT_GT(backup->workers[3].skipped_steps + backup->dropped_gradients, 0);
+  // Only the straggler's pushes come late; a push is dropped whole or not at all.
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(backup->workers[w].dropped_pushes, 0) << w;
+  EXPECT_EQ(backup->workers[3].dropped_pushes > 0, backup->dropped_gradients > 0);
+  EXPECT_LE(backup->workers[3].dropped_pushes, backup->workers[3].computed_steps);
   // bsp waits for the straggler's 4 x 10 ms every step.
   EXPECT_GE(bsp->wall, 30 * 4 * kCompute);
 }
@@ -135,8 +139,31 @@ TEST(TimingJob, AWaitTimeoutEndsTheRunNamingWhomItWaitedFor) {
   EXPECT_NE(r.status().message().find("1"), absl::string_view::npos) << r.status();
 }
 
+TEST(TimingJob, AdaptiveConsistencyLeavesAConstantStragglerBehind) {
+  // Decisions every 10 steps from the relayed compute times (server/adaptive_policy.h): bsp for
+  // the first period, then backup:1 for a worker 4x slower all along.
+  TimingJobOptions o = Job(ADAPTIVE, 60);
+  o.cluster.mutable_consistency()->set_adaptive_every_steps(10);
+  o.scale = 1000;
+  o.stragglers.resize(4);
+  o.stragglers[3].slowdown = 4;
+  absl::StatusOr<TimingJobResult> adaptive = RunTimingJob(o);
+  ASSERT_TRUE(adaptive.ok()) << adaptive.status();
+  TimingJobOptions b = o;
+  b.cluster.mutable_consistency()->set_mode(BSP);
+  b.cluster.mutable_consistency()->clear_adaptive_every_steps();
+  absl::StatusOr<TimingJobResult> bsp = RunTimingJob(b);
+  ASSERT_TRUE(bsp.ok()) << bsp.status();
+  EXPECT_LT(adaptive->wall, bsp->wall * 0.6) << adaptive->wall << " vs " << bsp->wall;
+  // The first period ran at the straggler's pace.
+  EXPECT_GE(adaptive->wall, 10 * 4 * kCompute);
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(adaptive->workers[w].computed_steps, 60) << w;
+  EXPECT_GT(adaptive->workers[3].skipped_steps, 0);
+}
+
 TEST(TimingJob, RefusesWhatItDoesNotSimulate) {
-  TimingJobOptions o = Job(ADAPTIVE, 10);
+  TimingJobOptions o = Job(ASYNC, 10);
+  o.cluster.mutable_reassign()->set_unit_batches(4);
   EXPECT_EQ(RunTimingJob(o).status().code(), absl::StatusCode::kUnimplemented);
   o = Job(BSP, 10);
   o.stragglers.resize(3);
