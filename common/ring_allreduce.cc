@@ -30,8 +30,8 @@ namespace {
 // first_tag < 0); `*tags_used` gets how many this call used. Each rank's finished chunk is
 // multiplied by `scale` unless it is 1.
 absl::Status RingAllReduce(int rank, int size, int64_t round, int64_t first_tag, RingLink* link,
-                           absl::Span<float> data, absl::Duration timeout,
-                           int64_t segment_elements, float scale, int64_t* tags_used) {
+                           absl::Span<float> data, absl::Duration timeout, int64_t segment_elements,
+                           float scale, int64_t* tags_used) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", size, ")"));
   }
@@ -99,12 +99,29 @@ absl::Status RingAllReduce(int rank, int size, int64_t round, int64_t first_tag,
 
 }  // namespace
 
+float RingMeanScale(int size) { return 1.0f / static_cast<float>(std::max(size, 1)); }
+
 absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link,
                                absl::Span<float> data, absl::Duration timeout,
                                int64_t segment_elements) {
   int64_t tags = 0;
-  return RingAllReduce(rank, size, round, /*first_tag=*/-1, link, data, timeout,
-                       segment_elements, 1.0f / static_cast<float>(std::max(size, 1)), &tags);
+  return RingAllReduce(rank, size, round, /*first_tag=*/-1, link, data, timeout, segment_elements,
+                       RingMeanScale(size), &tags);
+}
+
+void RingReduceInOrder(absl::Span<const absl::Span<const float>> inputs, float scale,
+                       absl::Span<float> out) {
+  const int size = static_cast<int>(inputs.size());
+  if (size == 0) return;
+  const int64_t n = static_cast<int64_t>(out.size());
+  for (int c = 0; c < size; ++c) {
+    // Rank c sends its chunk c; each next rank adds its own to what it received (kAdd).
+    for (int64_t i = ChunkBegin(n, size, c); i < ChunkBegin(n, size, c + 1); ++i) {
+      float sum = inputs[c][i];
+      for (int k = 1; k < size; ++k) sum = sum + inputs[(c + k) % size][i];
+      out[i] = scale != 1.0f ? sum * scale : sum;
+    }
+  }
 }
 
 absl::Status RingAllReduceSum(int rank, int size, int64_t* next_tag, RingLink* link,

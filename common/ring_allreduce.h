@@ -91,6 +91,16 @@ absl::Status RingAllReduceSum(int rank, int size, int64_t* next_tag, RingLink* l
 // The segment length RingAllReduceMean uses for `n` elements over `size` ranks when given 0.
 int64_t DefaultRingSegmentElements(int64_t n, int size);
 
+// What RingAllReduceMean (scale: 1 / ranks) or RingAllReduceSum (scale: 1) leaves on every rank
+// when rank r holds inputs[r], computed in one place with the ring's float operations in its
+// order: chunk c is summed from rank c's values on around the ring, then multiplied by `scale`
+// unless it is 1. So a simulation of the ring (sim/ring_job.h) trains on bit-identical means.
+// Every input and `out` must have the same length.
+void RingReduceInOrder(absl::Span<const absl::Span<const float>> inputs, float scale,
+                       absl::Span<float> out);
+// The scale RingAllReduceMean applies for `size` ranks.
+float RingMeanScale(int size);
+
 }  // namespace rubato
 
 #endif  // RUBATO_COMMON_RING_ALLREDUCE_H_

@@ -65,6 +65,34 @@ TEST(RingAllReduceTest, MeanOnEveryRankForManySizesAndLengths) {
   }
 }
 
+TEST(RingAllReduceTest, ReduceInOrderIsBitIdenticalToTheRing) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int size = 1; size <= 6; ++size) {
+    for (int64_t n : {1, 7, 1001}) {
+      std::vector<std::vector<float>> inputs(size, std::vector<float>(n));
+      for (auto& v : inputs) {
+        for (float& x : v) x = normal(rng) * 1000.0f;  // Large values: rounding shows the order.
+      }
+      std::vector<absl::Status> statuses;
+      const auto ring = RunRing(inputs, 0, &statuses);
+      std::vector<absl::Span<const float>> spans(inputs.begin(), inputs.end());
+      std::vector<float> mean(n), sum(n);
+      RingReduceInOrder(spans, RingMeanScale(size), absl::MakeSpan(mean));
+      EXPECT_EQ(mean, ring[0]) << "size " << size << ", n " << n;
+      RingReduceInOrder(spans, 1.0f, absl::MakeSpan(sum));
+      if (size > 2 && n == 1001) {
+        // Another order (rank 0 first for every chunk) rounds differently somewhere in 1,001.
+        std::vector<float> naive(n, 0.0f);
+        for (const auto& v : inputs) {
+          for (int64_t i = 0; i < n; ++i) naive[i] += v[i];
+        }
+        EXPECT_NE(naive, sum) << "size " << size << ", n " << n;
+      }
+    }
+  }
+}
+
 TEST(RingAllReduceTest, SegmentedChunksGiveTheSameResult) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);

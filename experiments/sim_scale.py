@@ -11,7 +11,9 @@ DIR/report.md and DIR/plots/*.png. Two studies:
   grid    A ResNet-50-sized model (100 MB in 64 tensors), 100 ms of compute a step, every host on
           a 100 Gb/s NIC (10 us one way), min(64, workers) shards. 16, 64, 256 and 1,024 workers,
           20 steps, x every pattern (none, constant, transient, rotating, heavy) x bsp,
-          backup:(workers / 16), ssp:2, async, allreduce, allreduce:majority and allreduce:solo;
+          backup:(workers / 16), ssp:2, async, reassign (async with work reassignment, units of
+          4 batches), adaptive:5 (a decision every 5 steps, for runs this short), allreduce,
+          allreduce:majority and allreduce:solo;
           4,096 workers, 10 steps, patterns none and heavy (a run of the shards' modes there
           takes minutes). Figures: the time per epoch of ImageNet-1k at 32 examples a gradient,
           and the workers' waiting fraction.
@@ -34,7 +36,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from experiments import report  # noqa: E402
 from experiments.report_common import save  # noqa: E402
 
-MODES = "bsp,backup:auto,ssp:2,async,allreduce,allreduce:majority,allreduce:solo"
+MODES = ("bsp,backup:auto,ssp:2,async,reassign,adaptive:5,allreduce,allreduce:majority,"
+         "allreduce:solo")
 PATTERNS = "none,constant,transient,rotating,heavy"
 GRID = [  # (workers, patterns, steps)
     ("16,64,256,1024", PATTERNS, 20),
@@ -96,7 +99,7 @@ def _fmt(value, digits=2):
 def _mode_order(modes):
     def key(m):
         base = m.split(":")[0]
-        order = ["bsp", "backup", "ssp", "async", "allreduce"]
+        order = ["bsp", "backup", "ssp", "async", "reassign", "adaptive", "allreduce"]
         return (order.index(base) if base in order else len(order), m)
     return sorted(set(modes), key=key)
 

@@ -10,9 +10,9 @@ that real and simulated runs of one suite share results.csv, summary.csv and the
 The simulator's own flags (the network, the calibration: `rubato_sim --helpfull`) are passed with
 --sim_flag, once each. The launcher's flags that only concern processes (transports, backends,
 timeouts, security, hosts) mean nothing here and are ignored, with a note; a flag that would
-change the job in a way the simulator does not model at the training level (a crash,
-reassignment, the all-reduce modes, which sim/ring_job.h runs at the timing level only) makes
-rubato_sim fail with an error that names it.
+change the job in a way the simulator does not model (a crash, reassignment, which it runs at
+the timing level only) makes rubato_sim fail with an error that names it. The all-reduce modes
+run on sim/ring_job.h's ring.
 
 summary.json adds, under "simulated": the calibration (compute_ms and eval_ms: one step's
 forward and backward pass and one evaluation as measured on this machine unless given), the
@@ -47,6 +47,10 @@ def sim_command(args, sim_bin, sim_flags):
     """rubato_sim's argv for the launcher's parsed `args`."""
     argv = [sim_bin, "--run_dir=" + args.run_dir, "--shards=%d" % args.servers]
     argv += commands.cluster_flags(args, [])
+    if (args.mode or "").partition(":")[0] == "allreduce":
+        # A ring's ranks have addresses in a real job's cluster; the simulated ranks need none,
+        # but the cluster's validation does.
+        argv.append(commands.peers_flag(["sim-rank-%d:1" % w for w in range(args.workers)]))
     argv += commands.forwarded(args, SIM_WORKER_FLAGS)
     if args.slow_workers:
         argv.append("--slow_workers=" + ",".join(
@@ -94,8 +98,6 @@ def simulate(args, sim_bin, sim_flags, log=sys.stdout):
     os.makedirs(args.run_dir, exist_ok=True)
     refused = [n for n in REFUSED if getattr(args, n) is not None]
     refused += ["crash_workers"] if args.crash_workers else []
-    if (args.mode or "").partition(":")[0] == "allreduce":
-        refused.append("mode=%s: the simulator does not run the ring all-reduce yet" % args.mode)
     argv = sim_command(args, sim_bin, sim_flags)
     began = time.monotonic()
     if refused:

@@ -85,15 +85,31 @@ class SimulateTest(unittest.TestCase):
         self.assertLess(s["wall_s"], 0.5 * 30 * 0.080)
         self.assertEqual(s["steps"], 30)
 
+    def test_the_rings_run_on_the_simulated_ring(self):
+        # The synchronous ring waits for worker 1 every step (30 x 80 ms); the solo ring's rounds
+        # go on without it, until they have carried 2 x 30 gradients.
+        rc, run_dir = self.simulate("--mode", "allreduce")
+        self.assertEqual(rc, 0)
+        ring = load(os.path.join(run_dir, "summary.json"))
+        self.assertTrue(ring["ok"], ring.get("error"))
+        self.assertGreaterEqual(ring["wall_s"], 30 * 0.080)
+        self.assertLess(ring["wall_s"], 30 * 0.080 + 3 * 0.005 + 0.05)
+        rc, run_dir = self.simulate("--mode", "allreduce:solo")
+        self.assertEqual(rc, 0)
+        solo = load(os.path.join(run_dir, "summary.json"))
+        self.assertTrue(solo["ok"], solo.get("error"))
+        self.assertLess(solo["wall_s"], 0.7 * ring["wall_s"])
+        self.assertGreater(solo["test_accuracy"], 0.5)
+
     def test_modes_it_does_not_model_are_refused_by_name(self):
         rc, run_dir = self.simulate("--mode", "async", "--reassign", "true")
         self.assertEqual(rc, 2)
         s = load(os.path.join(run_dir, "summary.json"))
         self.assertFalse(s["ok"])
         self.assertIn("reassignment", s["error"])
-        rc, run_dir = self.simulate("--mode", "allreduce")
+        rc, run_dir = self.simulate("--mode", "bsp", "--crash_workers", "1:5")
         self.assertEqual(rc, 2)
-        self.assertIn("all-reduce", load(os.path.join(run_dir, "summary.json"))["error"])
+        self.assertIn("crash", load(os.path.join(run_dir, "summary.json"))["error"])
 
     def test_a_simulated_suite_writes_what_a_real_one_does(self):
         suite = os.path.join(self.tmp.name, "tiny.yaml")
@@ -183,7 +199,7 @@ class SimScaleTest(unittest.TestCase):
                 grid = {(r["workers"], r["mode"], r["pattern"]): r for r in csv.DictReader(f)}
             with open(os.path.join(out, "shards.csv"), newline="") as f:
                 shards = list(csv.DictReader(f))
-        self.assertEqual(len(grid), len(sim_scale.QUICK_GRID[0][0].split(",")) * 2 * 7)
+        self.assertEqual(len(grid), len(sim_scale.QUICK_GRID[0][0].split(",")) * 2 * 9)
 
         def epoch(mode, pattern, column="epoch_s"):
             return float(grid[("16", mode, pattern)][column])

@@ -27,6 +27,15 @@
 //   carried steps x workers gradients (the synchronous job's examples); gradients still pending
 //   are dropped.
 //
+// With a Workload (the training level, sim/workload.h) every rank computes its real gradient on
+// the weights of the moment it starts computing, and the ranks apply what the real ring computes:
+// the synchronous ring's mean in its own float operations and order (RingReduceInOrder, so the
+// weights are those of a real `--mode allreduce` job bit for bit), a partial round's sum of the
+// gradients it carried times one over their count; each with cluster.optimizer and its
+// lr_schedule, as AllReduceClient does (the partial rounds at the schedule's step of the
+// gradients applied so far). The workload writes each rank's records; a rank whose gradient a
+// partial round carried goes on from the rounds done, skipping steps, as the training loop does.
+//
 // Assumptions beyond the network model's: one rank per host (each NIC direction carries one flow,
 // the ring's); every chunk has ceil(elements / N) floats; a block costs its floats plus
 // kRingBlockOverheadBytes of framing; adding a block, applying the update and the polls' counting
@@ -39,8 +48,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/cluster.pb.h"
 #include "sim/network.h"
 #include "sim/timing_job.h"
+#include "sim/workload.h"
 #include "worker/straggler_model.h"
 
 namespace rubato {
@@ -60,10 +71,21 @@ struct RingJobOptions {
   std::vector<StragglerOptions> stragglers;  // Worker w's (empty: none).
   HostSpec host;                             // Every rank's host (its NIC).
   int64_t segment_elements = 0;              // 0: DefaultRingSegmentElements.
+  // The training level (not owned; must outlive the run): the model, gradients, compute times and
+  // records, in place of `elements` and `step_time`; the ranks apply cluster.optimizer() with
+  // cluster.lr_schedule() for a global batch of workers x batch_size.
+  Workload* workload = nullptr;
+  ClusterSpec cluster;
+  int batch_size = 64;
+  int64_t steps_per_epoch = 0;  // For the schedule (0: steps).
 };
 
 // INVALID_ARGUMENT naming the first bad option.
 absl::Status ValidateRingJobOptions(const RingJobOptions& options);
+
+// Sets options->partial and quorum for an ALLREDUCE consistency of options->workers ranks (the
+// real PartialQuorum); INVALID_ARGUMENT for another mode.
+absl::Status SetRingConsistency(const ConsistencyConfig& consistency, RingJobOptions* options);
 
 // The time each rank ends one all-reduce of `elements` floats that rank r starts at start[r]
 // (seconds), over links of `host`'s NIC. *blocks, if given, is increased by the blocks sent.

@@ -4,8 +4,9 @@
 //   bazel run -c opt //sim:scale_study -- --workers=16,256,4096 --modes=bsp,async,allreduce
 //       --patterns=none,constant --model_mb=100 --step_ms=100 --steps=20 --out=/tmp/scale.csv
 //
-// Modes are the job's (--mode): bsp, backup:B, ssp:S and async run Rubato's shards and clients
-// (sim/timing_job.h); backup:auto is backup:B with B = workers / 16 (at least 1); allreduce,
+// Modes are the job's (--mode): bsp, backup:B, ssp:S, async and adaptive[:K] run Rubato's shards
+// and clients (sim/timing_job.h); backup:auto is backup:B with B = workers / 16 (at least 1);
+// reassign is async with work reassignment in units of 4 batches (--reassign); allreduce,
 // allreduce:majority and allreduce:solo run the rings' schedules (sim/ring_job.h). The patterns
 // (a 4x slowdown is the worker flag --slowdown=4):
 //   none       no injected delay;
@@ -36,13 +37,14 @@
 #include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
+#include "common/status_macros.h"
 #include "sim/ring_job.h"
 #include "sim/timing_job.h"
 
 ABSL_FLAG(std::string, workers, "16,64,256", "Worker counts, comma-separated.");
 ABSL_FLAG(std::string, modes, "bsp,backup:auto,ssp:2,async,allreduce,allreduce:solo",
-          "Modes, comma-separated (bsp, backup:B, backup:auto, ssp:S, async, allreduce, "
-          "allreduce:majority, allreduce:solo).");
+          "Modes, comma-separated (bsp, backup:B, backup:auto, ssp:S, async, reassign, adaptive, "
+          "adaptive:K, allreduce, allreduce:majority, allreduce:solo).");
 ABSL_FLAG(std::string, patterns, "none,constant,transient,rotating,heavy",
           "Straggler patterns, comma-separated (none, constant, transient, rotating, heavy).");
 ABSL_FLAG(std::string, shards, "0", "Shard counts, comma-separated (0: min(tensors, workers)).");
@@ -121,7 +123,7 @@ struct Cell {
   double nic_gbps;
 };
 
-absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consistency,
+absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consistency, bool reassign,
                                         std::vector<StragglerOptions> stragglers,
                                         int64_t* gradients, double* rate) {
   const int tensors = absl::GetFlag(FLAGS_tensors);
@@ -135,11 +137,7 @@ absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consist
     RingJobOptions o;
     o.workers = c.workers;
     o.elements = elements * tensors;
-    o.partial = consistency.allreduce_quorum() != QUORUM_ALL;
-    // worker/ring/partial_allreduce.h's quorums.
-    o.quorum = consistency.allreduce_quorum() == QUORUM_SOLO       ? 1
-               : consistency.allreduce_quorum() == QUORUM_MAJORITY ? (c.workers + 1) / 2
-                                                                   : c.workers;
+    RETURN_IF_ERROR(SetRingConsistency(consistency, &o));
     o.steps = absl::GetFlag(FLAGS_steps);
     o.step_time = step_time;
     o.stragglers = std::move(stragglers);
@@ -149,6 +147,8 @@ absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consist
     TimingJobOptions o;
     o.cluster.set_num_workers(c.workers);
     *o.cluster.mutable_consistency() = consistency;
+    // The launcher's --reassign: units of 4 batches.
+    if (reassign) o.cluster.mutable_reassign()->set_unit_batches(4);
     o.cluster.mutable_optimizer()->set_type("sgd");
     o.cluster.mutable_optimizer()->set_learning_rate(0.1);
     o.cluster.set_wait_timeout_ms(3600 * 1000);
@@ -222,7 +222,8 @@ int Main() {
         for (const std::string& mode : *modes) {
           std::string m = mode;
           if (mode == "backup:auto") m = absl::StrCat("backup:", std::max(1, n / 16));
-          absl::StatusOr<ConsistencyConfig> consistency = ParseConsistency(m);
+          const bool reassign = mode == "reassign";
+          absl::StatusOr<ConsistencyConfig> consistency = ParseConsistency(reassign ? "async" : m);
           if (!consistency.ok()) {
             std::fprintf(stderr, "--modes: %s\n",
                          std::string(consistency.status().message()).c_str());
@@ -242,7 +243,7 @@ int Main() {
             int64_t gradients = 0;
             double rate = 0;  // Gradients a second.
             absl::StatusOr<TimingJobResult> r =
-                RunCell(cell, *consistency, std::move(*stragglers), &gradients, &rate);
+                RunCell(cell, *consistency, reassign, std::move(*stragglers), &gradients, &rate);
             if (!r.ok()) {
               std::fprintf(stderr, "%d workers, %s, %s: %s\n", n, m.c_str(), pattern.c_str(),
                            r.status().ToString().c_str());

@@ -32,6 +32,7 @@
 #include "common/parse_flags.h"
 #include "common/progress_writer.h"
 #include "common/status_macros.h"
+#include "sim/ring_job.h"
 #include "sim/timing_job.h"
 #include "sim/training_workload.h"
 #include "worker/data/dataset.h"
@@ -159,6 +160,28 @@ absl::StatusOr<ModelSpec> ModelFromFlags(std::string* text) {
   return spec;
 }
 
+// The ring's job (sim/ring_job.h) for the same flags: one rank per host, its links the NICs
+// (--hosts=apart) or the loopback (--hosts=one; the host's cores are not modelled for the ring).
+absl::StatusOr<RingJobOptions> RingOptionsOf(const TimingJobOptions& o) {
+  RingJobOptions r;
+  r.workers = o.cluster.num_workers();
+  RETURN_IF_ERROR(SetRingConsistency(o.cluster.consistency(), &r));
+  r.steps = o.steps;
+  r.steps_per_epoch = o.steps_per_epoch;
+  r.stragglers = o.stragglers;
+  r.host = o.worker_host;
+  if (o.colocated) {
+    r.host.nic_bytes_per_second = o.worker_host.loopback_bytes_per_second;
+    r.host.latency = o.worker_host.loopback_latency;
+  }
+  r.host.cores = 0;
+  r.workload = o.workload;
+  r.cluster = o.cluster;
+  r.batch_size = o.batch_size;
+  RETURN_IF_ERROR(ValidateRingJobOptions(r));
+  return r;
+}
+
 int Fail(int code, const absl::Status& status) {
   std::fprintf(stderr, "rubato_sim: error: %s\n", std::string(status.message()).c_str());
   return code;
@@ -249,8 +272,15 @@ int Main() {
   o.steps = t.job.steps;
   o.steps_per_epoch = t.job.steps_per_epoch;
   o.batch_size = t.batch_size;
-  if (absl::Status s = ValidateTimingJobOptions(o); !s.ok()) return Fail(kExitUsage, s);
-  absl::StatusOr<TimingJobResult> r = RunTimingJob(o);
+  absl::StatusOr<TimingJobResult> r;
+  if (cluster->consistency().mode() == ALLREDUCE) {
+    absl::StatusOr<RingJobOptions> ring = RingOptionsOf(o);
+    if (!ring.ok()) return Fail(kExitUsage, ring.status());
+    r = RunRingJob(*ring);
+  } else {
+    if (absl::Status s = ValidateTimingJobOptions(o); !s.ok()) return Fail(kExitUsage, s);
+    r = RunTimingJob(o);
+  }
   for (auto& f : files) f->flush();
   if (!r.ok()) return Fail(kExitRuntime, r.status());
   for (size_t s = 0; s < r->shard_stats.size(); ++s) {

@@ -51,7 +51,13 @@ class Job {
     const absl::Time real_start = absl::Now();
     start_ = loop_.Now();
     running_ = static_cast<int>(workers_.size());
-    for (auto& w : workers_) Pull(w.get());
+    for (auto& w : workers_) {
+      if (reassign()) {
+        NextUnit(w.get());
+      } else {
+        Pull(w.get());
+      }
+    }
     loop_.After(kDeadlineTick, [this] { Tick(); });
     const int64_t events = loop_.Run();
     RETURN_IF_ERROR(error_);
@@ -93,6 +99,12 @@ class Job {
     absl::Time since;  // The call in progress began.
     int64_t dropped = 0;
     double compute_ms_ema = 0;  // Adaptive consistency's.
+    // Work reassignment: a channel to shard 0 for TakeWork, the requests so far, the answer in
+    // flight and the batches left of the current unit.
+    std::unique_ptr<SimShardChannel> work_channel;
+    int64_t work_requests = 0;
+    TakeWorkResponse work;
+    int64_t unit_left = 0;
     TimingJobResult::Worker result;
   };
 
@@ -196,6 +208,15 @@ class Job {
         ASSIGN_OR_RETURN(StragglerModel m, StragglerModel::Create(o_.stragglers[w], w));
         worker->straggler.emplace(std::move(m));
       }
+      if (reassign()) {
+        SimRoute route;
+        route.network = &network_;
+        route.worker_host = o_.colocated ? local_host : worker_hosts[w / o_.workers_per_host];
+        route.shard_host = o_.colocated ? local_host : server_hosts_[0];
+        route.scale = o_.scale;
+        worker->work_channel =
+            std::make_unique<SimShardChannel>(shards_[0].get(), "simulated shard 0", route);
+      }
       worker->params = initial;
       if (o_.workload != nullptr) worker->grads = initial;
       // Answered at once by every shard (SimShardChannel): the first worker's values are adopted.
@@ -219,6 +240,36 @@ class Job {
                        " elements: scale must be at most ", max_scale, ", got ", o_.scale));
     }
     return parts / o_.scale;
+  }
+
+  bool reassign() const { return o_.cluster.reassign().unit_batches() > 0; }
+  int64_t StepsPerEpoch() const { return o_.steps_per_epoch > 0 ? o_.steps_per_epoch : o_.steps; }
+
+  // Work reassignment: the next unit from shard 0's work queue (server/work_queue.h), as
+  // ServerWorkFeed asks for it. Each worker's share of an epoch is steps_per_epoch batches in
+  // units of unit_batches (the last one shorter); the job is steps / steps_per_epoch epochs. The
+  // worker trains until the queue is done, however many steps that takes.
+  void NextUnit(Worker* w) {
+    const int64_t unit = o_.cluster.reassign().unit_batches();
+    TakeWorkRequest request;
+    request.set_worker_id(w->id);
+    for (int i = 0; i < o_.cluster.num_workers(); ++i) {
+      request.add_units_per_worker(Ceil(StepsPerEpoch(), unit));
+    }
+    request.set_epochs(Ceil(o_.steps, StepsPerEpoch()));
+    request.set_request(++w->work_requests);
+    w->since = loop_.Now();
+    w->work_channel->TakeWork(
+        request, &w->work, ShardChannel::CallOptions(), [this, w, unit](absl::Status status) {
+          if (!Check(w, status, "take work")) return;
+          w->result.waiting += loop_.Now() - w->since;
+          if (w->work.done()) {
+            End(w);
+            return;
+          }
+          w->unit_left = std::min(unit, StepsPerEpoch() - w->work.unit().index() * unit);
+          Pull(w);
+        });
   }
 
   void Pull(Worker* w) {
@@ -304,6 +355,14 @@ class Job {
       absl::StatusOr<absl::Duration> extra = o_.workload->StepDone(w->current, w->params);
       if (!Check(w, extra.status(), "step")) return;
       next = *extra;
+    }
+    if (reassign()) {
+      if (--w->unit_left <= 0) {
+        w->cpu->Run(next, [this, w] { NextUnit(w); });
+      } else {
+        w->cpu->Run(next, [this, w] { Pull(w); });
+      }
+      return;
     }
     // An evaluation that falls due is work on the worker's host.
     if (w->step >= o_.steps) {
@@ -397,7 +456,14 @@ absl::Status ValidateTimingJobOptions(const TimingJobOptions& o) {
     return absl::InvalidArgumentError("the model has no tensors");
   }
   if (o.cluster.reassign().unit_batches() > 0) {
-    return absl::UnimplementedError("the simulator does not run work reassignment");
+    if (o.workload != nullptr) {
+      return absl::UnimplementedError(
+          "the simulator runs work reassignment at the timing level only (a workload draws each "
+          "worker's own shard of the data)");
+    }
+    if (o.cluster.consistency().mode() != ASYNC) {
+      return absl::InvalidArgumentError("work reassignment needs async");
+    }
   }
   if (o.shards < 1)
     return absl::InvalidArgumentError(absl::StrCat("shards must be >= 1, got ", o.shards));

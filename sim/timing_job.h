@@ -5,16 +5,19 @@
 // of every worker run on one thread, driven by an EventLoop; their calls cross a simulated Network
 // (SimShardChannel). Each worker's step is the training loop's: pull the weights its step needs,
 // compute for the step time its StragglerModel gives (the same flags and patterns as
-// rubato_worker), push the gradients, and go on; under backup:b a worker whose pull comes back
-// newer skips to that step, as the loop does. At the timing level no model is trained: each tensor
-// is held and sent at 1 / scale of its size, its bytes counted in full by the network and the
-// shards' processors, so that thousands of workers of a large model fit in one process. At the
-// training level a Workload (sim/workload.h) computes each worker's real gradients and reports
-// what the worker would; each worker then pulls the final weights before it finishes.
+// rubato_worker), push the gradients, and go on; under backup:b (and adaptive) a worker whose pull
+// comes back newer skips to that step, as the loop does. Under adaptive consistency each worker
+// relays its compute times and adopts the shards' decisions after each push, as the training
+// loop does (TrainingLoop::AdoptConsistency), so the real shards decide. At the timing level no
+// model is trained: each tensor is held and sent at 1 / scale of its size, its bytes counted in
+// full by the network and the shards' processors, so that thousands of workers of a large model fit
+// in one process. At the training level a Workload (sim/workload.h) computes each worker's real
+// gradients and reports what the worker would; each worker then pulls the final weights before it
+// finishes.
 //
-// What is not simulated (yet): adaptive consistency and work reassignment (refused), the ring
-// all-reduce, failures and heartbeats (leases are set beyond the run), and the overlap of pushes
-// with the backward pass.
+// What is not simulated (yet): work reassignment (refused), failures and heartbeats (leases are
+// set beyond the run), and the overlap of pushes with the backward pass. The rings are
+// sim/ring_job.h's.
 #ifndef RUBATO_SIM_TIMING_JOB_H_
 #define RUBATO_SIM_TIMING_JOB_H_
 
@@ -33,7 +36,8 @@
 namespace rubato {
 
 struct TimingJobOptions {
-  // The job: num_workers, consistency (bsp, backup:b, ssp:s, async), optimizer, wait_timeout_ms.
+  // The job: num_workers, consistency (bsp, backup:b, ssp:s, async, adaptive), optimizer,
+  // wait_timeout_ms.
   // Leases are set to a day (no failures are simulated, no heartbeats sent).
   ClusterSpec cluster;
   int shards = 1;

@@ -161,10 +161,35 @@ TEST(TimingJob, AdaptiveConsistencyLeavesAConstantStragglerBehind) {
   EXPECT_GT(adaptive->workers[3].skipped_steps, 0);
 }
 
-TEST(TimingJob, RefusesWhatItDoesNotSimulate) {
-  TimingJobOptions o = Job(ASYNC, 10);
+TEST(TimingJob, ReassignmentHandsTheStragglersUnitsToTheOthers) {
+  // One epoch of 40 batches a worker in units of 4 (server/work_queue.h): the fast workers take
+  // the slow one's units once theirs are done, so the job's 160 batches are each trained once.
+  // A model of 40 kB: transfers of microseconds, so compute sets the pace.
+  TimingJobOptions o = Job(ASYNC, 40);
+  o.tensor_elements = {10000};
+  o.stragglers.resize(4);
+  o.stragglers[3].slowdown = 4;
+  absl::StatusOr<TimingJobResult> plain = RunTimingJob(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_GE(plain->wall, 40 * 4 * kCompute);  // Worker 3's share, at its pace.
   o.cluster.mutable_reassign()->set_unit_batches(4);
-  EXPECT_EQ(RunTimingJob(o).status().code(), absl::StatusCode::kUnimplemented);
+  absl::StatusOr<TimingJobResult> moved = RunTimingJob(o);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  int64_t batches = 0;
+  for (const TimingJobResult::Worker& w : moved->workers) batches += w.computed_steps;
+  EXPECT_EQ(batches, 160);
+  EXPECT_LT(moved->workers[3].computed_steps, 40);
+  for (int w = 0; w < 3; ++w) EXPECT_GT(moved->workers[w].computed_steps, 40) << w;
+  // 160 batches at 3.25 workers' pace (10 ms a batch, 40 ms for worker 3), plus at most one of
+  // worker 3's units (160 ms) still running when the rest is done, plus transfers.
+  EXPECT_GE(moved->wall, 160 / 3.25 * kCompute);
+  EXPECT_LT(moved->wall, 160 / 3.25 * kCompute + 4 * 4 * kCompute + 20 * kCompute);
+}
+
+TEST(TimingJob, RefusesWhatItDoesNotSimulate) {
+  TimingJobOptions o = Job(BSP, 10);
+  o.cluster.mutable_reassign()->set_unit_batches(4);
+  EXPECT_EQ(RunTimingJob(o).status().code(), absl::StatusCode::kInvalidArgument);
   o = Job(BSP, 10);
   o.stragglers.resize(3);
   absl::Status s = RunTimingJob(o).status();

@@ -9,7 +9,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "sim/ring_job.h"
 #include "sim/timing_job.h"
 
 namespace rubato {
@@ -55,6 +57,45 @@ class TrainingLevelTest : public ::testing::Test {
   // A job of `workers` workers on one host with a fast loopback.
   absl::StatusOr<TimingJobResult> Run(int workers, const std::string& mode, int64_t steps,
                                       std::vector<std::ostringstream>* out, int cores = 0) {
+    RETURN_IF_ERROR(MakeWorkload(workers, mode, steps, out));
+    TimingJobOptions o;
+    o.cluster.set_num_workers(workers);
+    o.cluster.mutable_consistency()->set_mode(mode == "bsp" ? BSP : ASYNC);
+    o.cluster.mutable_optimizer()->set_type("sgd");
+    o.cluster.mutable_optimizer()->set_learning_rate(0.5);
+    o.cluster.set_wait_timeout_ms(60000);
+    o.workload = workload_.get();
+    o.steps = steps;
+    o.batch_size = 16;
+    o.colocated = true;
+    o.worker_host.loopback_bytes_per_second = 1e15;
+    o.worker_host.loopback_latency = absl::ZeroDuration();
+    o.worker_host.cores = cores;
+    return RunTimingJob(o);
+  }
+
+  // The same job on a ring (sim/ring_job.h): quorum = workers is the synchronous ring.
+  absl::StatusOr<TimingJobResult> RunRing(int workers, int quorum, int64_t steps,
+                                          std::vector<std::ostringstream>* out,
+                                          std::vector<StragglerOptions> stragglers = {}) {
+    RETURN_IF_ERROR(MakeWorkload(workers, "allreduce", steps, out));
+    RingJobOptions o;
+    o.workers = workers;
+    o.quorum = quorum;
+    o.partial = quorum < workers;
+    o.steps = steps;
+    o.stragglers = std::move(stragglers);
+    o.host.nic_bytes_per_second = 1e15;
+    o.host.latency = absl::ZeroDuration();
+    o.workload = workload_.get();
+    o.cluster.mutable_optimizer()->set_type("sgd");
+    o.cluster.mutable_optimizer()->set_learning_rate(0.5);
+    o.batch_size = 16;
+    return RunRingJob(o);
+  }
+
+  absl::Status MakeWorkload(int workers, const std::string& mode, int64_t steps,
+                            std::vector<std::ostringstream>* out) {
     out->clear();
     out->resize(workers);
     TrainingWorkloadOptions t;
@@ -70,7 +111,7 @@ class TrainingLevelTest : public ::testing::Test {
     t.job.steps = steps;
     t.eval_every = 10;
     t.log_every = 10;
-    t.consistency = mode == "bsp" ? BSP : ASYNC;
+    t.consistency = mode == "bsp" ? BSP : mode == "async" ? ASYNC : ALLREDUCE;
     t.mode = mode;
     t.compute_time = absl::Milliseconds(3);
     t.eval_time = absl::Milliseconds(7);
@@ -79,20 +120,7 @@ class TrainingLevelTest : public ::testing::Test {
     if (!w.ok()) return w.status();
     workload_ = std::move(*w);
     workload_->Start();
-    TimingJobOptions o;
-    o.cluster.set_num_workers(workers);
-    o.cluster.mutable_consistency()->set_mode(mode == "bsp" ? BSP : ASYNC);
-    o.cluster.mutable_optimizer()->set_type("sgd");
-    o.cluster.mutable_optimizer()->set_learning_rate(0.5);
-    o.cluster.set_wait_timeout_ms(60000);
-    o.workload = workload_.get();
-    o.steps = steps;
-    o.batch_size = 16;
-    o.colocated = true;
-    o.worker_host.loopback_bytes_per_second = 1e15;
-    o.worker_host.loopback_latency = absl::ZeroDuration();
-    o.worker_host.cores = cores;
-    return RunTimingJob(o);
+    return absl::OkStatus();
   }
 
   Dataset train_, test_;
@@ -194,6 +222,64 @@ TEST_F(TrainingLevelTest, WorkersOfOneHostShareItsCores) {
   ASSERT_TRUE(shared.ok()) << shared.status();
   EXPECT_NEAR(absl::ToDoubleMilliseconds(shared->wall), 2 * (10 * 3 + 7), 0.5);
   EXPECT_NEAR(absl::ToDoubleMilliseconds(shared->workers[0].compute), 2 * 10 * 3, 0.5);
+}
+
+std::string Fingerprint(const std::string& records) {
+  const size_t at = records.find("\"params_fnv1a\":\"");
+  return at == std::string::npos ? std::string() : records.substr(at, 34);
+}
+
+double FinalAccuracy(const std::string& records) {
+  const size_t done = records.find("{\"event\":\"done\"");
+  const std::string want = "\"test_accuracy\":";
+  const size_t at = records.find(want, done);
+  return done == std::string::npos || at == std::string::npos
+             ? -1
+             : std::stod(records.substr(at + want.size()));
+}
+
+TEST_F(TrainingLevelTest, TheSynchronousRingTrainsAsBspDoes) {
+  // One worker: the ring's mean is the gradient itself, so the weights are bsp's bit for bit (the
+  // same batches, optimizer and schedule).
+  std::vector<std::ostringstream> ps, ring;
+  ASSERT_TRUE(Run(1, "bsp", 40, &ps).ok());
+  absl::StatusOr<TimingJobResult> one = RunRing(1, 1, 40, &ring);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(Fingerprint(ring[0].str()).empty()) << ring[0].str();
+  EXPECT_EQ(Fingerprint(ring[0].str()), Fingerprint(ps[0].str()));
+  // Three: every rank ends on the same weights, within rounding of bsp's (the ring sums each
+  // chunk in its own order); every rank evaluates (as rubato_worker's rule has it outside bsp):
+  // 30 steps of 3 ms and the evaluations after steps 10 and 20, and the final one.
+  ASSERT_TRUE(Run(3, "bsp", 30, &ps).ok());
+  absl::StatusOr<TimingJobResult> three = RunRing(3, 3, 30, &ring);
+  ASSERT_TRUE(three.ok()) << three.status();
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(Count(ring[w].str(), "done"), 1) << w;
+    EXPECT_EQ(Count(ring[w].str(), "eval"), 3) << ring[w].str();
+    EXPECT_EQ(Fingerprint(ring[w].str()), Fingerprint(ring[0].str())) << w;
+  }
+  EXPECT_GT(FinalAccuracy(ps[0].str()), 0.8);
+  EXPECT_NEAR(FinalAccuracy(ring[0].str()), FinalAccuracy(ps[0].str()), 0.02);
+  EXPECT_NEAR(absl::ToDoubleMilliseconds(three->wall), 30 * 3 + 3 * 7, 0.5);
+}
+
+TEST_F(TrainingLevelTest, ThePartialRingTrainsWithoutItsStraggler) {
+  // Solo rounds, rank 2 four times slower: the others' rounds go on; the job ends once its rounds
+  // carried the synchronous job's 3 x 30 gradients.
+  std::vector<StragglerOptions> slow(3);
+  slow[2].slowdown = 4;
+  std::vector<std::ostringstream> sync, solo;
+  absl::StatusOr<TimingJobResult> s = RunRing(3, 3, 30, &sync, slow);
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<TimingJobResult> p = RunRing(3, 1, 30, &solo, slow);
+  ASSERT_TRUE(p.ok()) << p.status();
+  int64_t carried = 0;
+  for (const TimingJobResult::Worker& w : p->workers) carried += w.computed_steps;
+  EXPECT_GE(carried, 90);
+  EXPECT_LT(p->workers[2].computed_steps, p->workers[0].computed_steps);
+  EXPECT_GT(p->workers[0].skipped_steps, 0);  // Rank 0 goes on from the rounds done.
+  EXPECT_LT(absl::ToDoubleSeconds(p->wall), 0.6 * absl::ToDoubleSeconds(s->wall));
+  EXPECT_GT(FinalAccuracy(solo[0].str()), 0.8) << solo[0].str();
 }
 
 TEST_F(TrainingLevelTest, BadOptionsAreNamed) {
