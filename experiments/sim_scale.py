@@ -10,8 +10,10 @@ DIR/report.md and DIR/plots/*.png. Two studies:
 
   grid    A ResNet-50-sized model (100 MB in 64 tensors), 100 ms of compute a step, every host on
           a 100 Gb/s NIC (10 us one way), min(64, workers) shards. 16, 64, 256 and 1,024 workers,
-          20 steps, x every pattern (none, constant, transient, rotating, heavy) x bsp,
-          backup:(workers / 16), ssp:2, async, reassign (async with work reassignment, units of
+          20 steps, x every pattern (none; constant: worker 0 4x slower; transient: worker 0 4x
+          slower in the first 2 steps of every 5; rotating: one worker at a time 4x slower, the
+          next every 2 steps; heavy: every step of every worker delayed with probability 0.1 by
+          a Pareto draw, alpha 2.5, mean 100 ms) x bsp, backup:(workers / 16), ssp:2, async, reassign (async with work reassignment, units of
           4 batches), adaptive:5 (a decision every 5 steps, for runs this short), allreduce,
           allreduce:majority and allreduce:solo;
           4,096 workers, 10 steps, patterns none and heavy (a run of the shards' modes there
@@ -210,13 +212,24 @@ def write_report(out):
     os.makedirs(plots, exist_ok=True)
     plt = report.pyplot()
     names = [plot_grid(plt, grid, plots), plot_shards(plt, shards, plots)]
+    studies = __doc__.split("Two studies:\n\n")[1].split("\n\n--quick")[0]
     lines = ["# The simulator at scale", "",
-             "Written by `python3 experiments/sim_scale.py` from grid.csv and shards.csv "
-             "(sim/scale_study's rows; the docstring says what each study runs).", "",
-             "## Time per epoch by workers, pattern and mode", "",
+             "Written by `python3 experiments/sim_scale.py run --bin bazel-bin/sim/scale_study "
+             "--out DIR` (after `bazel build -c opt //sim:scale_study`) from grid.csv and "
+             "shards.csv, sim/scale_study's rows, in simulated time (sim/README.md says what the "
+             "simulator models and what it leaves out). The studies:", "", "```", studies, "```",
+             "", "## Time per epoch by workers, pattern and mode", "",
+             "Two times per epoch: as the job runs (every worker trains its own share of the "
+             "data, so under async and ssp the slowest share ends the epoch, while the partial "
+             "rings' rounds and reassignment's units go to whoever is ready), and at the rate "
+             "the workers apply gradients while all of them run. In parentheses, the workers' "
+             "mean waiting fraction.", "",
              "![](plots/%s.png)" % names[0]]
     lines += grid_tables(grid)
     lines += ["", "## The shards a model needs, against the ring", "",
+              "bsp's step (pull, 100 ms of compute, push) by shards, against the synchronous "
+              "ring's step on the same workers and NICs (dotted); async's best for reference. "
+              "No stragglers.", "",
               "![](plots/%s.png)" % names[1]]
     lines += shard_tables(shards)
     with open(os.path.join(out, "report.md"), "w") as f:

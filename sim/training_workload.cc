@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -163,10 +164,7 @@ absl::StatusOr<absl::Duration> TrainingWorkload::Finished(
 absl::StatusOr<EvalResult> TrainingWorkload::Evaluate(int worker, int64_t step, absl::Duration at,
                                                       int64_t applied_examples,
                                                       absl::Span<const std::vector<float>> params) {
-  const Dataset& test = *options_.test;
-  ASSIGN_OR_RETURN(EvalResult r,
-                   options_.backend->Evaluate(ConstSpans(params), test.features.data(),
-                                              test.labels.data(), test.size));
+  ASSIGN_OR_RETURN(const EvalResult r, EvaluateWeights(params));
   ProgressRecord record;
   EvalRecord* e = record.mutable_eval();
   e->set_worker(worker);
@@ -180,6 +178,41 @@ absl::StatusOr<EvalResult> TrainingWorkload::Evaluate(int worker, int64_t step, 
                                                       options_.num_workers;
   e->set_epochs(RoundDecimals(examples / options_.train->size, 4));
   WriteProgress(*options_.progress[worker], record);
+  return r;
+}
+
+namespace {
+
+bool SameBits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<EvalResult> TrainingWorkload::EvaluateWeights(
+    absl::Span<const std::vector<float>> params) {
+  ++evaluations_;
+  const std::vector<std::vector<float>> weights(params.begin(), params.end());
+  const uint64_t fingerprint = ParamsFingerprint(weights);
+  for (const Evaluated& e : evaluated_) {
+    if (e.fingerprint == fingerprint && SameBits(e.params, weights)) {
+      ++evaluations_reused_;
+      return e.result;
+    }
+  }
+  const Dataset& test = *options_.test;
+  ASSIGN_OR_RETURN(EvalResult r,
+                   options_.backend->Evaluate(ConstSpans(params), test.features.data(),
+                                              test.labels.data(), test.size));
+  evaluated_.push_front(Evaluated{fingerprint, weights, r});
+  if (evaluated_.size() > kEvaluationsKept) evaluated_.pop_back();
   return r;
 }
 

@@ -12,6 +12,7 @@
 #define RUBATO_SIM_TRAINING_WORKLOAD_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -92,11 +93,32 @@ class TrainingWorkload final : public Workload {
                                       int64_t applied_examples,
                                       absl::Span<const std::vector<float>> params);
 
+  // The test set's result for `params`: an evaluation is a function of the weights alone (one
+  // deterministic backend, one test set), and workers that pulled the same weights (backup, the
+  // rings, adaptive: every worker evaluates) would compute it again and again. So the newest
+  // results are kept with the weights they were computed on, matched by fingerprint and then
+  // compared element by element; simulated time is spent as before.
+  absl::StatusOr<EvalResult> EvaluateWeights(absl::Span<const std::vector<float>> params);
+
   const TrainingWorkloadOptions options_;
   const std::vector<ParamSpec> specs_;
   std::vector<Worker> workers_;
   std::vector<float> x_;
   std::vector<int32_t> y_;
+  struct Evaluated {
+    uint64_t fingerprint = 0;
+    std::vector<std::vector<float>> params;
+    EvalResult result;
+  };
+  std::deque<Evaluated> evaluated_;  // Newest first; at most kEvaluationsKept.
+  static constexpr size_t kEvaluationsKept = 8;
+  int64_t evaluations_ = 0;
+  int64_t evaluations_reused_ = 0;
+
+ public:
+  // Evaluations asked for, and of those answered from the kept results.
+  int64_t evaluations() const { return evaluations_; }
+  int64_t evaluations_reused() const { return evaluations_reused_; }
 };
 
 }  // namespace rubato

@@ -260,6 +260,10 @@ TEST_F(TrainingLevelTest, TheSynchronousRingTrainsAsBspDoes) {
   }
   EXPECT_GT(FinalAccuracy(ps[0].str()), 0.8);
   EXPECT_NEAR(FinalAccuracy(ring[0].str()), FinalAccuracy(ps[0].str()), 0.02);
+  // Ranks 1 and 2 evaluate the weights rank 0 evaluated: the kept results answer them.
+  EXPECT_EQ(workload_->evaluations(), 9);
+  EXPECT_EQ(workload_->evaluations_reused(), 6);
+  for (int w = 1; w < 3; ++w) EXPECT_EQ(FinalAccuracy(ring[w].str()), FinalAccuracy(ring[0].str()));
   EXPECT_NEAR(absl::ToDoubleMilliseconds(three->wall), 30 * 3 + 3 * 7, 0.5);
 }
 
