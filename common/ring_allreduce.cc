@@ -1,6 +1,7 @@
 #include "common/ring_allreduce.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -110,15 +111,25 @@ absl::Status RingAllReduceMean(int rank, int size, int64_t round, RingLink* link
 }
 
 void RingReduceInOrder(absl::Span<const absl::Span<const float>> inputs, float scale,
-                       absl::Span<float> out) {
+                       absl::Span<float> out, absl::Span<const int> ranks) {
   const int size = static_cast<int>(inputs.size());
   if (size == 0) return;
   const int64_t n = static_cast<int64_t>(out.size());
+  std::vector<int> all;
+  if (ranks.empty()) {
+    all.resize(size);
+    for (int r = 0; r < size; ++r) all[r] = r;
+    ranks = all;
+  }
+  const int m = static_cast<int>(ranks.size());
   for (int c = 0; c < size; ++c) {
-    // Rank c sends its chunk c; each next rank adds its own to what it received (kAdd).
+    // Rank c sends its chunk c; each next rank adds its own to what it received (kAdd): the
+    // ranks in order from c around the ring.
+    const int first =
+        static_cast<int>(std::lower_bound(ranks.begin(), ranks.end(), c) - ranks.begin());
     for (int64_t i = ChunkBegin(n, size, c); i < ChunkBegin(n, size, c + 1); ++i) {
-      float sum = inputs[c][i];
-      for (int k = 1; k < size; ++k) sum = sum + inputs[(c + k) % size][i];
+      float sum = inputs[ranks[first % m]][i];
+      for (int k = 1; k < m; ++k) sum = sum + inputs[ranks[(first + k) % m]][i];
       out[i] = scale != 1.0f ? sum * scale : sum;
     }
   }

@@ -95,9 +95,12 @@ int64_t DefaultRingSegmentElements(int64_t n, int size);
 // when rank r holds inputs[r], computed in one place with the ring's float operations in its
 // order: chunk c is summed from rank c's values on around the ring, then multiplied by `scale`
 // unless it is 1. So a simulation of the ring (sim/ring_job.h) trains on bit-identical means.
-// Every input and `out` must have the same length.
+// Every input and `out` must have the same length. With `ranks` (increasing, not empty), only
+// those ranks' inputs are read and the others count as zeros (skipping the zeros the ring would
+// add leaves every sum as it is, but for the sign of a zero sum), so a sum of a few ranks' values
+// out of many costs what those few do (the partial all-reduce's rounds).
 void RingReduceInOrder(absl::Span<const absl::Span<const float>> inputs, float scale,
-                       absl::Span<float> out);
+                       absl::Span<float> out, absl::Span<const int> ranks = {});
 // The scale RingAllReduceMean applies for `size` ranks.
 float RingMeanScale(int size);
 

@@ -81,6 +81,21 @@ TEST(RingAllReduceTest, ReduceInOrderIsBitIdenticalToTheRing) {
       RingReduceInOrder(spans, RingMeanScale(size), absl::MakeSpan(mean));
       EXPECT_EQ(mean, ring[0]) << "size " << size << ", n " << n;
       RingReduceInOrder(spans, 1.0f, absl::MakeSpan(sum));
+      // Some ranks' values among zeros: the sums of those ranks alone, bit for bit.
+      if (size > 2) {
+        std::vector<std::vector<float>> some = inputs;
+        std::fill(some[0].begin(), some[0].end(), 0.0f);
+        std::fill(some[size - 2].begin(), some[size - 2].end(), 0.0f);
+        std::vector<absl::Span<const float>> some_spans(some.begin(), some.end());
+        std::vector<int> holders;
+        for (int r = 0; r < size; ++r) {
+          if (r != 0 && r != size - 2) holders.push_back(r);
+        }
+        std::vector<float> dense(n), sparse(n);
+        RingReduceInOrder(some_spans, 1.0f, absl::MakeSpan(dense));
+        RingReduceInOrder(some_spans, 1.0f, absl::MakeSpan(sparse), holders);
+        EXPECT_EQ(sparse, dense) << "size " << size << ", n " << n;
+      }
       if (size > 2 && n == 1001) {
         // Another order (rank 0 first for every chunk) rounds differently somewhere in 1,001.
         std::vector<float> naive(n, 0.0f);

@@ -100,7 +100,6 @@ class RingRun {
       for (size_t i = 0; i < model_.size(); ++i) grads_[w][i].resize(sizes_[i]);
     }
     flat_.assign(n_, std::vector<float>(elements_));
-    zeros_.assign(elements_, 0.0f);
     mean_.resize(elements_);
     computed_on_.resize(n_);
     return absl::OkStatus();
@@ -251,9 +250,9 @@ class RingRun {
       applied_gradients_ += static_cast<int64_t>(carried.size());
       ++round;
       if (o_.workload != nullptr) {
-        std::fill(inputs.begin(), inputs.end(), absl::MakeConstSpan(zeros_));
         for (int w : carried) inputs[w] = flat_[w];
-        RingReduceInOrder(inputs, 1.0f, absl::MakeSpan(mean_));
+        // The others send zeros; only the carried ranks' values are read.
+        RingReduceInOrder(inputs, 1.0f, absl::MakeSpan(mean_), carried);
         const float inv = 1.0f / static_cast<float>(carried.size());
         for (float& x : mean_) x *= inv;
         Apply(progress);
@@ -310,7 +309,7 @@ class RingRun {
   std::optional<LearningRateScheduler> schedule_;
   std::vector<Weights> grads_;            // Each worker's current gradient, by tensor,
   std::vector<std::vector<float>> flat_;  // and end to end.
-  std::vector<float> zeros_, mean_;
+  std::vector<float> mean_;
   std::shared_ptr<const Weights> snapshot_;  // params_ as they are now, once a worker needed it.
   std::vector<std::shared_ptr<const Weights>> computed_on_;  // Each worker's current step's.
 };
