@@ -108,7 +108,8 @@ class RingRun {
   // Worker w computes its next step from `at` on, on the weights of now: when its gradient is
   // ready.
   absl::Status StartStep(int w, double at) {
-    absl::Duration compute = o_.step_time;
+    absl::Duration compute =
+        o_.step_times != nullptr ? o_.step_times->At(w, steps_[w]) : o_.step_time;
     if (o_.workload != nullptr) {
       if (snapshot_ == nullptr) snapshot_ = std::make_shared<const Weights>(params_);
       computed_on_[w] = snapshot_;

@@ -50,6 +50,7 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "sim/network.h"
+#include "sim/step_times.h"
 #include "sim/timing_job.h"
 #include "sim/workload.h"
 #include "worker/straggler_model.h"
@@ -68,6 +69,7 @@ struct RingJobOptions {
   bool partial = false;  // false: the synchronous ring (quorum must be workers).
   int64_t steps = 100;   // Every worker's (partial: steps x workers gradients in all).
   absl::Duration step_time = absl::Milliseconds(20);
+  const StepTimes* step_times = nullptr;     // Not owned; if given, drawn from, not step_time.
   std::vector<StragglerOptions> stragglers;  // Worker w's (empty: none).
   HostSpec host;                             // Every rank's host (its NIC).
   int64_t segment_elements = 0;              // 0: DefaultRingSegmentElements.

@@ -26,6 +26,7 @@
 // when their work is not fixed (work reassignment, docs/straggler.md).
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "sim/ring_job.h"
+#include "sim/step_times.h"
 #include "sim/timing_job.h"
 
 ABSL_FLAG(std::string, workers, "16,64,256", "Worker counts, comma-separated.");
@@ -59,6 +61,9 @@ ABSL_FLAG(double, epoch_examples, 1281167, "Examples in an epoch (default: Image
 ABSL_FLAG(int, real_elements, 64,
           "Elements each tensor is held at in the shards' jobs (the scale follows).");
 ABSL_FLAG(std::string, out, "", "CSV file to write (default: standard output only).");
+ABSL_FLAG(std::string, step_ms_samples, "",
+          "A file of measured step times in ms, one a line (sim/step_times.h): each worker's "
+          "step draws its compute from them instead of --step_ms.");
 
 namespace rubato {
 namespace {
@@ -123,6 +128,8 @@ struct Cell {
   double nic_gbps;
 };
 
+const StepTimes* step_times = nullptr;  // --step_ms_samples, if given.
+
 absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consistency, bool reassign,
                                         std::vector<StragglerOptions> stragglers,
                                         int64_t* gradients, double* rate) {
@@ -140,6 +147,7 @@ absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consist
     RETURN_IF_ERROR(SetRingConsistency(consistency, &o));
     o.steps = absl::GetFlag(FLAGS_steps);
     o.step_time = step_time;
+    o.step_times = step_times;
     o.stragglers = std::move(stragglers);
     o.host = host;
     r = RunRingJob(o);
@@ -158,6 +166,7 @@ absl::StatusOr<TimingJobResult> RunCell(const Cell& c, ConsistencyConfig consist
         std::min(std::max<int64_t>(1, elements / absl::GetFlag(FLAGS_real_elements)), MaxScale(o));
     o.steps = absl::GetFlag(FLAGS_steps);
     o.step_time = step_time;
+    o.step_times = step_times;
     o.stragglers = std::move(stragglers);
     o.worker_host = host;
     o.server_host = host;
@@ -198,6 +207,16 @@ int Main() {
                  "--tensors, --steps, --model_mb, --batch and --epoch_examples must be > 0, "
                  "--step_ms >= 0\n");
     return 2;
+  }
+  std::optional<StepTimes> samples;
+  if (const std::string path = absl::GetFlag(FLAGS_step_ms_samples); !path.empty()) {
+    absl::StatusOr<StepTimes> read = StepTimes::FromFile(path);
+    if (!read.ok()) {
+      std::fprintf(stderr, "--step_ms_samples: %s\n", std::string(read.status().message()).c_str());
+      return 2;
+    }
+    samples.emplace(std::move(*read));
+    step_times = &*samples;
   }
   FILE* out = nullptr;
   if (!absl::GetFlag(FLAGS_out).empty()) {

@@ -298,7 +298,8 @@ class Job {
       }
     }
     w->current.step = w->step;
-    absl::Duration work = o_.step_time;
+    absl::Duration work =
+        o_.step_times != nullptr ? o_.step_times->At(w->id, w->step) : o_.step_time;
     if (o_.workload != nullptr) {
       absl::StatusOr<absl::Duration> c = o_.workload->Compute(w->id, w->step, w->params, &w->grads);
       if (!Check(w, c.status(), "compute")) return;

@@ -30,6 +30,7 @@
 #include "proto/cluster.pb.h"
 #include "proto/parameter_server.pb.h"
 #include "sim/network.h"
+#include "sim/step_times.h"
 #include "sim/workload.h"
 #include "worker/straggler_model.h"
 
@@ -52,8 +53,10 @@ struct TimingJobOptions {
   int64_t steps = 100;          // Every worker's.
   int64_t steps_per_epoch = 0;  // For the shards' schedules (0: steps).
   int batch_size = 64;          // Per worker (for the shards' schedule).
-  // One step's compute before each worker's StragglerModel adds to it.
+  // One step's compute before each worker's StragglerModel adds to it; or, if step_times is
+  // given (not owned; must outlive the run), each worker's draw from that measured distribution.
   absl::Duration step_time = absl::Milliseconds(20);
+  const StepTimes* step_times = nullptr;
   // Worker w's injected delays (empty: none).
   std::vector<StragglerOptions> stragglers;
   // Hosts: workers_per_host workers on each worker host, shards_per_host shards on each server
