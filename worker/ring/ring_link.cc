@@ -1,5 +1,6 @@
 #include "worker/ring/ring_link.h"
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <utility>
@@ -24,6 +25,9 @@ namespace rubato {
 namespace {
 
 constexpr char kStreamMethod[] = "/rubato.RingPeer/Stream";
+// How often a wait for the next rank's acknowledgements says that it goes on (as a receive's does,
+// worker/ring/ring_mailbox.cc).
+constexpr absl::Duration kStallReport = absl::Seconds(5);
 
 }  // namespace
 
@@ -85,7 +89,27 @@ class GrpcRingLink::Stream final
       auto acknowledged = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !error_.ok() || acked_ == queued_;
       };
-      if (mu_.AwaitWithDeadline(absl::Condition(&acknowledged), deadline)) {
+      const absl::Time began = absl::Now();
+      absl::Time report = began + kStallReport;
+      bool done = false;
+      for (;;) {
+        if (mu_.AwaitWithDeadline(absl::Condition(&acknowledged), std::min(deadline, report))) {
+          done = true;
+          break;
+        }
+        const absl::Time now = absl::Now();
+        if (now >= deadline) break;
+        if (now < report) continue;  // Woken early: wait on.
+        report = now + kStallReport;
+        // A stopped or overloaded next rank: say on whom this rank waits, as a receive does.
+        RUBATO_LOG(WARNING) << "all-reduce stalled: waiting "
+                            << absl::FormatDuration(absl::Trunc(now - began, absl::Seconds(1)))
+                            << " for rank " << next_rank_ << " at " << next_address_ << " to take "
+                            << (queued_ - acked_)
+                            << " block(s) (its stream is open; nothing acknowledged); giving up in "
+                            << absl::FormatDuration(absl::Trunc(deadline - now, absl::Seconds(1)));
+      }
+      if (done) {
         if (error_.ok()) return absl::OkStatus();
         return FinalErrorLocked();
       }
