@@ -48,6 +48,7 @@ class RingRun {
     result_.workers.resize(n_);
     ready_.assign(n_, 0);
     steps_.assign(n_, 0);
+    skipped_.assign(n_, 0);
     compute_.resize(n_);
     delay_.resize(n_);
     RETURN_IF_ERROR(BuildTraining());
@@ -152,7 +153,7 @@ class RingRun {
     SimStep s;
     s.worker = w;
     s.step = steps_[w];
-    s.skipped = skipped_now_;
+    s.skipped = skipped_[w];
     s.compute = compute_[w];
     s.delay = delay_[w];
     s.push = absl::Seconds(end - ready_[w]);
@@ -259,12 +260,12 @@ class RingRun {
         Apply(progress);
       }
       for (int w : carried) {
-        skipped_now_ = 0;
         ASSIGN_OR_RETURN(const double next,
                          Done(w, ends[w], std::max<int64_t>(0, round - 1 - steps_[w])));
         // The training loop's next step: this one's successor, or the rounds done if more.
         const int64_t to = std::max(steps_[w] + 1, round);
-        result_.workers[w].skipped_steps += to - steps_[w] - 1;
+        skipped_[w] = to - steps_[w] - 1;  // Reported with the step it leads to.
+        result_.workers[w].skipped_steps += skipped_[w];
         steps_[w] = to;
         RETURN_IF_ERROR(StartStep(w, next));
       }
@@ -292,13 +293,13 @@ class RingRun {
   const RingJobOptions& o_;
   const int n_;
   std::vector<StragglerModel> models_;
-  std::vector<double> ready_;   // When each worker's current gradient is (or was) ready.
-  std::vector<int64_t> steps_;  // Each worker's current step.
+  std::vector<double> ready_;     // When each worker's current gradient is (or was) ready.
+  std::vector<int64_t> steps_;    // Each worker's current step,
+  std::vector<int64_t> skipped_;  // and the steps it jumped over to it (a partial ring's).
   std::vector<absl::Duration> compute_, delay_;  // Of each worker's current step.
   int64_t elements_ = 0;
   int64_t blocks_ = 0;
   int64_t applied_gradients_ = 0;  // By the partial rounds so far.
-  int64_t skipped_now_ = 0;
   TimingJobResult result_;
   // The training level.
   std::vector<TensorSpec> model_;

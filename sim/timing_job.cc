@@ -18,6 +18,7 @@
 #include "worker/ps/call_plan.h"
 #include "worker/ps/ps_client.h"
 #include "worker/ps/recovery.h"
+#include "worker/training_loop.h"
 
 namespace rubato {
 namespace {
@@ -339,7 +340,7 @@ class Job {
       // As TrainingLoop::AdoptConsistency: the step's compute and delay, their moving mean, and
       // the shards' decisions, which the next pushes relay.
       const double ms = 1e3 * absl::ToDoubleSeconds(w->current.compute + w->current.delay);
-      w->compute_ms_ema = w->compute_ms_ema <= 0 ? ms : 0.8 * w->compute_ms_ema + 0.2 * ms;
+      w->compute_ms_ema = NextComputeMsMean(w->compute_ms_ema, ms);
       w->client->SetComputeMs(w->compute_ms_ema, w->step, ms);
       if (!Check(w, w->client->AdoptConsistency(result.consistency_changes, nullptr),
                  "adopt the shards' consistency")) {

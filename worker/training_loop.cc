@@ -175,7 +175,9 @@ std::vector<int64_t> TrainingLoop::TensorBytes(const std::vector<ParamSpec>& spe
   return bytes;
 }
 
-double TrainingLoop::Elapsed() const { return absl::ToDoubleSeconds(options_.clock->Now() - start_); }
+double TrainingLoop::Elapsed() const {
+  return absl::ToDoubleSeconds(options_.clock->Now() - start_);
+}
 
 absl::StatusOr<TrainingResult> TrainingLoop::Run() {
   start_ = options_.clock->Now();
@@ -478,7 +480,7 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
 absl::Status TrainingLoop::AdoptConsistency(int64_t step, const StepTimes& t,
                                             const PsClient::PushResult& pushed) {
   const double ms = 1e3 * absl::ToDoubleSeconds(t.computed_delayed - t.drawn);
-  compute_ms_ema_ = compute_ms_ema_ <= 0 ? ms : 0.8 * compute_ms_ema_ + 0.2 * ms;
+  compute_ms_ema_ = NextComputeMsMean(compute_ms_ema_, ms);
   client_->SetComputeMs(compute_ms_ema_, step, ms);
   std::vector<ConsistencyChange> learned;
   RETURN_IF_ERROR(client_->AdoptConsistency(pushed.consistency_changes, &learned));

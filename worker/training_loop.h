@@ -259,6 +259,12 @@ class TrainingLoop {
 };
 
 // TrainingLoop(...).Run().
+// Adaptive consistency: the moving mean of a worker's compute time per step that it relays
+// (PsClient::SetComputeMs), after a step of `ms`; `mean` <= 0: none yet.
+inline double NextComputeMsMean(double mean, double ms) {
+  return mean <= 0 ? ms : 0.8 * mean + 0.2 * ms;
+}
+
 absl::StatusOr<TrainingResult> RunTraining(const TrainingOptions& options, const ModelSpec& spec,
                                            PsClient* client, ModelBackend* backend,
                                            ShardedBatcher* batcher, const Dataset& test,
