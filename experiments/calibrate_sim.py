@@ -14,13 +14,15 @@ the suites whose floors turn overlap off), and turned into rubato_sim's flags.
                        (the median of 3; a real worker's records do not time their evaluations)
   cores                this machine's processors, which a local launch's processes share
 
-The first step record of each run (start-up, first touches of memory) is left out. It prints the
+Each figure is the median over the run's step records (a shared machine's stray slow steps move a
+mean, not a median); the first record (start-up, first touches of memory) is left out. It prints the
 figures and the flags (`--sim_flag=...` for `./rubato experiment --simulate`) as one JSON object,
 and writes it to --out. Nothing about a suite's cells goes into it: one worker, alone."""
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,7 @@ TINY_LAYERS = "784-1-10"
 
 
 def one_worker(bin_dir, layers, steps, run_dir, data_dir, min_step_ms):
-    """Mean compute_ms, pull_ms and push_ms of a real one-worker job's step records."""
+    """Median compute_ms, pull_ms and push_ms of a real one-worker job's step records."""
     argv = [sys.executable, LAUNCH, "--bin_dir", bin_dir, "--run_dir", run_dir, "--servers", "1",
             "--workers", "1", "--layers", layers, "--steps", str(steps), "--log_every", "50",
             "--eval_every", str(10 * steps), "--timeout", "600", "--overlap", "false"]
@@ -54,9 +56,9 @@ def one_worker(bin_dir, layers, steps, run_dir, data_dir, min_step_ms):
     start = analysis.worker_records(run_dir, "start", "parameters").get(0, [])
     if not start:
         raise RuntimeError("the calibration job (%s) wrote no start record" % layers)
-    mean = lambda key: sum(float(r[key]) for r in records) / len(records)  # noqa: E731
-    return {"compute_ms": mean("compute_ms"), "pull_ms": mean("pull_ms"),
-            "push_ms": mean("push_ms"), "steps": steps, "layers": layers,
+    median = lambda key: statistics.median(float(r[key]) for r in records)  # noqa: E731
+    return {"compute_ms": median("compute_ms"), "pull_ms": median("pull_ms"),
+            "push_ms": median("push_ms"), "steps": steps, "records": len(records), "layers": layers,
             "parameters": int(start[0]["parameters"])}
 
 
@@ -81,19 +83,24 @@ def calibrate(bin_dir, layers, steps, data_dir=None, min_step_ms=0):
         tiny = one_worker(bin_dir, TINY_LAYERS, steps, os.path.join(tmp, "tiny"), data_dir,
                           min_step_ms)
         evaluation = eval_ms(bin_dir, layers, os.path.join(tmp, "eval"), data_dir)
+    return derive(big, tiny, evaluation, min_step_ms, os.cpu_count() or 1)
+
+
+def derive(big, tiny, evaluation, min_step_ms, cores):
+    """The flags from the two runs' figures: L from the tiny model, R from the real one."""
     latency_ms = (tiny["pull_ms"] + tiny["push_ms"]) / 4
     model_bytes = 4 * big["parameters"]  # As the worker counts them (its start record).
     transfer_ms = (big["pull_ms"] + big["push_ms"]) / 2 - 2 * latency_ms
     if transfer_ms <= 0:
         raise RuntimeError("the model's pulls and pushes (%.3f, %.3f ms) took no longer than the "
-                           "tiny model's: no rate can be measured" % (big["pull_ms"],
-                                                                      big["push_ms"]))
+                           "tiny model's (%.3f, %.3f ms): no rate can be measured (a busy "
+                           "machine? run it again on a quiet one)" % (
+                               big["pull_ms"], big["push_ms"], tiny["pull_ms"], tiny["push_ms"]))
     gbps = model_bytes * 8 / (transfer_ms * 1e-3) / 1e9
     out = {"model": big, "tiny": tiny, "model_bytes": model_bytes,
            "compute_ms": round(big["compute_ms"], 4),
            "loopback_latency_us": round(1e3 * latency_ms, 2), "loopback_gbps": round(gbps, 3),
-           "eval_ms": round(evaluation, 3), "min_step_ms": min_step_ms,
-           "cores": os.cpu_count() or 1}
+           "eval_ms": round(evaluation, 3), "min_step_ms": min_step_ms, "cores": cores}
     out["sim_flags"] = ["--compute_ms=%s" % out["compute_ms"], "--eval_ms=%s" % out["eval_ms"],
                         "--loopback_latency_us=%s" % out["loopback_latency_us"],
                         "--loopback_gbps=%s" % out["loopback_gbps"],
