@@ -6,7 +6,7 @@ import os
 import re
 import shlex
 
-from . import commands
+from . import commands, slurm
 from .hosts import DEFAULT_BASE_PORT, HostfileError, Plan, parse_host_list, parse_hostfile
 from .programs import CNN_PARAMETERS, DEFAULT_LAYERS
 from .remote import DEFAULT_RSH
@@ -76,6 +76,18 @@ The run directory (default runs/<time>) holds each process's log, each worker's 
 progress (worker-N.jsonl), job.secret, job.log (several hosts) and summary.json, which records \
 every process's host and outcome."""
 
+SLURM_HELP = """\
+Inside a Slurm allocation (an sbatch script: deploy/slurm/rubato.sbatch), --slurm takes the hosts \
+from SLURM_JOB_NODELIST and their slots from SLURM_TASKS_PER_NODE (ask for --ntasks = servers + \
+workers), places the processes as across hosts (--server_slots, --server_hosts, --worker_hosts, \
+--map_by, --base_port apply) and starts them with one srun step per role; each task takes its id \
+from SLURM_PROCID and its local rank from SLURM_LOCALID. The run directory (default \
+runs/slurm-<job id>, which every node must see) holds the job's secret and identity, made once \
+per Slurm job, and its checkpoints (default --checkpoint_dir <run_dir>/checkpoints); a requeued \
+job resumes from them. Each attempt's logs and summary.json are in <run_dir>/attempt-N. A \
+shard's roll-back exit (75) is restarted by its task; SIGTERM (scancel, the time limit) stops \
+the job; SIGUSR1 (sbatch --signal=B:USR1@SECONDS) stops it and requeues it."""
+
 # Launcher flags that are also cluster flags but have a default of the launcher's own.
 OWN_HELP = {
     "max_message_mb": "Largest gRPC message, in MiB, that every server and worker accepts "
@@ -114,6 +126,10 @@ def make_parser():
                    help="Export NAME to every server and worker (as mpirun -x): VALUE, or NAME's "
                         "value here when none is given. Repeatable.")
     _add_host_options(p.add_argument_group("several hosts", HOSTS_HELP))
+    p.add_argument_group("Slurm", SLURM_HELP).add_argument(
+        "--slurm", action="store_true",
+        help="Run inside this Slurm allocation (sbatch, salloc): hosts and slots from it, one srun "
+             "step for the servers and one for the workers (deploy/slurm/README.md).")
     for name in commands.CLUSTER_FLAGS + commands.WORKER_FLAGS + commands.SERVER_FLAGS:
         p.add_argument("--" + name, default=None, help=OWN_HELP.get(name) or
                        "Passed to rubato_%s as --%s." % (
@@ -223,9 +239,13 @@ def parse_args(argv):
     args.plan = None
     _check_env(p, args)
     _check_tls(p, args)
-    if args.hostfile is not None and args.host is not None:
+    if args.slurm:
+        slurm.configure(p, args)
+    elif args.hostfile is not None and args.host is not None:
         p.error("--hostfile and -H: give the hosts one way")
-    if args.hostfile is None and args.host is None:
+    if args.slurm:
+        pass
+    elif args.hostfile is None and args.host is None:
         remote_only = [f for f in ("server_hosts", "worker_hosts", "rsh", "remote_bin_dir",
                                    "base_port", "preflight_timeout", "server_slots")
                        if getattr(args, f) is not None]
@@ -262,12 +282,13 @@ def _check_checkpoints(p, args):
     """--restart_servers and --resume against --checkpoint_dir."""
     if args.restart_servers < 0:
         p.error("--restart_servers must be >= 0")
-    if args.restart_servers and args.checkpoint_dir is None:
+    if args.restart_servers and args.checkpoint_dir is None and not args.slurm:
         p.error("--restart_servers needs --checkpoint_dir: a restarted shard without checkpoints "
                 "would start empty")
-    if args.resume and args.checkpoint_dir is None:
+    if args.resume and args.checkpoint_dir is None and not args.slurm:
         p.error("--resume needs --checkpoint_dir: the directory of the job to continue")
-    if args.checkpoint_dir is not None and args.hostfile is None and args.host is None:
+    if args.checkpoint_dir is not None and args.hostfile is None and args.host is None \
+            and not args.slurm:  # Under Slurm: slurm.configure.
         # Local runs: the directory is here to look at (remote hosts have their own).
         found = checkpoint_files(args.checkpoint_dir)
         if found and not args.resume:

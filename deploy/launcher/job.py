@@ -28,6 +28,8 @@ def bin_dir(args):
 
 class Job:
 
+    restarts_in_place = False  # The Supervisor restarts shards (--restart_servers).
+
     def __init__(self, args, run_dir, joins=False):
         self.args = args
         self.plan = args.plan  # None: local processes.

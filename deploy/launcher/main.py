@@ -10,6 +10,7 @@ import time
 
 from .flags import parse_args
 from .job import Job, bin_dir
+from .slurm import SlurmJob
 from .live import render
 from .programs import DEFAULT_DATA_DIR, SERVER_PROGRAM, WORKER_PROGRAM
 from .remote import preflight, preflight_needs
@@ -22,6 +23,8 @@ def main(argv):
     joins, status = check_before_start(args)
     if status is not None:
         return status
+    if args.slurm:
+        return run_in_slurm(args)
     run_dir = args.run_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
     job = Job(args, run_dir, joins)
@@ -31,12 +34,35 @@ def main(argv):
     return finish(job, failure, time.monotonic() - job.began)
 
 
+def run_in_slurm(args):
+    """--slurm: the job in this allocation, its attempt's directory attempt-N (N: the requeues so
+    far); SIGUSR1 stops it and requeues it."""
+    run_dir = os.path.join(args.run_dir, "attempt-%d" % args.slurm_alloc.restarts)
+    os.makedirs(run_dir, exist_ok=True)
+    job = SlurmJob(args, run_dir)
+
+    def time_limit(*_):
+        job.requeue = True
+        job.interrupted.append(True)
+
+    signal.signal(signal.SIGINT, lambda *_: job.interrupted.append(True))
+    signal.signal(signal.SIGTERM, lambda *_: job.interrupted.append(True))
+    signal.signal(signal.SIGUSR1, time_limit)
+    failure = job.run()
+    if failure == "interrupted" and job.requeue:
+        failure = "stopped by SIGUSR1 (the time limit is near): to be requeued"
+    status = finish(job, failure, time.monotonic() - job.began)
+    if job.requeue:
+        job.requeue_job()
+    return status
+
+
 def check_before_start(args):
     """(joins, None) when the job can start, joins telling whether the rsh joins its arguments;
     (None, exit status) when it cannot: a binary missing here, or across hosts a failed
     preflight (every host answers and has what its processes need)."""
     bins = bin_dir(args)
-    if not args.plan:
+    if not args.plan or args.slurm:  # Under Slurm the binaries are on a shared file system.
         for b in (os.path.join(bins, "server", SERVER_PROGRAM),
                   os.path.join(bins, "worker", WORKER_PROGRAM)):
             if not os.access(b, os.X_OK):
@@ -75,6 +101,8 @@ def finish(job, failure, wall):
         failure = failure_message(failed, job.workers, args.workers, at)
     summary = summarize(job.views, wall, args, failure, job.run_dir, job.workers, job.servers,
                         [p for p in job.procs if p.restarted])
+    if hasattr(job, "summary_extra"):
+        summary.update(job.summary_extra())
     write_summary(summary, job.run_dir)
     if "test_accuracy" in summary:  # Some worker finished: its results stand, failures or not.
         print_results(summary, wall, args, failure, job.run_dir)

@@ -68,7 +68,8 @@ def summarize(views, wall, args, failure, run_dir, workers, servers, restarted=(
         if args.hostfile is not None:
             summary["hostfile"] = os.path.abspath(args.hostfile)
         summary["hosts"] = [{"host": h, "slots": s} for h, s in args.plan.hosts]
-        summary["rsh"] = args.rsh
+        if args.rsh is not None:
+            summary["rsh"] = args.rsh
     # How each process ended: done, failed (with its reason), crashed (injected) or stopped.
     summary["worker_outcomes"] = [p.record() for p in workers]
     summary["server_outcomes"] = [p.record() for p in servers]

@@ -117,6 +117,8 @@ class Supervisor:
         shard's checkpoint, and is started again without counting against N (at most
         MAX_ROLLBACKS times)."""
         p = self.job.servers[s]
+        if self.job.restarts_in_place:  # Under Slurm each shard's task restarts it.
+            return False
         rollback = p.returncode() == ROLLBACK_EXIT and self.rollbacks[s] < MAX_ROLLBACKS
         return (p.after_workers is False and not p.restarted
                 and self.args.restart_servers > 0

@@ -44,6 +44,8 @@ class Notes:
 
 
 class FakeJob:
+    restarts_in_place = False
+
     def __init__(self, servers=(), workers=(), plan=None, **args):
         self.servers, self.workers, self.plan = list(servers), list(workers), plan
         self.procs = self.servers + self.workers
@@ -107,6 +109,11 @@ class SupervisorTest(unittest.TestCase):
         sup.rollbacks[1] = programs.MAX_ROLLBACKS
         self.assertFalse(sup.should_restart(1))
         self.assertFalse(supervise.Supervisor(FakeJob(servers=[dead])).should_restart(0))
+        # Under Slurm the shard's own task restarts it, never the launcher.
+        in_place = FakeJob(servers=[dead, rolled], restart_servers=1)
+        in_place.restarts_in_place = True
+        self.assertFalse(supervise.Supervisor(in_place).should_restart(0) or
+                         supervise.Supervisor(in_place).should_restart(1))
         # Across hosts too: the shard restarts on its host through the remote shell.
         self.assertTrue(supervise.Supervisor(FakeJob(servers=[dead], restart_servers=1,
                                                      plan=object())).should_restart(0))
