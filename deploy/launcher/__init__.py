@@ -10,6 +10,7 @@ writes the run's summary. Its manual is `deploy/launch.py --help`. One module pe
     process    one child process, local or remote, and how it ended
     job        a job's processes and how they start
     supervise  watching a job: failures, grace periods, server restarts, stopping
+    slurm      --slurm: the allocation, one srun step per role, requeue and resume
     live       the workers' progress records and the live table
     summary    summary.json and the final report
     main       main(argv), step by step

@@ -47,8 +47,9 @@ TASK_MARK = "rubato-task:"
 # srun --label: "N: line", N right-aligned.
 _LABELLED = re.compile(rb"^\s*(\d+): ?(.*)$")
 # Seconds the steps have to end after SIGTERM before SIGKILL: a shard finishes the checkpoint it
-# writes (up to 30 s, server_main's Finish); Slurm's own KillWait is 30 s by default.
-STOP_GRACE = 35.0
+# writes first. Within Slurm's KillWait (30 s by default), after which scancel and the time limit
+# send SIGKILL, this launcher included, so that it still writes the summary.
+STOP_GRACE = 25.0
 SCONTROL_TIMEOUT = 30.0
 
 
@@ -240,8 +241,12 @@ class Step:
     def __init__(self, job, role, tasks, argv, env):
         self.job, self.role, self.tasks = job, role, tasks
         self.finished = False
-        self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=env,
+                                          start_new_session=True)
+        except OSError as e:
+            raise LaunchError("cannot start the %ss' step: %s: %s" % (role, argv[0], e.strerror))
         self.readers = [threading.Thread(target=self._read, args=(self.popen.stdout, True),
                                          daemon=True),
                         threading.Thread(target=self._read, args=(self.popen.stderr, False),
