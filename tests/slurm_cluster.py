@@ -187,19 +187,23 @@ class SlurmCluster:
             job_id, "/".join(states), timeout, fields.get("JobState"), fields.get("Reason")))
 
     def requeue(self, job_id):
-        """Requeues the job and lets it start at once: Slurm makes a requeued job wait 120 s
-        (its begin time), which a test need not."""
+        """Requeues the job and lets it start soon: see start_now."""
         self.command(["scontrol", "requeue", job_id])
         self.start_now(job_id)
 
     def start_now(self, job_id, timeout=60):
+        """Slurm makes a requeued job wait 120 s (its begin time); a test need not. Once the job
+        is pending and every node idle again, it may start 2 s later: a slurmd refuses a job
+        whose credential is no newer (in whole seconds) than the revocation of its last run's."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.job(job_id).get("JobState") == "PENDING":
+            if self.job(job_id).get("JobState") == "PENDING" and self._nodes_idle():
+                time.sleep(2)
                 self.command(["scontrol", "update", "JobId=" + job_id, "StartTime=now"])
                 return
             time.sleep(0.5)
-        raise SlurmError("job %s was not pending again within %d s" % (job_id, timeout))
+        raise SlurmError("job %s was not pending with every node idle within %d s: it is %s" % (
+            job_id, timeout, self.job(job_id).get("JobState")))
 
     def close(self):
         """Cancels every job, stops the daemons, kills what is left of the jobs' processes (all

@@ -49,19 +49,22 @@ JOB_TIMEOUT = 420
 STEPS = 144
 
 
-def server_pids(run_dir, shard):
-    """pids of the rubato_server processes of `shard` whose flags name `run_dir`."""
-    pids = []
+def command_lines():
+    """{pid: argv} of every process now."""
+    out = {}
     for d in glob.glob("/proc/[0-9]*"):
         try:
             with open(os.path.join(d, "cmdline"), "rb") as f:
-                argv = f.read().decode("utf-8", "replace").split("\0")
+                out[int(os.path.basename(d))] = f.read().decode("utf-8", "replace").split("\0")
         except OSError:
             continue
-        if argv[0].endswith("rubato_server") and "--shard_id=%d" % shard in argv and \
-                any(run_dir in a for a in argv):
-            pids.append(int(os.path.basename(d)))
-    return pids
+    return out
+
+
+def job_processes(run_dir, program):
+    """{pid: argv} of the job's `program` processes (their flags name `run_dir`)."""
+    return {pid: argv for pid, argv in command_lines().items()
+            if argv[0].endswith(program) and any(run_dir in a for a in argv)}
 
 
 def newest_step(path):
@@ -87,7 +90,10 @@ class SlurmTest(unittest.TestCase):
     def tearDownClass(cls):
         if not cls.skip:
             cls.cluster.close()
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+            if os.environ.get("RUBATO_KEEP_TMP"):  # Logs and run directories, to look into.
+                print("kept %s" % cls.tmp)
+            else:
+                shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def setUp(self):
         if self.skip:
@@ -187,7 +193,21 @@ class SlurmTest(unittest.TestCase):
         worker0 = os.path.join(run_dir, "attempt-0", "worker-0.jsonl")
         self.wait_for("worker 0 at step 35", lambda: newest_step(worker0) >= 35, 240, job,
                       run_dir, out)
-        pids = server_pids(run_dir, 1)
+        # No command line anywhere holds the job's secret; each worker's --local_rank is its
+        # SLURM_LOCALID, its place among the workers on its node.
+        with open(os.path.join(run_dir, "job.secret")) as f:
+            secret = f.read().strip()
+        for pid, argv in command_lines().items():
+            self.assertNotIn(secret, " ".join(argv), "pid %d" % pid)
+        with open(os.path.join(run_dir, "slurm", "plan.json")) as f:
+            hosts = [w["host"] for w in json.load(f)["workers"]]
+        ranks = {}
+        for argv in job_processes(run_dir, "rubato_worker").values():
+            ranks[argv[1]] = [a for a in argv if a.startswith("--local_rank=")]
+        self.assertEqual(ranks, {"--worker_id=%d" % w: ["--local_rank=%d" % hosts[:w].count(h)]
+                                 for w, h in enumerate(hosts)})
+        pids = [pid for pid, argv in job_processes(run_dir, "rubato_server").items()
+                if "--shard_id=1" in argv]
         self.assertEqual(len(pids), 1, "shard 1's rubato_server: %s" % pids)
         os.kill(pids[0], 9)
         summary, attempt = self.wait_done(job, run_dir, out)
@@ -255,7 +275,10 @@ class SlurmTest(unittest.TestCase):
         self.wait_for("attempt 1's summary", lambda: os.path.exists(second), 90, None, run_dir,
                       out)
         with open(second) as f:
-            self.assertIn("SIGUSR1", json.load(f)["error"])
+            summary = json.load(f)
+        self.assertIn("SIGUSR1", summary["error"])
+        for o in summary["worker_outcomes"] + summary["server_outcomes"]:
+            self.assertEqual(o["state"], "stopped", o)
         self.cluster.start_now(job)
         summary, attempt = self.wait_done(job, run_dir, out, attempt=2)
         self.assertEqual(int(fields.get("Restarts", 0)), 0)

@@ -86,7 +86,8 @@ runs/slurm-<job id>, which every node must see) holds the job's secret and ident
 per Slurm job, and its checkpoints (default --checkpoint_dir <run_dir>/checkpoints); a requeued \
 job resumes from them. Each attempt's logs and summary.json are in <run_dir>/attempt-N. A \
 shard's roll-back exit (75) is restarted by its task; SIGTERM (scancel, the time limit) stops \
-the job; SIGUSR1 (sbatch --signal=B:USR1@SECONDS) stops it and requeues it."""
+the job; SIGUSR1 (sbatch --signal=B:USR1@SECONDS) stops it and requeues it. The job's time limit \
+is its --timeout unless one is given."""
 
 # Launcher flags that are also cluster flags but have a default of the launcher's own.
 OWN_HELP = {
@@ -240,6 +241,7 @@ def parse_args(argv):
     _check_env(p, args)
     _check_tls(p, args)
     if args.slurm:
+        args.timeout_given = any(a == "--timeout" or a.startswith("--timeout=") for a in argv)
         slurm.configure(p, args)
     elif args.hostfile is not None and args.host is not None:
         p.error("--hostfile and -H: give the hosts one way")

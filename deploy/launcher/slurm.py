@@ -51,6 +51,9 @@ _LABELLED = re.compile(rb"^\s*(\d+): ?(.*)$")
 # send SIGKILL, this launcher included, so that it still writes the summary.
 STOP_GRACE = 25.0
 SCONTROL_TIMEOUT = 30.0
+# The launcher's --timeout under Slurm unless one is given: 30 days, past any time limit that
+# Slurm itself enforces (with SIGTERM, and SIGUSR1 before it where asked).
+SLURM_TIMEOUT = 30 * 86400.0
 
 
 class SlurmError(ValueError):
@@ -121,6 +124,8 @@ def configure(p, args, environ=None):
     except SlurmError as e:
         p.error("--slurm: %s" % e)
     args.slurm_alloc = alloc
+    if not getattr(args, "timeout_given", True):
+        args.timeout = SLURM_TIMEOUT  # Slurm's time limit governs.
     args.base_port = DEFAULT_BASE_PORT if args.base_port is None else args.base_port
     if not 1 <= args.base_port <= 65535:
         p.error("--base_port: expected a port in [1, 65535], got %d" % args.base_port)

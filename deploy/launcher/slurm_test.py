@@ -81,6 +81,9 @@ class ConfigureTest(unittest.TestCase):
         self.assertEqual(args.plan.worker_hosts, ["n1", "n2", "n3", "n3"])
         self.assertEqual(args.checkpoint_dir, os.path.join(self.run_dir, "checkpoints"))
         self.assertFalse(args.resume)
+        self.assertEqual(args.timeout, slurm.SLURM_TIMEOUT)  # Slurm's time limit governs.
+        args, _ = parse(["--timeout", "60"], env(), self.run_dir)
+        self.assertEqual(args.timeout, 60)
 
     def test_errors(self):
         for argv, environ, want in [

@@ -14,8 +14,8 @@ The program runs as a child, so that this task can:
     restarted shard's checkpoint (bsp, backup), and comes back in the same allocation (at most
     MAX_ROLLBACKS times); and when it dies otherwise before the job is over, at most
     --restart_servers times, from its checkpoints;
-  - pass SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 on to it (scancel, the time limit), and
-    then not start it again;
+  - pass SIGTERM, SIGINT and SIGHUP on to it (scancel, the time limit), and then not start it
+    again; SIGUSR1 and SIGUSR2 (`sbatch --signal=USR1@T` without B:) are not passed on;
   - say how it ended, in one line on stderr that the launcher reads (MARK, then JSON).
 Workers are never started again here: under a parameter-server mode the servers drop a dead
 worker after its lease and the others carry on.
@@ -32,8 +32,10 @@ import sys
 MARK = "rubato-task:"
 ROLLBACK_EXIT = 75  # deploy/launcher/programs.py: rubato_server's roll-back status.
 MAX_ROLLBACKS = 8
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Sent to the tasks by `sbatch --signal=USR1@T` without B: (or scancel --signal): the binaries
+# would die of them, so they are noted and not passed on. The launcher acts on its own SIGUSR1.
+IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def say(**fields):
@@ -59,11 +61,15 @@ class Child:
     def __init__(self):
         self.popen = None
         self.stopping = None  # The first stopping signal that arrived.
-        for s in FORWARDED:
+        for s in STOPPING + IGNORED:
             signal.signal(s, self.on_signal)
 
     def on_signal(self, signum, _frame):
-        if signum in STOPPING and self.stopping is None:
+        if signum in IGNORED:
+            os.write(2, ("%s %s: not passed on (only SIGTERM, SIGINT and SIGHUP stop the "
+                         "task)\n" % (MARK, signal.Signals(signum).name)).encode())
+            return
+        if self.stopping is None:
             self.stopping = signum
         if self.popen is not None and self.popen.poll() is None:
             self.popen.send_signal(signum)
