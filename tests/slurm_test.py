@@ -21,7 +21,8 @@ end COMPLETED with exit code 0:0 and an ok summary.
     interrupted, every task stopped by SIGTERM, checkpoints on disk), `scontrol requeue`: the job
     resumes from its checkpoints (its first step past 10); then SIGUSR1 to the batch script (what
     `--signal=B:USR1@120` sends before the time limit): the launcher stops the job and requeues it
-    itself; the third attempt completes.
+    itself; the third attempt completes, with the weights of the same job never stopped
+    (bit-identical: bsp resumes from a consistent checkpoint).
 """
 
 import glob
@@ -233,9 +234,9 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(summary["server_outcomes"], [])
 
     def test_cancel_requeue_and_time_limit(self):
-        job, run_dir, out = self.submit(6, [
-            "--servers", "2", "--workers", "4", "--mode", "bsp", "--epochs", "6",
-            "--checkpoint_every_steps", "10"])
+        flags = ["--servers", "2", "--workers", "4", "--mode", "bsp", "--epochs", "6",
+                 "--checkpoint_every_steps", "10"]
+        job, run_dir, out = self.submit(6, flags)
         checkpoints = os.path.join(run_dir, "checkpoints")
 
         def at_step(attempt, step):
@@ -284,6 +285,14 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(int(fields.get("Restarts", 0)), 0)
         self.assertEqual(int(self.cluster.job(job)["Restarts"]), 2)
         self.assertEqual(summary["steps"], STEPS)
+        # bsp resumed from a consistent checkpoint twice: the weights of a job never stopped.
+        plain, plain_dir, plain_out = self.submit(6, flags)
+        self.wait_done(plain, plain_dir, plain_out)
+        done = [[r for r in read_jsonl(os.path.join(d, "worker-0.jsonl"))
+                 if r.get("event") == "done"][0] for d in (attempt, os.path.join(plain_dir,
+                                                                               "attempt-0"))]
+        self.assertEqual(done[0]["params_fnv1a"], done[1]["params_fnv1a"])
+        self.assertEqual(done[0]["test_accuracy"], done[1]["test_accuracy"])
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ import time
 from . import commands
 from .hosts import free_ports
 from .live import JobLog, Screen, WorkerView
-from .process import LaunchError, Proc, RemoteProc
+from .process import Proc, RemoteProc
 from .programs import SERVER_PROGRAM, WORKER_PROGRAM
 from .remote import remote_script, rsh_argv
-from .supervise import Supervisor, stop, wait_for_port_file
+from .supervise import run_supervised, stop, wait_for_port_file
 
 
 def bin_dir(args):
@@ -69,19 +69,14 @@ class Job:
     def run(self):
         """Starts the job and supervises it; returns why it ended early, or None. Whatever still
         runs at the end is stopped, and the output readers are done."""
-        failure = None
-        try:
-            self.start()
-            failure = Supervisor(self).run()
-        except LaunchError as e:
-            failure = str(e)
-        finally:
-            stop(self.procs)
-            for t in self.readers:
-                t.join(timeout=5)
-            for p in self.procs:
-                p.join()
-        return failure
+        return run_supervised(self, self._stop_all)
+
+    def _stop_all(self):
+        stop(self.procs)
+        for t in self.readers:
+            t.join(timeout=5)
+        for p in self.procs:
+            p.join()
 
     def start(self):
         if self.plan:

@@ -40,6 +40,7 @@ from .hosts import DEFAULT_BASE_PORT, Plan
 from .live import JobLog, Screen, WorkerView
 from .process import LaunchError, Proc
 from .programs import SERVER_PROGRAM, WORKER_PROGRAM, exit_description
+from .supervise import run_supervised
 
 TASK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "slurm", "rubato_task.py")
@@ -377,16 +378,7 @@ class SlurmJob:
         return path
 
     def run(self):
-        failure = None
-        try:
-            self.start()
-            from .supervise import Supervisor  # supervise imports job, which needs no Slurm.
-            failure = Supervisor(self).run()
-        except LaunchError as e:
-            failure = str(e)
-        finally:
-            self.stop()
-        return failure
+        return run_supervised(self, self.stop)
 
     def start(self):
         args = self.args

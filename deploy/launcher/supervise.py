@@ -165,6 +165,20 @@ class Supervisor:
                             early[0].outcome()[1])
 
 
+def run_supervised(job, stop_all):
+    """Starts `job` (job.Job, slurm.SlurmJob) and supervises it; whatever still runs at the end
+    is stopped by `stop_all()`. Returns why the job ended early, or None."""
+    failure = None
+    try:
+        job.start()
+        failure = Supervisor(job).run()
+    except LaunchError as e:
+        failure = str(e)
+    finally:
+        stop_all()
+    return failure
+
+
 def stop(procs, grace=5.0):
     """Stops everything still running: SIGTERM to a local process, then SIGKILL after `grace`
     seconds; a remote one's stdin is closed (its wrapper sends SIGTERM, then SIGKILL after 5 s),
