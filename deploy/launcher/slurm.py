@@ -174,11 +174,18 @@ def _private_file(path, text):
 
 def job_identity(args, run_dir, alloc):
     """The flags that authenticate the job's processes: --flagfile naming the job's flag file,
-    made once per Slurm job (a fresh secret and identity; kept across requeues), or --insecure."""
+    made once per Slurm job (a fresh secret and identity; kept across requeues), or --insecure.
+    Also records in slurm/job.json which Slurm job the directory is."""
+    mine = owner(run_dir) == alloc.job_id
+    if not mine:  # Which Slurm job this directory is (a requeue resumes only its own).
+        os.makedirs(os.path.join(run_dir, "slurm"), exist_ok=True)
+        with open(os.path.join(run_dir, "slurm", "job.json"), "w") as f:
+            json.dump({"slurm_job_id": alloc.job_id}, f)
+            f.write("\n")
     if args.insecure:
         return ["--insecure"]
     flags = os.path.join(run_dir, "job.flags")
-    if owner(run_dir) == alloc.job_id and os.path.isfile(flags):
+    if mine and os.path.isfile(flags):
         return ["--flagfile=" + flags]
     secret = os.path.abspath(args.auth_secret_file) if args.auth_secret_file else \
         os.path.join(run_dir, "job.secret")
@@ -186,10 +193,6 @@ def job_identity(args, run_dir, alloc):
         _private_file(secret, secrets.token_hex(32))
     identity = "rubato-slurm-%s-%s" % (alloc.job_id, secrets.token_hex(8))
     _private_file(flags, "--auth_secret_file=%s\n--job_id=%s\n" % (secret, identity))
-    os.makedirs(os.path.join(run_dir, "slurm"), exist_ok=True)
-    with open(os.path.join(run_dir, "slurm", "job.json"), "w") as f:
-        json.dump({"slurm_job_id": alloc.job_id, "job_id": identity}, f)
-        f.write("\n")
     return ["--flagfile=" + flags]
 
 
@@ -264,13 +267,13 @@ class Step:
         for raw in iter(stream.readline, b""):
             raw = raw.rstrip(b"\n")
             m = _LABELLED.match(raw)
-            task = self.tasks[int(m.group(1))] if m and int(m.group(1)) < len(self.tasks) else None
-            if task is None:  # srun's own lines.
+            index = int(m.group(1)) if m else len(self.tasks)
+            if index >= len(self.tasks):  # srun's own lines.
                 self.job.job_log.line("srun", self.role + "s", raw.decode("utf-8", "replace"))
                 continue
-            line = m.group(2)
+            task, line = self.tasks[index], m.group(2)
             if stdout and task.program == WORKER_PROGRAM:
-                self.job.views[self.tasks.index(task)].take([line], self.job.began)
+                self.job.views[index].take([line], self.job.began)
                 continue
             task.write(line)
             text = line.decode("utf-8", "replace")

@@ -134,6 +134,10 @@ class ConfigureTest(unittest.TestCase):
             self.assertNotEqual(f.read(), first)
         with open(os.path.join(self.run_dir, "job.secret")) as f:
             self.assertNotEqual(f.read(), secret)
+        # --insecure: no secret, but the directory still says whose it is (a requeue resumes).
+        args.insecure, alloc.job_id = True, "79"
+        self.assertEqual(slurm.job_identity(args, self.run_dir, alloc), ["--insecure"])
+        self.assertEqual(slurm.owner(self.run_dir), "79")
 
 
 class FakeJob:
