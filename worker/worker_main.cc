@@ -44,6 +44,7 @@
 #include "common/security_flags.h"
 #include "common/status_macros.h"
 #include "worker/data/dataset.h"
+#include "worker/local_rank.h"
 #include "worker/model/cuda/cuda_backend.h"
 #include "worker/model/cuda/cuda_device.h"
 #include "worker/model/mlp.h"
@@ -76,8 +77,9 @@ ABSL_FLAG(int, cuda_device, -1,
           "over them.");
 ABSL_FLAG(int, local_rank, -1,
           "This worker's rank among the job's processes on its host (./rubato launch sets it); "
-          "-1: the LOCAL_RANK environment variable (./rubato launch and torchrun set it), "
-          "else the worker id. Picks the GPU with --cuda_device -1.");
+          "-1: the first set of LOCAL_RANK (./rubato launch, torchrun), SLURM_LOCALID (srun), "
+          "OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), MPI_LOCALRANKID (MPICH, Intel MPI); else the "
+          "worker id. Picks the GPU with --cuda_device -1.");
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
           "communication with the rest of backprop (false: one push after the whole step).");
@@ -173,25 +175,9 @@ double MaxOverMean(const std::vector<int64_t>& bytes) {
   return placement.imbalance();
 }
 
-// This worker's rank on its host: --local_rank, else $LOCAL_RANK, else the worker id.
-// InvalidArgument for a value that is not a rank.
-absl::StatusOr<int> LocalRank(int worker_id) {
-  int rank = absl::GetFlag(FLAGS_local_rank);
-  if (rank < -1) return absl::InvalidArgumentError(absl::StrCat("--local_rank=", rank, " < -1"));
-  if (rank >= 0) return rank;
-  if (const char* env = std::getenv("LOCAL_RANK"); env != nullptr && *env != '\0') {
-    if (!absl::SimpleAtoi(env, &rank) || rank < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LOCAL_RANK=", env, " in the environment is not a rank >= 0"));
-    }
-    return rank;
-  }
-  return worker_id;
-}
-
 // The --backend: cpu, cuda (a clear error where no device or cuBLAS is usable), or auto (cuda when
 // a device is usable, else cpu, saying why in the log). The CUDA device is --cuda_device, or
-// `local_rank` (LocalRank) mod the number of devices.
+// `local_rank` (FindLocalRank, worker/local_rank.h) mod the number of devices.
 absl::StatusOr<std::unique_ptr<rubato::ModelBackend>> CreateBackend(const std::string& name,
                                                                     const rubato::ModelSpec& spec,
                                                                     int threads, int local_rank,
@@ -630,7 +616,11 @@ absl::Status SetUp(Setup* setup, Exit* failure) {
   ASSIGN_OR_RETURN(s.straggler, rubato::StragglerModel::Create(straggler, s.worker_id));
   ASSIGN_OR_RETURN(s.model, ModelFromFlags());
   RETURN_IF_ERROR(LoadData(&s));
-  ASSIGN_OR_RETURN(const int local_rank, LocalRank(s.worker_id));
+  ASSIGN_OR_RETURN(const rubato::LocalRank local,
+                   rubato::FindLocalRank(absl::GetFlag(FLAGS_local_rank), s.worker_id,
+                                         [](const char* name) { return std::getenv(name); }));
+  const int local_rank = local.rank;
+  RUBATO_LOG(INFO) << "local rank " << local_rank << " (from " << local.source << ")";
   ASSIGN_OR_RETURN(s.backend, CreateBackend(absl::GetFlag(FLAGS_backend), s.model.spec,
                                             absl::GetFlag(FLAGS_compute_threads), local_rank,
                                             absl::GetFlag(FLAGS_cuda_device)));
