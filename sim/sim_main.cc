@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/cluster_flags.h"
 #include "common/cluster_spec.h"
+#include "common/isa_dispatch.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/parse_flags.h"
@@ -309,6 +310,7 @@ int Main() {
 }  // namespace rubato
 
 int main(int argc, char** argv) {
+  rubato::ExecIsaVariant(argv);  // The AVX2 build, where it can run (common/isa_dispatch.h).
   absl::SetProgramUsageMessage(
       "One Rubato job in simulated time (sim/README.md). Its flags: --helpfull.");
   std::vector<char*> rest = rubato::ParseFlagsOrExit(argc, argv);

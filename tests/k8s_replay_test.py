@@ -52,7 +52,8 @@ NAMESPACE = "default"
 CLUSTER_DOMAIN = "cluster.local"
 # The image (deploy/image): the binaries in /opt/rubato/bin, its only ENV.
 IMAGE_FILES = {"/opt/rubato/bin/rubato_server": "server/rubato_server",
-               "/opt/rubato/bin/rubato_worker": "worker/rubato_worker"}
+               "/opt/rubato/bin/rubato_worker": "worker/rubato_worker",
+               "/opt/rubato/bin/rubato_worker_avx2": "worker/rubato_worker_avx2"}
 IMAGE_ENV = {"PATH": "/opt/rubato/bin"}
 
 # 1 epoch of Fashion-MNIST, MLP 784-256-10, 3 workers x batch 64, SGD at 0.1 (jobs/bsp.yaml):

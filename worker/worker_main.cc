@@ -35,6 +35,7 @@
 #include "common/cluster_spec.h"
 #include "common/grpc_options.h"
 #include "common/health.h"
+#include "common/isa_dispatch.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/parse_flags.h"
@@ -620,7 +621,8 @@ absl::Status SetUp(Setup* setup, Exit* failure) {
                    rubato::FindLocalRank(absl::GetFlag(FLAGS_local_rank), s.worker_id,
                                          [](const char* name) { return std::getenv(name); }));
   const int local_rank = local.rank;
-  RUBATO_LOG(INFO) << "local rank " << local_rank << " (from " << local.source << ")";
+  RUBATO_LOG(INFO) << "local rank " << local_rank << " (from " << local.source << "); "
+                   << rubato::IsaNote();
   ASSIGN_OR_RETURN(s.backend, CreateBackend(absl::GetFlag(FLAGS_backend), s.model.spec,
                                             absl::GetFlag(FLAGS_compute_threads), local_rank,
                                             absl::GetFlag(FLAGS_cuda_device)));
@@ -732,6 +734,7 @@ int Train(Setup* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rubato::ExecIsaVariant(argv);  // The AVX2 build, where it can run (common/isa_dispatch.h).
   rubato::UseGrpcExperiments();  // Before anything of gRPC's runs.
   absl::SetProgramUsageMessage("One Rubato worker. Its flags: docs/flags.md (or --helpfull).");
   std::vector<char*> rest = rubato::ParseFlagsOrExit(argc, argv);

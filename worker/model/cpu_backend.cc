@@ -28,8 +28,16 @@ class CpuBackend : public ModelBackend {
         threads_(threads),
         model_(spec) {}
 
+  // "cpu-eigen", with " avx2+fma" in the build for those (bazel/isa.bzl) and the threads if more
+  // than one.
   std::string name() const override {
-    return threads_ == 1 ? "cpu-eigen" : absl::StrCat("cpu-eigen x", threads_, " threads");
+#if defined(__AVX2__) && defined(__FMA__)
+    const char* isa = " avx2+fma";
+#else
+    const char* isa = "";
+#endif
+    return threads_ == 1 ? absl::StrCat("cpu-eigen", isa)
+                         : absl::StrCat("cpu-eigen", isa, " x", threads_, " threads");
   }
 
   absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,

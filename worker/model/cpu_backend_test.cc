@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/model/layers.h"
 #include "worker/model/mlp.h"
@@ -67,7 +68,16 @@ Batch RandomBatch(const MlpSpec& spec, int64_t n, uint64_t seed) {
   return b;
 }
 
-TEST(CpuBackendTest, Name) { EXPECT_EQ(MustCreate({4, {3}, 2})->name(), "cpu-eigen"); }
+// The build's instruction set in the name: " avx2+fma" in the AVX2 build (bazel/isa.bzl).
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr char kIsa[] = " avx2+fma";
+#else
+constexpr char kIsa[] = "";
+#endif
+
+TEST(CpuBackendTest, Name) {
+  EXPECT_EQ(MustCreate({4, {3}, 2})->name(), absl::StrCat("cpu-eigen", kIsa));
+}
 
 TEST(CpuBackendTest, InvalidSpecIsInvalidArgument) {
   ModelSpec spec;
@@ -294,7 +304,7 @@ TEST(CpuBackendTest, ThreadsGiveTheSameGradients) {
   auto one = CreateCpuBackend(spec, 1);
   auto two = CreateCpuBackend(spec, 2);
   ASSERT_TRUE(one.ok() && two.ok());
-  EXPECT_EQ((*two)->name(), "cpu-eigen x2 threads");
+  EXPECT_EQ((*two)->name(), absl::StrCat("cpu-eigen", kIsa, " x2 threads"));
   auto l1 =
       (*one)->ForwardBackward(ConstSpans(params), x.data(), labels.data(), 16, MutableSpans(g1));
   auto l2 =

@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/isa_dispatch.h"
 #include "worker/model/cuda/cuda_backend.h"
 #include "worker/model/model_backend.h"
 #include "worker/model/model_spec.h"
@@ -304,6 +305,7 @@ int Run() {
 }  // namespace rubato
 
 int main(int argc, char** argv) {
+  rubato::ExecIsaVariant(argv);  // The AVX2 build, where it can run (common/isa_dispatch.h).
   absl::ParseCommandLine(argc, argv);
   return rubato::Run();
 }
