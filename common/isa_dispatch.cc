@@ -1,5 +1,6 @@
 #include "common/isa_dispatch.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,6 +38,7 @@ bool CpuHasAvx2Fma() {
 }
 
 std::string Avx2Sibling(const std::string& argv0, const std::string& self_exe) {
+  if (argv0.empty() || (argv0.find('/') == std::string::npos && self_exe.empty())) return "";
   const std::filesystem::path invoked(argv0);
   const std::filesystem::path dir = argv0.find('/') != std::string::npos
                                         ? invoked.parent_path()
@@ -48,7 +50,11 @@ std::string IsaNote() { return Note(); }
 
 void ExecIsaVariant(char** argv) {
 #if defined(__AVX2__) && defined(__FMA__)
-  (void)argv;
+  // Named as the program it was run as (ps, top, pgrep -x: "rubato_worker"), not as this file.
+  if (argv[0] != nullptr) {
+    const std::string name = std::filesystem::path(argv[0]).filename().string();
+    ::prctl(PR_SET_NAME, name.substr(0, 15).c_str(), 0, 0, 0);
+  }
   Note() = "AVX2+FMA build";
 #else
   const char* choice = std::getenv("RUBATO_CPU_ISA");
@@ -66,6 +72,10 @@ void ExecIsaVariant(char** argv) {
   std::error_code error;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
   const std::string variant = Avx2Sibling(argv[0] != nullptr ? argv[0] : "", self);
+  if (variant.empty()) {
+    Note() = "baseline x86-64 build: cannot tell where it was run from (/proc/self/exe)";
+    return;
+  }
   if (::access(variant.c_str(), X_OK) != 0) {
     Note() = "baseline x86-64 build: no AVX2 build at " + variant;
     return;

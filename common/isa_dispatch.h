@@ -8,6 +8,8 @@
 //   - NAME_avx2 is an executable file in argv[0]'s directory (or, for a name found on PATH,
 //     /proc/self/exe's): then execv with the same arguments and environment.
 // Otherwise the process goes on as it is; IsaNote says which build runs and why, for the log.
+// The AVX2 build names its process (comm) after argv[0], so that ps and pgrep see the program
+// that was run.
 #ifndef RUBATO_COMMON_ISA_DISPATCH_H_
 #define RUBATO_COMMON_ISA_DISPATCH_H_
 
@@ -28,7 +30,8 @@ bool CpuHasAvx2Fma();
 std::string IsaNote();
 
 // The path of the AVX2 build that `argv0` would exec: argv0's directory (or /proc/self/exe's,
-// for a bare name) joined with argv0's base name and "_avx2". Exposed for tests.
+// for a bare name) joined with argv0's base name and "_avx2"; "" when neither says where (never
+// a path relative to the working directory for a bare name). Exposed for tests.
 std::string Avx2Sibling(const std::string& argv0, const std::string& self_exe);
 
 }  // namespace rubato

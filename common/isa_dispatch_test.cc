@@ -15,6 +15,9 @@ TEST(IsaDispatchTest, SiblingBesideTheNameItWasRunBy) {
   // Found on PATH: beside the executable itself.
   EXPECT_EQ(Avx2Sibling("rubato_worker", "/opt/rubato/bin/rubato_worker"),
             "/opt/rubato/bin/rubato_worker_avx2");
+  // A bare name and no /proc/self/exe: nowhere, not the working directory.
+  EXPECT_EQ(Avx2Sibling("rubato_worker", ""), "");
+  EXPECT_EQ(Avx2Sibling("", "/opt/rubato/bin/rubato_worker"), "");
 }
 
 TEST(IsaDispatchTest, CompiledIsaIsTheBaselineHere) {

@@ -29,6 +29,7 @@ def bin_dir(args):
 class Job:
 
     restarts_in_place = False  # The Supervisor restarts shards (--restart_servers).
+    output_lag_s = 0.0  # Added to the grace periods (supervise.py): how late an exit is seen.
 
     def __init__(self, args, run_dir, joins=False):
         self.args = args

@@ -330,6 +330,10 @@ class SlurmJob:
     """A job's two steps, with what job.Job offers the Supervisor and main.finish."""
 
     restarts_in_place = True  # The tasks restart their shards; the Supervisor does not.
+    # A task's exit line travels from its node through slurmstepd and srun, which a loaded node
+    # can hold back for seconds (seen: a worker's past a grace of 8 s): the grace periods get
+    # this much more, which only delays the verdict on a server that ended early.
+    output_lag_s = 30.0
 
     def __init__(self, args, run_dir):
         self.args = args

@@ -69,7 +69,7 @@ class Supervisor:
         self.restarts = [0] * len(job.servers)
         self.rollbacks = [0] * len(job.servers)
         self.workers_over_at = None
-        self.grace = server_grace(job.args)
+        self.grace = server_grace(job.args) + job.output_lag_s
 
     def run(self):
         job = self.job

@@ -45,6 +45,7 @@ class Notes:
 
 class FakeJob:
     restarts_in_place = False
+    output_lag_s = 0.0
 
     def __init__(self, servers=(), workers=(), plan=None, **args):
         self.servers, self.workers, self.plan = list(servers), list(workers), plan
