@@ -12,8 +12,8 @@ end COMPLETED with exit code 0:0 and an ok summary.
 
   - test_parameter_servers: 2 shards and 4 workers (6 tasks on 3 nodes), bsp; worker 3 crashes at
     step 15 (an injected crash: its task exits 3), the step goes on and the others finish.
-  - test_shard_restarted_in_the_allocation: the same job with checkpoints every 10 steps; once the
-    workers pass step 35 shard 1's rubato_server is killed (SIGKILL): its task starts it again
+  - test_shard_restarted_in_the_allocation: the same job with checkpoints every 10 steps (and
+    steps of at least 50 ms, so that it still runs then); once the workers pass step 35 shard 1's rubato_server is killed (SIGKILL): its task starts it again
     from its checkpoint (--restart_servers 1), the workers roll shard 0 back to that step, and
     its exit 75 its own task restarts.
   - test_allreduce: 4 ranks (4 tasks), the synchronous ring.
@@ -190,7 +190,7 @@ class SlurmTest(unittest.TestCase):
     def test_shard_restarted_in_the_allocation(self):
         job, run_dir, out = self.submit(6, [
             "--servers", "2", "--workers", "4", "--mode", "bsp", "--epochs", "6",
-            "--checkpoint_every_steps", "10", "--restart_servers", "1"])
+            "--checkpoint_every_steps", "10", "--restart_servers", "1", "--min_step_ms", "50"])
         worker0 = os.path.join(run_dir, "attempt-0", "worker-0.jsonl")
         self.wait_for("worker 0 at step 35", lambda: newest_step(worker0) >= 35, 240, job,
                       run_dir, out)
@@ -234,8 +234,10 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(summary["server_outcomes"], [])
 
     def test_cancel_requeue_and_time_limit(self):
+        # Steps of at least 50 ms (a sleep; the arithmetic is unchanged), so that the job is
+        # still running when the signals come: 144 steps take 7 s or more an attempt.
         flags = ["--servers", "2", "--workers", "4", "--mode", "bsp", "--epochs", "6",
-                 "--checkpoint_every_steps", "10"]
+                 "--checkpoint_every_steps", "10", "--min_step_ms", "50"]
         job, run_dir, out = self.submit(6, flags)
         checkpoints = os.path.join(run_dir, "checkpoints")
 
