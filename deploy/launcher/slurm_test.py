@@ -179,6 +179,9 @@ class StepTest(unittest.TestCase):
             for t in servers:
                 t.srun = step
             step.popen.wait()
+            self.assertIsNone(servers[0].rc)  # No exit line: lost once its step has ended.
+            # Its poll settles the ended step: both readers done, then the lost task's status.
+            self.assertEqual(servers[0].poll(), 9)
             self.assertEqual(servers[1].poll(), -15)
             self.assertEqual(servers[1].stats["applied_updates"], 4)
             self.assertEqual(servers[1].outcome(), ("stopped", "its task was sent SIGTERM "
