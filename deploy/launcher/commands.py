@@ -61,19 +61,25 @@ def worker_flags(args, worker):
     return flags
 
 
-def write_job_secret(run_dir):
-    """Writes a fresh secret (32 random bytes, hex) to <run_dir>/job.secret, readable by this user
-    only, and returns its absolute path. Every process of the job reads it to authenticate the
-    others, so that no other local process can join or drive the job."""
-    path = os.path.abspath(os.path.join(run_dir, "job.secret"))
+def write_private_file(path, text):
+    """Writes `text` to a new file at `path`, readable by this user only (an earlier file there is
+    removed first: a secret is never reused)."""
     try:
-        os.remove(path)  # An earlier job's, in a reused run directory: a secret is never reused.
+        os.remove(path)
     except FileNotFoundError:
         pass
     # O_EXCL: the file is this call's own, never one (or a link) that someone else put there.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
+        f.write(text)
+
+
+def write_job_secret(run_dir):
+    """Writes a fresh secret (32 random bytes, hex) to <run_dir>/job.secret, readable by this user
+    only, and returns its absolute path. Every process of the job reads it to authenticate the
+    others, so that no other local process can join or drive the job."""
+    path = os.path.abspath(os.path.join(run_dir, "job.secret"))
+    write_private_file(path, secrets.token_hex(32))
     return path
 
 

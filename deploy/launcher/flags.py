@@ -144,8 +144,9 @@ def _add_job_options(p):
     p.add_argument("--servers", type=int, default=1, help="Parameter-server shards (default 1).")
     p.add_argument("--workers", type=int, default=2, help="Workers (default 2).")
     p.add_argument("--run_dir", default=None, help="Logs and metrics (default runs/<time>).")
-    p.add_argument("--timeout", type=float, default=3600,
-                   help="Stop every process and fail after this many seconds.")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="Stop every process and fail after this many seconds (default 3600; "
+                        "under --slurm 30 days: the job's time limit governs).")
     p.add_argument("--startup_timeout", type=float, default=30,
                    help="Seconds for a server to start serving (local mode; across hosts the "
                         "workers wait for the servers up to their --connect_timeout_ms).")
@@ -241,7 +242,6 @@ def parse_args(argv):
     _check_env(p, args)
     _check_tls(p, args)
     if args.slurm:
-        args.timeout_given = any(a == "--timeout" or a.startswith("--timeout=") for a in argv)
         slurm.configure(p, args)
     elif args.hostfile is not None and args.host is not None:
         p.error("--hostfile and -H: give the hosts one way")
@@ -268,6 +268,8 @@ def _check_job(p, args):
         p.error("--servers and --workers must be >= 1")
     if (args.mode or "").partition(":")[0] == "allreduce":
         args.servers = 0  # The workers form a ring; no parameter servers.
+    if args.timeout is None:
+        args.timeout = slurm.SLURM_TIMEOUT if args.slurm else 3600.0
     if args.timeout <= 0 or args.startup_timeout <= 0 or args.refresh <= 0:
         p.error("--timeout, --startup_timeout and --refresh must be > 0")
     try:

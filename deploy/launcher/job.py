@@ -63,6 +63,10 @@ class Job:
         self.job_log = JobLog(os.path.join(run_dir, "job.log"), self.screen) if self.plan else None
         self.began = time.monotonic()
 
+    def summary_extra(self):
+        """Fields summary.json adds for this kind of job (slurm.SlurmJob's Slurm section)."""
+        return {}
+
     def worker_hosts(self):
         """Each worker's host across hosts; None for a local job."""
         return self.plan.worker_hosts if self.plan else None

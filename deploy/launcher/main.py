@@ -101,8 +101,7 @@ def finish(job, failure, wall):
         failure = failure_message(failed, job.workers, args.workers, at)
     summary = summarize(job.views, wall, args, failure, job.run_dir, job.workers, job.servers,
                         [p for p in job.procs if p.restarted])
-    if hasattr(job, "summary_extra"):
-        summary.update(job.summary_extra())
+    summary.update(job.summary_extra())
     write_summary(summary, job.run_dir)
     if "test_accuracy" in summary:  # Some worker finished: its results stand, failures or not.
         print_results(summary, wall, args, failure, job.run_dir)

@@ -24,6 +24,15 @@ class LaunchError(Exception):
     pass
 
 
+def stats_record(raw):
+    """A server's {"event":"stats",...} line (bytes) as a dict, or None for any other line."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("event") == "stats" else None
+
+
 def _die_with_parent():
     """Runs in the child before exec: ask the kernel for SIGKILL when the launcher dies."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -214,12 +223,7 @@ class RemoteProc(Proc):
         """A server's stdout: its log lines, and at its end one {"event":"stats",...} line."""
         for raw in iter(self.popen.stdout.readline, b""):
             self._write_log(raw)
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == "stats":
-                self.stats = record
+            self.stats = stats_record(raw) or self.stats
 
     def error_line(self):
         """As for a local process; failing that, the wrapper's own error, or for an rsh that

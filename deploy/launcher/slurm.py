@@ -38,7 +38,7 @@ import time
 from . import commands
 from .hosts import DEFAULT_BASE_PORT, Plan
 from .live import JobLog, Screen, WorkerView
-from .process import LaunchError, Proc
+from .process import LaunchError, Proc, stats_record
 from .programs import SERVER_PROGRAM, WORKER_PROGRAM, exit_description
 from .supervise import run_supervised
 
@@ -125,8 +125,6 @@ def configure(p, args, environ=None):
     except SlurmError as e:
         p.error("--slurm: %s" % e)
     args.slurm_alloc = alloc
-    if not getattr(args, "timeout_given", True):
-        args.timeout = SLURM_TIMEOUT  # Slurm's time limit governs.
     args.base_port = DEFAULT_BASE_PORT if args.base_port is None else args.base_port
     if not 1 <= args.base_port <= 65535:
         p.error("--base_port: expected a port in [1, 65535], got %d" % args.base_port)
@@ -161,17 +159,6 @@ def owner(run_dir):
         return None
 
 
-def _private_file(path, text):
-    """Writes a new mode-0600 file (O_EXCL: never one that someone else put there)."""
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def job_identity(args, run_dir, alloc):
     """The flags that authenticate the job's processes: --flagfile naming the job's flag file,
     made once per Slurm job (a fresh secret and identity; kept across requeues), or --insecure.
@@ -188,11 +175,9 @@ def job_identity(args, run_dir, alloc):
     if mine and os.path.isfile(flags):
         return ["--flagfile=" + flags]
     secret = os.path.abspath(args.auth_secret_file) if args.auth_secret_file else \
-        os.path.join(run_dir, "job.secret")
-    if not args.auth_secret_file:
-        _private_file(secret, secrets.token_hex(32))
+        commands.write_job_secret(run_dir)
     identity = "rubato-slurm-%s-%s" % (alloc.job_id, secrets.token_hex(8))
-    _private_file(flags, "--auth_secret_file=%s\n--job_id=%s\n" % (secret, identity))
+    commands.write_private_file(flags, "--auth_secret_file=%s\n--job_id=%s\n" % (secret, identity))
     return ["--flagfile=" + flags]
 
 
@@ -278,13 +263,7 @@ class Step:
             task.write(line)
             text = line.decode("utf-8", "replace")
             if stdout:  # A server's final statistics line.
-                if text.startswith("{"):
-                    try:
-                        record = json.loads(text)
-                    except ValueError:
-                        record = None
-                    if isinstance(record, dict) and record.get("event") == "stats":
-                        task.stats = record
+                task.stats = stats_record(line) or task.stats
                 continue
             if text.startswith(TASK_MARK):
                 self._mark(task, text[len(TASK_MARK):].strip())
@@ -371,7 +350,8 @@ class SlurmJob:
                                            where, cluster, plan=plan)
             workers.append({"name": "worker-%d" % w, "host": plan.worker_hosts[w],
                             "argv": [a for a in argv if not a.startswith("--local_rank=")],
-                            "local_size": plan.worker_hosts.count(plan.worker_hosts[w])})
+                            # LOCAL_WORLD_SIZE as the launcher gives it across hosts.
+                            "local_size": commands.local_rank(args, WORKER_PROGRAM, w)[1]})
         d = os.path.join(self.job_dir, "slurm")
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "plan.json")

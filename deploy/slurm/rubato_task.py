@@ -20,7 +20,8 @@ The program runs as a child, so that this task can:
 Workers are never started again here: under a parameter-server mode the servers drop a dead
 worker after its lease and the others carry on.
 
-Only the standard library: this file runs on every node with the node's python3.
+Only the standard library and deploy/launcher/programs.py: this file runs on every node with the
+node's python3, from the checkout (which every node mounts).
 """
 
 import json
@@ -29,9 +30,12 @@ import signal
 import subprocess
 import sys
 
+# The launcher's knowledge of the binaries (deploy/launcher/programs.py, standard library only),
+# from the checkout this file is in.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launcher.programs import MAX_ROLLBACKS, ROLLBACK_EXIT  # noqa: E402
+
 MARK = "rubato-task:"
-ROLLBACK_EXIT = 75  # deploy/launcher/programs.py: rubato_server's roll-back status.
-MAX_ROLLBACKS = 8
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Sent to the tasks by `sbatch --signal=USR1@T` without B: (or scancel --signal): the binaries
 # would die of them, so they are noted and not passed on. The launcher acts on its own SIGUSR1.
