@@ -96,14 +96,20 @@ class BadInputTest : public ::testing::Test {
   // Runs rubato_server alone with valid flags for 2 workers, then `flags`.
   // One server with a 1 s lease and two workers of `steps` steps that heartbeat to match; returns
   // once worker 1 has reported its first steps.
-  void StartTwoWorkersWithShortLeases(int steps, Subprocess** w0, Subprocess** w1) {
+  // `min_step_ms`: a compute floor, for a case that must not depend on how fast a step computes.
+  void StartTwoWorkersWithShortLeases(int steps, Subprocess** w0, Subprocess** w1,
+                                      int min_step_ms = 0) {
     TestServerOptions options;
     options.num_workers = 2;
     options.extra_flags = {"--lease_ms=1000", "--wait_timeout_ms=30000"};
     ASSERT_TRUE(IsOk(cluster_->StartServers(options)));
-    const std::vector<std::string> flags = {
-        absl::StrCat("--data_dir=", kDataDir), "--train_limit=2000", "--test_limit=100",
-        absl::StrCat("--steps=", steps),       "--log_every=5",      "--lease_ms=1000"};
+    const std::vector<std::string> flags = {absl::StrCat("--data_dir=", kDataDir),
+                                            "--train_limit=2000",
+                                            "--test_limit=100",
+                                            absl::StrCat("--steps=", steps),
+                                            "--log_every=5",
+                                            "--lease_ms=1000",
+                                            absl::StrCat("--min_step_ms=", min_step_ms)};
     absl::StatusOr<Subprocess*> first = cluster_->StartWorker(0, flags);
     ASSERT_TRUE(IsOk(first));
     absl::StatusOr<Subprocess*> second = cluster_->StartWorker(1, flags);
@@ -370,7 +376,10 @@ TEST_F(BadInputTest, PausedWorkerIsDroppedThenRejoinsAndCarriesOn) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not found at " << kDataDir;
   Subprocess* w0 = nullptr;
   Subprocess* w1 = nullptr;
-  ASSERT_NO_FATAL_FAILURE(StartTwoWorkersWithShortLeases(400, &w0, &w1));
+  // Steps of 10 ms at least: worker 0, alone once worker 1's lease runs out, must still be
+  // training when worker 1 wakes (the AVX2 build finished all 400 steps in the pause, and the
+  // shard, its job over, was gone).
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkersWithShortLeases(400, &w0, &w1, 10));
   // Frozen for 2.5 s, heartbeats included: longer than the 1 s lease.
   ASSERT_TRUE(IsOk(w1->Signal(SIGSTOP)));
   absl::SleepFor(absl::Milliseconds(2500));
