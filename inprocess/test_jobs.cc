@@ -65,10 +65,12 @@ PsClientOptions InProcessClientOptions(const ModelSpec& spec, const ClusterSpec&
 absl::StatusOr<WorkerRun> RunInProcessWorker(const PsClientOptions& options,
                                              std::vector<std::unique_ptr<ShardChannel>> channels,
                                              const ModelSpec& spec, const Dataset& train,
-                                             const Dataset& test, TrainingOptions training) {
+                                             const Dataset& test, TrainingOptions training,
+                                             const BackendWrapper& wrap) {
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    CreatePsClient(options, std::move(channels)));
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> backend, CreateCpuBackend(spec, 1));
+  if (wrap) backend = wrap(std::move(backend));
   ASSIGN_OR_RETURN(ShardedBatcher batcher,
                    ShardedBatcher::Create(&train, options.worker_id, options.num_workers, 16, 7));
   WorkerRun run;

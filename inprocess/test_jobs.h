@@ -4,6 +4,7 @@
 #define RUBATO_INPROCESS_TEST_JOBS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,14 +35,19 @@ struct WorkerRun {
   std::string progress;  // Its JSON lines.
 };
 
-// Worker options.worker_id's whole run over `channels`: a CPU backend, batches of 16 from
-// `train` (shuffle seed 7), initial weights of seed 5, registration, the training loop with
-// `training` (its worker_id, num_workers and start_step are set here), then Finish. The first
-// error, if any.
+// What a test puts around a worker's backend (a decorator that stands for another device).
+using BackendWrapper =
+    std::function<std::unique_ptr<ModelBackend>(std::unique_ptr<ModelBackend> backend)>;
+
+// Worker options.worker_id's whole run over `channels`: a CPU backend (inside `wrap`, if set),
+// batches of 16 from `train` (shuffle seed 7), initial weights of seed 5, registration, the
+// training loop with `training` (its worker_id, num_workers and start_step are set here), then
+// Finish. The first error, if any.
 absl::StatusOr<WorkerRun> RunInProcessWorker(const PsClientOptions& options,
                                              std::vector<std::unique_ptr<ShardChannel>> channels,
                                              const ModelSpec& spec, const Dataset& train,
-                                             const Dataset& test, TrainingOptions training);
+                                             const Dataset& test, TrainingOptions training,
+                                             const BackendWrapper& wrap = {});
 
 }  // namespace rubato
 

@@ -3,6 +3,7 @@
 // sockets, checked for what the consistency modes promise.
 #include "worker/training_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -12,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/batch_plan.h"
 #include "gtest/gtest.h"
 #include "inprocess/in_process_shard_channel.h"
@@ -40,7 +43,8 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
                  std::vector<GetStatsResponse>* shard_stats = nullptr,
                  int64_t push_bucket_bytes = 0, const char* layers = "8-16-3",
                  int64_t push_budget_bytes = ShardOptions().push_budget_bytes,
-                 const std::function<void(int, TrainingOptions*)>& tweak = {}) {
+                 const std::function<void(int, TrainingOptions*)>& tweak = {},
+                 const BackendWrapper& wrap = {}) {
   const Dataset train = SyntheticDataset(512, 1);
   const Dataset test = SyntheticDataset(256, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers(layers));
@@ -85,7 +89,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
       t.adaptive_batch = adaptive.max_global_batch() > 0;
       if (tweak) tweak(w, &t);
       absl::StatusOr<WorkerRun> run =
-          RunInProcessWorker(options, InProcessChannels(shard_ptrs), spec, train, test, t);
+          RunInProcessWorker(options, InProcessChannels(shard_ptrs), spec, train, test, t, wrap);
       if (!run.ok()) {
         errors[w] = run.status().ToString();
         return;
@@ -189,6 +193,110 @@ TEST(TrainingLoopTest, BspIsBitExactWithAndWithoutOverlapAndLearns) {
     EXPECT_TRUE(std::isfinite(a.results[w].noise_scale)) << "worker " << w;
     EXPECT_GT(a.results[w].noise_scale, 0) << "worker " << w;
   }
+}
+
+// What LateCopyBackend saw, over every worker of a job.
+struct CopyCounts {
+  absl::Mutex mu;
+  int handed ABSL_GUARDED_BY(mu) = 0;
+  int awaited ABSL_GUARDED_BY(mu) = 0;
+  int awaited_on_compute_thread ABSL_GUARDED_BY(mu) = 0;
+};
+
+// A backend that hands each layer over as the CUDA backend does, before its host gradients are
+// final: at the callback they hold NaN (which a shard refuses), and AwaitGradients writes the real
+// ones, after a little while, as a device copy would land.
+class LateCopyBackend : public ModelBackend {
+ public:
+  LateCopyBackend(std::unique_ptr<ModelBackend> inner, CopyCounts* counts)
+      : inner_(std::move(inner)), counts_(counts) {}
+  std::string name() const override { return inner_->name(); }
+  absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,
+                                        const float* x, const int32_t* labels, int64_t batch,
+                                        absl::Span<const absl::Span<float>> grads,
+                                        const GradientsReady& ready) override {
+    compute_thread_ = std::this_thread::get_id();
+    GradientsReady late = nullptr;
+    if (ready) {
+      late = [&](size_t first, size_t count) {
+        {
+          absl::MutexLock lock(&mu_);
+          for (size_t t = first; t < first + count; ++t) {
+            final_[t].assign(grads[t].begin(), grads[t].end());
+            std::fill(grads[t].begin(), grads[t].end(), std::nanf(""));
+            spans_[t] = grads[t];
+          }
+        }
+        {
+          absl::MutexLock lock(&counts_->mu);
+          ++counts_->handed;
+        }
+        ready(first, count);
+      };
+    }
+    return inner_->ForwardBackward(params, x, labels, batch, grads, late);
+  }
+  absl::Status AwaitGradients(size_t first, size_t count) override {
+    absl::SleepFor(absl::Microseconds(200));
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t t = first; t < first + count; ++t) {
+        std::copy(final_[t].begin(), final_[t].end(), spans_[t].begin());
+      }
+    }
+    absl::MutexLock lock(&counts_->mu);
+    ++counts_->awaited;
+    if (std::this_thread::get_id() == compute_thread_) ++counts_->awaited_on_compute_thread;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<EvalResult> Evaluate(absl::Span<const absl::Span<const float>> params,
+                                      const float* x, const int32_t* labels, int64_t n) override {
+    return inner_->Evaluate(params, x, labels, n);
+  }
+  void set_profiling(bool on) override { inner_->set_profiling(on); }
+  std::vector<LayerTime> layer_times() const override { return inner_->layer_times(); }
+
+ private:
+  const std::unique_ptr<ModelBackend> inner_;
+  CopyCounts* const counts_;
+  std::thread::id compute_thread_;  // Written before any layer is handed over.
+  absl::Mutex mu_;
+  std::map<size_t, std::vector<float>> final_ ABSL_GUARDED_BY(mu_);
+  std::map<size_t, absl::Span<float>> spans_ ABSL_GUARDED_BY(mu_);
+};
+
+// The communication thread waits for each layer's gradients before pushing them (a push of the
+// NaN there before would be refused), off the compute thread; the job ends on the same weights,
+// bit for bit, as with the plain backend and every push started from the compute thread.
+TEST(TrainingLoopTest, TheCommunicationThreadPushesGradientsOnlyOnceTheirCopyHasLanded) {
+  CopyCounts threaded_counts, inline_counts;
+  auto late = [](CopyCounts* counts) -> BackendWrapper {
+    return [counts](std::unique_ptr<ModelBackend> inner) -> std::unique_ptr<ModelBackend> {
+      return std::make_unique<LateCopyBackend>(std::move(inner), counts);
+    };
+  };
+  auto no_comm_thread = [](int, TrainingOptions* t) { t->comm_thread = false; };
+  const int64_t budget = ShardOptions().push_budget_bytes;
+  const JobResult threaded = RunJob(BSP, 2, 2, /*overlap=*/true, 40, /*target_call_bytes=*/64, {},
+                                    nullptr, 0, "8-16-3", budget, {}, late(&threaded_counts));
+  const JobResult inline_late = RunJob(BSP, 2, 2, /*overlap=*/true, 40, 64, {}, nullptr, 0,
+                                       "8-16-3", budget, no_comm_thread, late(&inline_counts));
+  const JobResult plain =
+      RunJob(BSP, 2, 2, /*overlap=*/true, 40, 64, {}, nullptr, 0, "8-16-3", budget, no_comm_thread);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(plain.params[w].size(), 4u);
+    EXPECT_EQ(threaded.results[w].computed_steps, 40);
+    EXPECT_EQ(threaded.params[w], plain.params[0]) << "worker " << w;
+    EXPECT_EQ(inline_late.params[w], plain.params[0]) << "worker " << w;
+  }
+  constexpr int kHanded = 2 * 40 * 2;  // workers x steps x layers
+  absl::MutexLock a(&threaded_counts.mu);
+  EXPECT_EQ(threaded_counts.handed, kHanded);
+  EXPECT_EQ(threaded_counts.awaited, kHanded);
+  EXPECT_EQ(threaded_counts.awaited_on_compute_thread, 0);
+  absl::MutexLock b(&inline_counts.mu);
+  EXPECT_EQ(inline_counts.awaited, kHanded);
+  EXPECT_EQ(inline_counts.awaited_on_compute_thread, kHanded);
 }
 
 TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/batch_plan.h"
+#include "common/log.h"
 #include "common/optimizer.h"
 #include "common/progress_writer.h"
 #include "common/status_macros.h"
@@ -16,6 +17,9 @@
 
 namespace rubato {
 namespace {
+
+// How long the end of a step waits for the communication thread to have started every push.
+constexpr absl::Duration kCommDrainTimeout = absl::Seconds(60);
 
 absl::Status AtStep(int64_t step, const absl::Status& s) {
   if (s.ok()) return s;
@@ -165,6 +169,7 @@ TrainingLoop::TrainingLoop(const TrainingOptions& options, const ModelSpec& spec
   for (size_t i = 0; i < specs_.size(); ++i) grads_[i].resize(specs_[i].elements());
   grad_spans_ = std::vector<absl::Span<float>>(grads_.begin(), grads_.end());
   interval_.ready_to_ack_s.assign(specs_.size(), 0);
+  if (overlap_ && options.comm_thread) comm_ = std::make_unique<CommThread>();
 }
 
 std::vector<int64_t> TrainingLoop::TensorBytes(const std::vector<ParamSpec>& specs) {
@@ -180,6 +185,19 @@ double TrainingLoop::Elapsed() const {
 }
 
 absl::StatusOr<TrainingResult> TrainingLoop::Run() {
+  // The weights are pulled into params_ and the gradients pushed from grads_: a GPU backend
+  // copies to and from them directly once they are page-locked.
+  std::vector<absl::Span<float>> param_spans(params_->begin(), params_->end());
+  if (const absl::Status s = backend_->UseHostBuffers(param_spans, grad_spans_); !s.ok()) {
+    RUBATO_LOG(WARNING) << "the weights and gradients stay in pageable memory (their copies to "
+                        << "and from " << backend_->name() << " are staged): " << s;
+  }
+  absl::StatusOr<TrainingResult> result = RunSteps();
+  (void)backend_->UseHostBuffers({}, {});
+  return result;
+}
+
+absl::StatusOr<TrainingResult> TrainingLoop::RunSteps() {
   start_ = options_.clock->Now();
   interval_.start = start_;
   // A worker that starts mid-job (a resumed job, a restarted worker) draws the examples an
@@ -319,22 +337,43 @@ absl::StatusOr<float> TrainingLoop::ForwardBackward(int64_t step, StepTimes* t) 
   GradientsReady ready = nullptr;
   if (overlap_) {
     ready = [this, step](size_t first, size_t count) {
-      StartPushes(step, buckets_.Add(first, count));
+      // The layer's host gradients are final once awaited (on a GPU, their copy may still run).
+      Communicate(absl::StrCat("the push of ", LayerOfTensor(specs_, first), " at step ", step),
+                  [this, step, first, count, ranges = buckets_.Add(first, count)] {
+                    const absl::Status copied = backend_->AwaitGradients(first, count);
+                    if (!copied.ok()) {
+                      if (start_error_.ok()) start_error_ = copied;
+                      return;
+                    }
+                    StartPushes(step, ranges);
+                  });
     };
   }
   absl::StatusOr<float> loss = backend_->ForwardBackward(ConstSpans(*params_), x_.data(), y_.data(),
                                                          rows_, grad_spans_, ready);
   if (overlap_) {
     // The layers still in the bucket; none after a failed pass (its gradients are not final).
-    const std::vector<PushBuckets::Range> rest = buckets_.Flush();
-    if (loss.ok()) StartPushes(step, rest);
+    std::vector<PushBuckets::Range> rest = buckets_.Flush();
+    if (loss.ok() && !rest.empty()) {
+      Communicate(absl::StrCat("the last push of step ", step),
+                  [this, step, rest = std::move(rest)] { StartPushes(step, rest); });
+    }
   }
   t->computed = options_.clock->Now();
   t->computed_delayed = t->computed;
   return loss;
 }
 
+void TrainingLoop::Communicate(std::string what, std::function<void()> task) {
+  if (comm_ == nullptr) {
+    task();
+  } else {
+    comm_->Post(std::move(what), std::move(task));
+  }
+}
+
 void TrainingLoop::StartPushes(int64_t step, const std::vector<PushBuckets::Range>& ranges) {
+  if (!start_error_.ok()) return;  // A gradient copy failed: the step's pushes are over.
   for (const PushBuckets::Range& r : ranges) {
     std::vector<int> tensors(r.count);
     for (size_t k = 0; k < r.count; ++k) tensors[k] = static_cast<int>(r.first + k);
@@ -349,6 +388,11 @@ void TrainingLoop::StartPushes(int64_t step, const std::vector<PushBuckets::Rang
 
 absl::Status TrainingLoop::WaitForPushes(int64_t step, bool computed,
                                          PsClient::PushResult* pushed) {
+  // Every push has started once the communication thread is idle (a bounded wait: it only
+  // encodes, writes what the sockets take and waits for the device's copies).
+  if (comm_ != nullptr) {
+    RETURN_IF_ERROR(AtStep(step, comm_->Drain(kCommDrainTimeout)));
+  }
   // Wait for every push that started, even after an error, so none outlives its step.
   absl::Status status = start_error_;
   size_t pulled_tensors = 0;

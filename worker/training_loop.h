@@ -5,20 +5,22 @@
 // ./rubato launch to read.
 //
 // Overlap (options.overlap, where the client supports partial pushes): the backend calls back as
-// each layer's gradients are final, last layer first, and the loop starts that layer's push at
-// once (PsClient::StartPush), so communication runs while the earlier layers' backward is still
-// computing. Each layer's push is followed at once by the pull of that layer's weights for the
-// next step, which the shard answers as soon as that tensor's update is applied (in BSP: once every
-// worker's gradient of it has arrived); the step waits for all of them, and the next step then
-// starts without a pull of its own (its pull_ms is 0, and push_ms is the wait for the pushes and
-// their pulls after the backward pass). Each "step" record then gives
-// per layer the mean time from its gradient being ready to its push being acknowledged, and the
-// fraction of the time spent pushing that was hidden behind compute; an "overlap" record gives one
-// step's raw timestamps. Overlap is off when gradients are clipped by their global norm (which
-// needs every layer's gradient first) and when a straggler model delays steps (its delay stands
-// for slower compute, so it must come before any push).
-// An optional StragglerModel injects delays (slept after compute, before the push, so the rest of
-// the cluster sees slow compute) and a crash (TrainingOptions.on_injected_crash).
+// each layer's gradients are computed, last layer first, and the loop hands that layer to its
+// communication thread (options.comm_thread), which waits for the gradients' host copy
+// (ModelBackend::AwaitGradients) and starts the push (PsClient::StartPush: encoding and the first
+// write to the socket), so communication runs while the earlier layers' backward is still
+// computing and the compute thread never waits for it until the backward pass is over. Each layer's
+// push is followed at once by the pull of that layer's weights for the next step, which the shard
+// answers as soon as that tensor's update is applied (in BSP: once every worker's gradient of it
+// has arrived); the step waits for all of them, and the next step then starts without a pull of its
+// own (its pull_ms is 0, and push_ms is the wait for the pushes and their pulls after the backward
+// pass). Each "step" record then gives per layer the mean time from its gradient being ready to its
+// push being acknowledged, and the fraction of the time spent pushing that was hidden behind
+// compute; an "overlap" record gives one step's raw timestamps. Overlap is off when gradients are
+// clipped by their global norm (which needs every layer's gradient first) and when a straggler
+// model delays steps (its delay stands for slower compute, so it must come before any push). An
+// optional StragglerModel injects delays (slept after compute, before the push, so the rest of the
+// cluster sees slow compute) and a crash (TrainingOptions.on_injected_crash).
 #ifndef RUBATO_WORKER_TRAINING_LOOP_H_
 #define RUBATO_WORKER_TRAINING_LOOP_H_
 
@@ -26,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -36,6 +39,7 @@
 #include "common/batch_plan.h"
 #include "common/clock.h"
 #include "proto/progress.pb.h"
+#include "worker/comm_thread.h"
 #include "worker/data/dataset.h"
 #include "worker/job_noise_scale.h"
 #include "worker/model/model_backend.h"
@@ -81,6 +85,11 @@ struct TrainingOptions {
   std::function<void(int64_t step)> on_injected_crash;
   // Push each layer's gradients as soon as the backward pass produces them (see above).
   bool overlap = true;
+  // With overlap: start each push on a communication thread of the loop's own
+  // (worker/comm_thread.h), which also waits for a GPU's copy of the gradients to the host, so the
+  // compute thread goes straight on with the next layer's backward pass; false starts them from
+  // the compute thread inside the backward pass (for comparison).
+  bool comm_thread = true;
   // With overlap: consecutive layers are gathered into one push until it holds at least this many
   // bytes (worker/push_buckets.h); 0 pushes every layer alone.
   int64_t push_bucket_bytes = 0;
@@ -180,6 +189,8 @@ class TrainingLoop {
     std::vector<double> ready_to_ack_s;
   };
 
+  // The steps, the final pull and the test: Run's work, inside its use of the host buffers.
+  absl::StatusOr<TrainingResult> RunSteps();
   static std::vector<int64_t> TensorBytes(const std::vector<ParamSpec>& specs);
   double Elapsed() const;
 
@@ -194,6 +205,8 @@ class TrainingLoop {
   // are final.
   absl::StatusOr<float> ForwardBackward(int64_t step, StepTimes* t);
   void StartPushes(int64_t step, const std::vector<PushBuckets::Range>& ranges);
+  // Runs `task` on the communication thread (in the order posted), or at once without one.
+  void Communicate(std::string what, std::function<void()> task);
   absl::Status WaitForPushes(int64_t step, bool computed, PsClient::PushResult* pushed);
   void Straggle(int64_t step, StepTimes* t);
   absl::Status PushAll(int64_t step, absl::Time computed, PsClient::PushResult* pushed);
@@ -241,8 +254,11 @@ class TrainingLoop {
   std::vector<std::vector<float>> grads_;
   std::vector<absl::Span<float>> grad_spans_;
   PushBuckets buckets_;
-  std::vector<LayerPush> pushes_;  // This step's.
-  absl::Status start_error_;       // The first push that failed to start this step.
+  // This step's pushes, and the first that failed to start (or whose gradients' copy failed):
+  // written by the communication thread during the backward pass, read once it is drained.
+  std::vector<LayerPush> pushes_;
+  absl::Status start_error_;
+  std::unique_ptr<CommThread> comm_;  // With overlap and options.comm_thread.
   // With overlap, each layer's push is followed by its pull for the next step; when every tensor
   // was pulled that way, the next step skips its pull.
   int64_t prefetched_step_ = -1;

@@ -84,6 +84,10 @@ ABSL_FLAG(int, local_rank, -1,
 ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as its backward pass is done, overlapping "
           "communication with the rest of backprop (false: one push after the whole step).");
+ABSL_FLAG(bool, comm_thread, true,
+          "With --overlap: start each push (and on a GPU wait for its gradients' copy to the "
+          "host) on a communication thread, so the compute thread never encodes a push or waits "
+          "on the network during the backward pass (false: from the compute thread).");
 ABSL_FLAG(int64_t, push_bucket_kb, rubato::kDefaultPushBucketKb,
           "With --overlap: gather consecutive layers' gradients into one push until it holds at "
           "least this many KiB, as DDP's buckets do (0: push every layer alone; a layer larger "
@@ -659,6 +663,7 @@ rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
   if (s->straggler->enabled()) options.straggler = &*s->straggler;
   options.on_injected_crash = InjectedCrash;
   options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.comm_thread = absl::GetFlag(FLAGS_comm_thread);
   options.push_bucket_bytes = absl::GetFlag(FLAGS_push_bucket_kb) << 10;
   options.adaptive_batch = s->cluster.adaptive_batch().max_global_batch() > 0;
   options.num_workers = s->cluster.num_workers();

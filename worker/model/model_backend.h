@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/model/model_spec.h"
@@ -40,10 +41,12 @@ struct LayerTime {
   double backward_flops = 0;
 };
 
-// Called during the backward pass as soon as the host copies of one layer's gradients are final,
-// last layer first, with the layer's tensors as a range of ModelParamSpecs indices
-// [first, first + count). Runs on the thread that called ForwardBackward; it must not touch the
-// backend.
+// Called during the backward pass as soon as one layer's gradients are computed (the CPU backend)
+// or their copy to the host is enqueued behind them (CUDA), last layer first, with the layer's
+// tensors as a range of ModelParamSpecs indices [first, first + count). Runs on the thread that
+// called ForwardBackward and must not touch the backend there; the host copies are final once
+// AwaitGradients(first, count) has returned, which may be called from another thread (the
+// training loop's communication thread: worker/comm_thread.h).
 using GradientsReady = std::function<void(size_t first, size_t count)>;
 
 // Runs one ModelSpec's forward and backward passes. An instance keeps scratch (device memory for
@@ -68,6 +71,27 @@ class ModelBackend {
                                                 int64_t batch,
                                                 absl::Span<const absl::Span<float>> grads,
                                                 const GradientsReady& ready = nullptr) = 0;
+
+  // With a `ready` callback: waits until the host gradients of the layer handed over as (first,
+  // count) are final, and returns the error of their copy, if any. Thread-safe against the
+  // ForwardBackward call that handed them over (and only that one: every layer handed over must
+  // be awaited before the backend's next call). Without `ready`, ForwardBackward returns with
+  // every gradient final. The CPU backend's gradients are final when handed over.
+  virtual absl::Status AwaitGradients(size_t /*first*/, size_t /*count*/) {
+    return absl::OkStatus();
+  }
+
+  // The host buffers the caller will pass to ForwardBackward as `params` and `grads` from now on
+  // (empty spans: none). A backend may page-lock them (CUDA: cudaHostRegister), so that the
+  // weights are copied to the device from them, and the gradients from the device into them,
+  // directly: the bytes the data plane receives and sends are the ones the device reads and
+  // writes, without a staging copy. Calls with other buffers still work (through staging). They
+  // must stay allocated until the next call, or the backend's end. An error (the memory cannot be
+  // locked) leaves the backend on staging copies. The CPU backend has nothing to do.
+  virtual absl::Status UseHostBuffers(absl::Span<const absl::Span<float>> /*params*/,
+                                      absl::Span<const absl::Span<float>> /*grads*/) {
+    return absl::OkStatus();
+  }
 
   // Mean loss and accuracy over x: (n, input size), labels: (n), in chunks, so that memory stays
   // bounded for any n.

@@ -1,9 +1,12 @@
 // The CUDA ModelBackend. One step on the device, as streams:
 //   copy stream:    params, x, labels H2D -> [inputs_ready]      ... wait grad_done[l] -> grads D2H
+//                                                                    -> [grad_copied[l]]
 //   compute stream: wait inputs_ready -> forward -> loss -> backward L..0, [grad_done[l]] after
 //                   each parameterised layer's weight and bias gradients
-// and the host thread waits for each layer's D2H copy in turn (last layer first), copies it into
-// the caller's spans and calls `ready`, while the device goes on with the layers below.
+// The host thread only enqueues: as soon as layer l's D2H copy is enqueued it calls `ready`, and
+// whoever pushes the layer (the training loop's communication thread) waits for grad_copied[l] in
+// AwaitGradients. The copies go straight to and from the caller's buffers where UseHostBuffers
+// page-locked them, else through pinned staging buffers (and a memcpy on the host).
 #include "worker/model/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -99,6 +102,7 @@ class CudaBackend : public ModelBackend {
     cudaSetDevice(device_);
     if (compute_.get() != nullptr) cudaStreamSynchronize(compute_.get());
     if (copy_.get() != nullptr) cudaStreamSynchronize(copy_.get());
+    Unregister();
   }
 
   std::string name() const override { return absl::StrCat("cuda (", device_name_, ")"); }
@@ -110,6 +114,8 @@ class CudaBackend : public ModelBackend {
     RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, batch, "batch", classes_));
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
     RETURN_IF_ERROR(BeginCall(batch));
+    call_grads_.assign(grads.begin(), grads.end());
+    grads_direct_ = Registered(pinned_grads_, grads);
     RETURN_IF_ERROR(Upload(params, x, labels, batch));
     const bool profile = profiling_;
 
@@ -139,19 +145,14 @@ class CudaBackend : public ModelBackend {
       RETURN_IF_ERROR(Backward(l, batch, dout, din, &result));
       if (profile) RETURN_IF_ERROR(Record(backward_stop_[l], compute_, "cudaEventRecord"));
       if (result == spare) std::swap(dout, spare);  // Flatten passes dout through
-    }
-
-    // Hand each layer's gradients over as its copy lands, last layer first.
-    for (size_t l = plan_.size(); l-- > 0;) {
+      // Its copy to the host is enqueued: hand the layer over without waiting for it.
       const LayerPlan& p = plan_[l];
-      if (p.num_params == 0) continue;
-      RETURN_IF_ERROR(CudaCheck(cudaEventSynchronize(grad_copied_[l].get()),
-                                "cudaEventSynchronize(gradients copied)"));
-      std::memcpy(grads[p.first_param].data(), grads_host_.get() + p.weight_offset,
-                  static_cast<size_t>(p.weight_size) * sizeof(float));
-      std::memcpy(grads[p.first_param + 1].data(), grads_host_.get() + p.bias_offset,
-                  static_cast<size_t>(p.bias_size) * sizeof(float));
-      if (ready) ready(p.first_param, static_cast<size_t>(p.num_params));
+      if (ready && p.num_params > 0) ready(p.first_param, static_cast<size_t>(p.num_params));
+    }
+    if (!ready) {
+      for (size_t l = plan_.size(); l-- > 0;) {
+        if (plan_[l].num_params > 0) RETURN_IF_ERROR(AwaitLayer(l));
+      }
     }
     RETURN_IF_ERROR(
         CudaCheck(cudaStreamSynchronize(compute_.get()), "cudaStreamSynchronize(compute)"));
@@ -202,6 +203,44 @@ class CudaBackend : public ModelBackend {
                       static_cast<double>(correct) / static_cast<double>(n), n};
   }
 
+  absl::Status AwaitGradients(size_t first, size_t count) override {
+    for (size_t l = 0; l < plan_.size(); ++l) {
+      const LayerPlan& p = plan_[l];
+      if (p.num_params > 0 && p.first_param == first &&
+          static_cast<size_t>(p.num_params) == count) {
+        // Events belong to the device: select it on this thread too.
+        RETURN_IF_ERROR(CudaCheck(cudaSetDevice(device_), "cudaSetDevice"));
+        return AwaitLayer(l);
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("AwaitGradients(", first, ", ", count, ") is not a layer's tensors"));
+  }
+
+  absl::Status UseHostBuffers(absl::Span<const absl::Span<float>> params,
+                              absl::Span<const absl::Span<float>> grads) override {
+    RETURN_IF_ERROR(CudaCheck(cudaSetDevice(device_), "cudaSetDevice"));
+    RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(copy_.get()), "cudaStreamSynchronize(copy)"));
+    Unregister();
+    if (params.empty() && grads.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), params, "params"));
+    RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
+    for (absl::Span<const absl::Span<float>> spans : {params, grads}) {
+      for (const absl::Span<float>& t : spans) {
+        if (t.empty()) continue;
+        const cudaError_t e = cudaHostRegister(t.data(), t.size() * sizeof(float), 0);
+        if (e != cudaSuccess) {
+          Unregister();
+          return CudaCheck(e, "cudaHostRegister(host buffers)");
+        }
+        registered_.push_back(t.data());
+      }
+    }
+    pinned_params_.assign(params.begin(), params.end());
+    pinned_grads_.assign(grads.begin(), grads.end());
+    return absl::OkStatus();
+  }
+
   void set_profiling(bool on) override { profiling_ = on; }
 
   std::vector<LayerTime> layer_times() const override { return times_; }
@@ -240,6 +279,38 @@ class CudaBackend : public ModelBackend {
       plan_.push_back(p);
     }
     total_params_ = offset;
+  }
+
+  // Whether `spans` are the buffers UseHostBuffers page-locked as `pinned`.
+  template <typename T>
+  static bool Registered(const std::vector<absl::Span<float>>& pinned,
+                         absl::Span<const absl::Span<T>> spans) {
+    if (pinned.empty() || pinned.size() != spans.size()) return false;
+    for (size_t t = 0; t < spans.size(); ++t) {
+      if (pinned[t].data() != spans[t].data() || pinned[t].size() != spans[t].size()) return false;
+    }
+    return true;
+  }
+
+  void Unregister() {
+    for (void* p : registered_) cudaHostUnregister(p);  // errors no longer matter here
+    registered_.clear();
+    pinned_params_.clear();
+    pinned_grads_.clear();
+  }
+
+  // Waits for layer l's gradients to land on the host, and copies them from the staging buffer
+  // into the call's spans unless they were copied there directly.
+  absl::Status AwaitLayer(size_t l) {
+    const LayerPlan& p = plan_[l];
+    RETURN_IF_ERROR(CudaCheck(cudaEventSynchronize(grad_copied_[l].get()),
+                              "cudaEventSynchronize(gradients copied)"));
+    if (grads_direct_) return absl::OkStatus();
+    std::memcpy(call_grads_[p.first_param].data(), grads_host_.get() + p.weight_offset,
+                static_cast<size_t>(p.weight_size) * sizeof(float));
+    std::memcpy(call_grads_[p.first_param + 1].data(), grads_host_.get() + p.bias_offset,
+                static_cast<size_t>(p.bias_size) * sizeof(float));
+    return absl::OkStatus();
   }
 
   static absl::Status Record(const CudaEvent& e, const CudaStream& s, const char* what) {
@@ -322,12 +393,21 @@ class CudaBackend : public ModelBackend {
   // Input of layer l: x for l = 0, else the output of layer l - 1.
   float* LayerInput(size_t l) const { return l == 0 ? x_dev_.get() : LayerOutput(l - 1); }
 
-  // Stages params (unless empty), x and labels in pinned memory and copies them to the device on
-  // the copy stream; the compute stream waits for them.
+  // Copies params (unless empty: directly where UseHostBuffers locked them, else staged in pinned
+  // memory), x and labels (staged) to the device on the copy stream; the compute stream waits for
+  // them.
   absl::Status Upload(absl::Span<const absl::Span<const float>> params, const float* x,
                       const int32_t* labels, int64_t batch) {
     cudaStream_t copy = copy_.get();
-    if (!params.empty()) {
+    if (Registered(pinned_params_, params)) {
+      // Page-locked by UseHostBuffers: each tensor straight from where the pull wrote it.
+      for (size_t t = 0; t < params.size(); ++t) {
+        RETURN_IF_ERROR(CudaCheck(
+            cudaMemcpyAsync(params_dev_.get() + ParamOffset(t), params[t].data(),
+                            params[t].size() * sizeof(float), cudaMemcpyHostToDevice, copy),
+            "cudaMemcpyAsync(params)"));
+      }
+    } else if (!params.empty()) {
       for (size_t t = 0; t < params.size(); ++t) {
         std::memcpy(params_host_.get() + ParamOffset(t), params[t].data(),
                     params[t].size() * sizeof(float));
@@ -460,12 +540,24 @@ class CudaBackend : public ModelBackend {
   }
 
   // After layer l's gradients are enqueued on the compute stream: the copy stream waits for them
-  // and copies the layer's weight and bias gradients (adjacent) into the pinned buffer.
+  // and copies the layer's weight and bias gradients into the call's page-locked spans, or
+  // (adjacent) into the pinned staging buffer.
   absl::Status CopyGradientsToHost(size_t l) {
     const LayerPlan& p = plan_[l];
     RETURN_IF_ERROR(Record(grad_done_[l], compute_, "cudaEventRecord(gradients done)"));
     RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(copy_.get(), grad_done_[l].get(), 0),
                               "cudaStreamWaitEvent(gradients done)"));
+    if (grads_direct_) {
+      for (int k = 0; k < 2; ++k) {
+        const int64_t offset = k == 0 ? p.weight_offset : p.bias_offset;
+        const absl::Span<float> to = call_grads_[p.first_param + k];
+        RETURN_IF_ERROR(CudaCheck(
+            cudaMemcpyAsync(to.data(), grads_dev_.get() + offset, to.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, copy_.get()),
+            "cudaMemcpyAsync(gradients)"));
+      }
+      return Record(grad_copied_[l], copy_, "cudaEventRecord(gradients copied)");
+    }
     RETURN_IF_ERROR(CudaCheck(
         cudaMemcpyAsync(grads_host_.get() + p.weight_offset, grads_dev_.get() + p.weight_offset,
                         static_cast<size_t>(p.weight_size + p.bias_size) * sizeof(float),
@@ -533,6 +625,14 @@ class CudaBackend : public ModelBackend {
   DeviceArray<int32_t> correct_dev_;    // (B) 1 where the argmax is the label
   PinnedArray<float> loss_host_;
   PinnedArray<int32_t> correct_host_;
+
+  // UseHostBuffers: the page-locked buffers (empty: none) and their addresses to unregister.
+  std::vector<absl::Span<float>> pinned_params_, pinned_grads_;
+  std::vector<void*> registered_;
+  // The current ForwardBackward's gradient spans, and whether they are pinned_grads_ (the copies
+  // land there directly). Set before any layer is handed over, read by AwaitGradients.
+  std::vector<absl::Span<float>> call_grads_;
+  bool grads_direct_ = false;
 
   bool profiling_ = false;
   std::vector<LayerTime> times_;
