@@ -244,7 +244,8 @@ class MaxPool2DLayer : public Layer<T> {
   std::vector<int32_t> argmax_;  // (batch, out size): offset of the winner within its example
 };
 
-// NHWC rows are already flat: a copy each way.
+// NHWC rows are already flat: a copy each way. Also an Add's own part (SequentialModel adds the
+// skipped layer's output after it, and routes the gradient back to that layer).
 template <typename T>
 class FlattenLayer : public Layer<T> {
  public:
@@ -276,6 +277,7 @@ std::unique_ptr<Layer<T>> MakeLayer(const LayerSpec& spec, const ActivationShape
     case LayerKind::kMaxPool2D:
       return std::make_unique<MaxPool2DLayer<T>>(in);
     case LayerKind::kFlatten:
+    case LayerKind::kAdd:
       return std::make_unique<FlattenLayer<T>>();
   }
   return nullptr;
@@ -336,11 +338,14 @@ SequentialModel<T>::SequentialModel(const ModelSpec& spec) : input_size_(spec.in
   size_t param = 0;
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     layers_.push_back(MakeLayer<T>(spec.layers[l], shapes[l]));
+    skip_from_.push_back(spec.layers[l].kind == LayerKind::kAdd ? spec.layers[l].skip_from : -1);
     first_param_.push_back(param);
     param += static_cast<size_t>(layers_.back()->num_params());
   }
   acts_.resize(layers_.size());
   dacts_.resize(layers_.size());
+  skip_grads_.resize(layers_.size());
+  skip_pending_.assign(layers_.size(), false);
 }
 
 template <typename T>
@@ -358,6 +363,7 @@ void SequentialModel<T>::Forward(absl::Span<const absl::Span<const T>> params, c
     const auto t0 = std::chrono::steady_clock::now();
     layers_[l]->Forward(params.subspan(first_param_[l], layers_[l]->num_params()),
                         LayerInput(l, x, batch), &acts_[l]);
+    if (skip_from_[l] >= 0) acts_[l] += acts_[skip_from_[l]];
     if (timing_) forward_ms_[l] = MillisecondsSince(t0);
   }
 }
@@ -378,6 +384,20 @@ T SequentialModel<T>::ForwardBackward(absl::Span<const absl::Span<const T>> para
     // of different sizes; the first layer's is never needed.
     layers_[l]->Backward(params.subspan(first, count), LayerInput(l, x, batch), acts_[l], dacts_[l],
                          grads.subspan(first, count), l > 0 ? &dacts_[l - 1] : nullptr);
+    // An Add's output gradient also flows to the layer it skipped from, whose own output gradient
+    // is complete once the layer after it has passed its input gradient back.
+    if (const int64_t from = skip_from_[l]; from >= 0) {
+      if (skip_pending_[from]) {
+        skip_grads_[from] += dacts_[l];
+      } else {
+        skip_grads_[from] = dacts_[l];
+        skip_pending_[from] = true;
+      }
+    }
+    if (l > 0 && skip_pending_[l - 1]) {
+      dacts_[l - 1] += skip_grads_[l - 1];
+      skip_pending_[l - 1] = false;
+    }
     if (timing_) {
       backward_ms_[l] = MillisecondsSince(t0);
     }

@@ -131,11 +131,15 @@ class SequentialModel {
   // Constant after construction.
   std::vector<std::unique_ptr<Layer<T>>> layers_;
   std::vector<size_t> first_param_;  // layers_[l]'s tensors start at params[first_param_[l]]
+  std::vector<int64_t> skip_from_;   // An Add's skip_from, else -1
   int64_t input_size_;               // h*w*c of one input example
 
   // Scratch.
-  std::vector<Matrix> acts_;  // acts_[l]: output of layer l, (batch, its shape's size)
+  std::vector<Matrix> acts_;   // acts_[l]: output of layer l, (batch, its shape's size)
   std::vector<Matrix> dacts_;  // dacts_[l]: d(loss)/d(acts_[l]), each kept at its size
+  // During the backward pass: the gradient that Adds send to acts_[l] past the layers between.
+  std::vector<Matrix> skip_grads_;
+  std::vector<bool> skip_pending_;
   SoftmaxCrossEntropy<T> loss_;
   bool timing_ = false;
   std::vector<double> forward_ms_, backward_ms_;

@@ -279,8 +279,25 @@ ModelSpec SmallCnn() {
            LayerSpec::Dense("dense2/kernel", "dense2/bias", 5, 3, WeightInit::kGlorotUniform)}};
 }
 
-TEST(SequentialModelTest, SmallCnnGradientsMatchCentralDifferences) {
-  const ModelSpec spec = SmallCnn();
+// Residual connections: two blocks (the second's branch a single convolution), an Add whose skip
+// starts before a ReLU, and two Adds from the same layer's neighbourhood, so that gradients meet
+// from several paths.
+ModelSpec SmallResNet() {
+  auto conv = [](const std::string& name, int64_t cin, int64_t cout) {
+    return LayerSpec::Conv2D(name + "/kernel", name + "/bias", 3, 3, cin, cout, Padding::kSame,
+                             WeightInit::kHeUniform);
+  };
+  return {{6, 6, 2},
+          {conv("c0", 2, 3), LayerSpec::ReLU(),                      // 0, 1: x
+           conv("r1a", 3, 3), LayerSpec::ReLU(), conv("r1b", 3, 3),  // 2, 3, 4
+           LayerSpec::Add(1), LayerSpec::ReLU(),                     // 5, 6
+           conv("r2a", 3, 3), LayerSpec::Add(6), LayerSpec::Add(5),  // 7, 8, 9
+           LayerSpec::MaxPool2D(), LayerSpec::Flatten(),             // 10, 11
+           LayerSpec::Dense("d/kernel", "d/bias", 27, 4, WeightInit::kGlorotUniform)}};
+}
+
+// Every parameter's gradient of `spec` against central differences of the mean loss, in double.
+void ExpectModelGradientsMatchCentralDifferences(const std::string& name, const ModelSpec& spec) {
   ASSERT_TRUE(ValidateModelSpec(spec).ok()) << ValidateModelSpec(spec);
   const std::vector<ParamSpec> specs = ModelParamSpecs(spec);
   const int64_t batch = 3;
@@ -310,7 +327,15 @@ TEST(SequentialModelTest, SmallCnnGradientsMatchCentralDifferences) {
     wrt.push_back({specs[t].name, &params[t]});
     analytic.push_back(&grads[t]);
   }
-  Report("SmallCnn (all parameters)", CheckGradients(mean_loss, wrt, analytic));
+  Report(name + " (all parameters)", CheckGradients(mean_loss, wrt, analytic));
+}
+
+TEST(SequentialModelTest, SmallCnnGradientsMatchCentralDifferences) {
+  ExpectModelGradientsMatchCentralDifferences("SmallCnn", SmallCnn());
+}
+
+TEST(SequentialModelTest, ResidualGradientsMatchCentralDifferences) {
+  ExpectModelGradientsMatchCentralDifferences("SmallResNet", SmallResNet());
 }
 
 TEST(SequentialModelTest, GradientCallbacksComeLastLayerFirstWithFinalValues) {

@@ -40,6 +40,8 @@ std::vector<std::string> LayerNames(const ModelSpec& spec) {
         return "dense";
       case LayerKind::kConv2D:
         return "conv";
+      case LayerKind::kAdd:
+        return "add";
     }
     return "layer";
   };

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 
@@ -30,6 +31,8 @@ const char* KindName(LayerKind kind) {
       return "maxpool2d";
     case LayerKind::kFlatten:
       return "flatten";
+    case LayerKind::kAdd:
+      return "add";
   }
   return "?";
 }
@@ -61,6 +64,8 @@ double InitBound(const LayerSpec& layer) {
       return std::sqrt(6.0 / (fan_in + fan_out));
     case WeightInit::kUniformInverseSqrtFanIn:
       return 1.0 / std::sqrt(fan_in);
+    case WeightInit::kZero:
+      return 0;
   }
   return 0;
 }
@@ -113,6 +118,13 @@ LayerSpec LayerSpec::Flatten() {
   return l;
 }
 
+LayerSpec LayerSpec::Add(int64_t skip_from) {
+  LayerSpec l;
+  l.kind = LayerKind::kAdd;
+  l.skip_from = skip_from;
+  return l;
+}
+
 absl::StatusOr<ActivationShape> LayerOutputShape(const LayerSpec& layer, const ActivationShape& in,
                                                  size_t index) {
   const std::string name = LayerName(layer, index);
@@ -160,6 +172,12 @@ absl::StatusOr<ActivationShape> LayerOutputShape(const LayerSpec& layer, const A
       return in;
     case LayerKind::kFlatten:
       return ActivationShape{1, 1, in.size()};
+    case LayerKind::kAdd:
+      if (layer.skip_from < 0 || static_cast<size_t>(layer.skip_from) >= index) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": skip_from must name an earlier layer, got ", layer.skip_from));
+      }
+      return in;
   }
   return absl::InvalidArgumentError(absl::StrCat(name, ": unknown layer kind"));
 }
@@ -175,12 +193,19 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   }
   if (spec.layers.empty()) return absl::InvalidArgumentError("a model needs at least one layer");
   ActivationShape shape = spec.input;
+  std::vector<ActivationShape> outputs;  // of the layers so far
   std::set<std::string> names;
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& layer = spec.layers[i];
     auto next = LayerOutputShape(layer, shape, i);
     if (!next.ok()) return next.status();
+    if (layer.kind == LayerKind::kAdd && !(outputs[layer.skip_from] == shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          LayerName(layer, i), ": adds layer ", layer.skip_from, "'s output ",
+          ShapeString(outputs[layer.skip_from]), " to an input of ", ShapeString(shape)));
+    }
     shape = *next;
+    outputs.push_back(shape);
     // MaxPool2D records its winners as int32 offsets within an example (here and for the input).
     if (shape.size() > std::numeric_limits<int32_t>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(LayerName(layer, i), ": output ",
@@ -217,7 +242,8 @@ int64_t ModelNumClasses(const ModelSpec& spec) { return ActivationShapes(spec).b
 
 absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view s) {
   constexpr absl::string_view kExpected =
-      "expected \"mlp:<input>-<hidden>...-<classes>\" (e.g. \"mlp:784-256-10\") or \"cnn\"";
+      "expected \"mlp:<input>-<hidden>...-<classes>\" (e.g. \"mlp:784-256-10\"), \"cnn\", "
+      "\"resnet\" or \"resnet:<blocks per stage, 1-16>\"";
   if (absl::StartsWith(s, "mlp:")) {
     auto mlp = ParseMlpLayers(s.substr(4));
     if (!mlp.ok()) {
@@ -227,6 +253,15 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view s) {
     return MlpModelSpec(*mlp);
   }
   if (s == "cnn") return CnnModelSpec();
+  if (s == "resnet") return ResNetModelSpec(3);
+  if (absl::StartsWith(s, "resnet:")) {
+    int blocks = 0;
+    if (!absl::SimpleAtoi(s.substr(7), &blocks) || blocks < 1 || blocks > 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model \"", s, "\": the blocks per stage must be a whole number in [1, 16]"));
+    }
+    return ResNetModelSpec(blocks);
+  }
   if (s == "mlp") {
     return absl::InvalidArgumentError(
         absl::StrCat("--model \"mlp\" needs layer sizes after a colon: ", kExpected));
@@ -271,6 +306,39 @@ ModelSpec CnnModelSpec() {
       LayerSpec::ReLU(),
       LayerSpec::Dense("dense2/kernel", "dense2/bias", 128, 10, WeightInit::kGlorotUniform),
   };
+  return spec;
+}
+
+ModelSpec ResNetModelSpec(int blocks) {
+  ModelSpec spec;
+  spec.input = {28, 28, 1};
+  auto conv = [&](const std::string& name, int64_t cin, int64_t cout, WeightInit init) {
+    spec.layers.push_back(
+        LayerSpec::Conv2D(name + "/kernel", name + "/bias", 3, 3, cin, cout, Padding::kSame, init));
+  };
+  conv("stem", 1, 16, WeightInit::kHeUniform);
+  spec.layers.push_back(LayerSpec::ReLU());
+  int64_t channels = 16;
+  for (int stage = 1; stage <= 3; ++stage) {
+    if (stage > 1) {
+      spec.layers.push_back(LayerSpec::MaxPool2D());
+      conv(absl::StrCat("widen", stage), channels, 2 * channels, WeightInit::kHeUniform);
+      spec.layers.push_back(LayerSpec::ReLU());
+      channels *= 2;
+    }
+    for (int b = 1; b <= blocks; ++b) {
+      const int64_t x = static_cast<int64_t>(spec.layers.size()) - 1;  // the block's input
+      const std::string name = absl::StrCat("res", stage, "_", b);
+      conv(name + "a", channels, channels, WeightInit::kHeUniform);
+      spec.layers.push_back(LayerSpec::ReLU());
+      conv(name + "b", channels, channels, WeightInit::kZero);
+      spec.layers.push_back(LayerSpec::Add(x));
+      spec.layers.push_back(LayerSpec::ReLU());
+    }
+  }
+  spec.layers.push_back(LayerSpec::Flatten());
+  spec.layers.push_back(
+      LayerSpec::Dense("fc/kernel", "fc/bias", 7 * 7 * channels, 10, WeightInit::kGlorotUniform));
   return spec;
 }
 
@@ -329,6 +397,8 @@ std::string DescribeModel(const ModelSpec& spec) {
                       layer.out_channels, layer.padding == Padding::kSame ? " same" : " valid");
     } else if (layer.kind == LayerKind::kDense) {
       absl::StrAppend(&text, " ", layer.in, "->", layer.out);
+    } else if (layer.kind == LayerKind::kAdd) {
+      absl::StrAppend(&text, " layer ", layer.skip_from);
     }
     absl::StrAppend(&text, " -> ", ShapeString(shape));
     if (HasParams(layer)) {

@@ -1,5 +1,6 @@
-// ModelSpec: a sequential layer graph (Dense, Conv2D, ReLU, MaxPool2D, Flatten, then softmax
-// cross-entropy), the `--model` strings that name one ("mlp:784-256-10", "cnn"), its parameter
+// ModelSpec: a sequential layer graph (Dense, Conv2D, ReLU, MaxPool2D, Flatten, and Add, which
+// adds an earlier layer's output: a residual connection; then softmax cross-entropy), the
+// `--model` strings that name one ("mlp:784-256-10", "cnn", "resnet"), its parameter
 // tensors (names, shapes, order) and their deterministic initialisation. The arithmetic lives in
 // layers.h; this file is what the server, the worker and every backend agree on.
 //
@@ -14,6 +15,10 @@
 //     networks" (AISTATS): the CNN's output layer, uniform in +-sqrt(6 / (fan_in + fan_out)).
 //   The MLP's output layer keeps its historical uniform +-1/sqrt(fan_in) (InitMlpParams), so that
 //   "mlp:" models start from exactly the weights MlpSpec models always had.
+//   Zero: the last convolution of each residual branch, so that every block starts as the
+//     identity and the network trains without batch normalisation (Zhang, Dauphin & Ma 2019,
+//     "Fixup Initialization: Residual Learning Without Normalization" (ICLR), whose rule this is;
+//     Goyal et al. 2017 zero the branch's last batch-norm scale to the same end).
 // fan_in = kh*kw*in_channels for a convolution, in for a dense layer; fan_out likewise.
 #ifndef RUBATO_WORKER_MODEL_MODEL_SPEC_H_
 #define RUBATO_WORKER_MODEL_MODEL_SPEC_H_
@@ -39,9 +44,9 @@ struct ActivationShape {
   bool operator==(const ActivationShape& o) const { return h == o.h && w == o.w && c == o.c; }
 };
 
-enum class LayerKind { kDense, kConv2D, kReLU, kMaxPool2D, kFlatten };
+enum class LayerKind { kDense, kConv2D, kReLU, kMaxPool2D, kFlatten, kAdd };
 enum class Padding { kSame, kValid };
-enum class WeightInit { kHeUniform, kGlorotUniform, kUniformInverseSqrtFanIn };
+enum class WeightInit { kHeUniform, kGlorotUniform, kUniformInverseSqrtFanIn, kZero };
 
 // One layer. Only the fields of its kind are used.
 struct LayerSpec {
@@ -63,6 +68,9 @@ struct LayerSpec {
   Padding padding = Padding::kSame;
   // MaxPool2D is always 2x2 with stride 2 (odd rows/columns at the end are dropped); ReLU and
   // Flatten have no fields.
+  // Add: its input plus the output of layer `skip_from` (an earlier layer, whose output has the
+  // same shape); the gradient flows back both ways.
+  int64_t skip_from = -1;
 
   static LayerSpec Dense(std::string name_w, std::string name_b, int64_t in, int64_t out,
                          WeightInit init);
@@ -72,6 +80,7 @@ struct LayerSpec {
   static LayerSpec ReLU();
   static LayerSpec MaxPool2D();
   static LayerSpec Flatten();
+  static LayerSpec Add(int64_t skip_from);
 };
 
 // input -> layers[0] -> ... -> layers.back() -> logits, then the mean softmax cross-entropy.
@@ -83,13 +92,15 @@ struct ModelSpec {
 // The output shape of `layer` applied to `in`, or InvalidArgument naming the layer (by index and
 // parameter name) and what does not fit: a Dense layer on a non-flat input or of the wrong width,
 // a convolution whose in_channels differ from the input's or whose "valid" kernel is larger than
-// the input, a pooling of an input below 2x2, a dimension below 1.
+// the input, a pooling of an input below 2x2, a dimension below 1. (An Add's skip is checked by
+// ValidateModelSpec, which knows the other layers.)
 absl::StatusOr<ActivationShape> LayerOutputShape(const LayerSpec& layer, const ActivationShape& in,
                                                  size_t index);
 
 // OK if the input dimensions are >= 1, every layer fits its input (LayerOutputShape) and gives at
-// most 2^31-1 values per example, parameter names are non-empty and unique, and the output is flat
-// (the logits); otherwise InvalidArgument naming the first problem.
+// most 2^31-1 values per example, parameter names are non-empty and unique, every Add's skip_from
+// is an earlier layer with the Add's input shape, and the output is flat (the logits); otherwise
+// InvalidArgument naming the first problem.
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // Shapes of the activations: [0] is spec.input, [i + 1] the output of layer i. `spec` must be
@@ -99,9 +110,10 @@ std::vector<ActivationShape> ActivationShapes(const ModelSpec& spec);
 // The number of classes (logits per example). `spec` must be valid.
 int64_t ModelNumClasses(const ModelSpec& spec);
 
-// "mlp:784-256-10" is MlpModelSpec(ParseMlpLayers("784-256-10")); "cnn" is CnnModelSpec().
+// "mlp:784-256-10" is MlpModelSpec(ParseMlpLayers("784-256-10")); "cnn" is CnnModelSpec();
+// "resnet" is ResNetModelSpec(3) and "resnet:N" ResNetModelSpec(N) for N in [1, 16].
 // InvalidArgument naming the problem for anything else (an unknown model, "mlp" without sizes, a
-// bad size token, "cnn" with arguments).
+// bad size token, "cnn" with arguments, a bad block count).
 absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view s);
 
 // Today's MLP as layers: Dense (fc{i}.weight, fc{i}.bias) then ReLU for each hidden layer, then
@@ -117,6 +129,19 @@ ModelSpec MlpModelSpec(const MlpSpec& mlp);
 // conv2/bias {64}, dense1/kernel {3136,128}, dense1/bias {128}, dense2/kernel {128,10},
 // dense2/bias {10}.
 ModelSpec CnnModelSpec();
+
+// A residual CNN for 28x28x1 images and 10 classes, after He et al. 2016, "Deep Residual Learning
+// for Image Recognition" (CVPR), section 4.2's CIFAR networks (6n+2 layers: three stages of n
+// blocks at 16, 32 and 64 channels), without batch normalisation (zero-initialised branches, see
+// the file comment), and widened between stages by a max pool and a 3x3 convolution instead of a
+// strided convolution and a projection:
+//   stem 3x3 1->16, ReLU                                             -> 28x28x16
+//   n blocks: x -> conv 3x3, ReLU, conv 3x3 (zero init), Add(x), ReLU
+//   maxpool, widen2 3x3 16->32, ReLU, n blocks                       -> 14x14x32
+//   maxpool, widen3 3x3 32->64, ReLU, n blocks                       -> 7x7x64
+//   flatten, fc 3136->10.
+// n = 3 is "ResNet-20-like": 6n + 4 = 22 weight layers, 345,642 parameters. `blocks` >= 1.
+ModelSpec ResNetModelSpec(int blocks);
 
 // Every parameter tensor in the fixed order the worker, servers and backends use: for each layer
 // with parameters, in layer order, its weight then its bias. `spec` must be valid.

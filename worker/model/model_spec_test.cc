@@ -66,6 +66,51 @@ TEST(ParseModelSpecTest, CnnShapesNamesAndCount) {
   EXPECT_THAT(text, HasSubstr("parameters: 454922"));
 }
 
+TEST(ParseModelSpecTest, ResNetStagesBlocksAndCount) {
+  const auto spec = ParseModelSpec("resnet");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(ValidateModelSpec(*spec).ok()) << ValidateModelSpec(*spec);
+  const std::vector<ParamSpec> params = ModelParamSpecs(*spec);
+  // stem, 3 stages of 3 blocks (2 convolutions each), 2 widening convolutions, fc: 22 layers.
+  EXPECT_EQ(params.size(), 2u * 22);
+  EXPECT_EQ(params[0].name, "stem/kernel");
+  EXPECT_EQ(params[2].name, "res1_1a/kernel");
+  EXPECT_EQ(params[4].name, "res1_1b/kernel");
+  EXPECT_EQ(params.back().name, "fc/bias");
+  const int64_t stage1 = 6 * (9 * 16 * 16 + 16), stage2 = 6 * (9 * 32 * 32 + 32),
+                stage3 = 6 * (9 * 64 * 64 + 64);
+  EXPECT_EQ(ModelParamCount(*spec), (9 * 16 + 16) + stage1 + (9 * 16 * 32 + 32) + stage2 +
+                                        (9 * 32 * 64 + 64) + stage3 + (3136 * 10 + 10));
+  EXPECT_EQ(ModelParamCount(*spec), 345642);
+  const std::vector<ActivationShape> shapes = ActivationShapes(*spec);
+  EXPECT_EQ(shapes[shapes.size() - 2], (ActivationShape{1, 1, 3136}));
+  EXPECT_EQ(ModelNumClasses(*spec), 10);
+  int adds = 0;
+  for (size_t i = 0; i < spec->layers.size(); ++i) {
+    const LayerSpec& l = spec->layers[i];
+    if (l.kind != LayerKind::kAdd) continue;
+    ++adds;
+    // Each block adds its input (a ReLU's output, 4 layers back) to its branch.
+    EXPECT_EQ(l.skip_from, static_cast<int64_t>(i) - 4);
+    EXPECT_EQ(spec->layers[l.skip_from].kind, LayerKind::kReLU);
+    EXPECT_EQ(spec->layers[i - 1].init, WeightInit::kZero);
+  }
+  EXPECT_EQ(adds, 9);
+  // The branches' last convolutions start at zero, so each block starts as the identity.
+  const std::vector<std::vector<float>> init = InitModelParams(*spec, 1);
+  for (size_t t = 0; t < params.size(); ++t) {
+    const bool zero = params[t].name.find("b/kernel") != std::string::npos ||
+                      params[t].name.find("/bias") != std::string::npos;
+    double sum_sq = 0;
+    for (float v : init[t]) sum_sq += v * v;
+    EXPECT_EQ(sum_sq == 0, zero) << params[t].name;
+  }
+  EXPECT_THAT(DescribeModel(*spec), HasSubstr("add layer 1 -> 28x28x16"));
+  const auto two = ParseModelSpec("resnet:2");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(ModelParamSpecs(*two).size(), 2u * (6 * 2 + 4));
+}
+
 TEST(ParseModelSpecTest, BadStringsNameTheProblem) {
   struct Case {
     const char* model;
@@ -73,7 +118,10 @@ TEST(ParseModelSpecTest, BadStringsNameTheProblem) {
   };
   for (const Case& c : {
            Case{"", "unknown --model \"\""},
-           Case{"resnet", "unknown --model \"resnet\": expected \"mlp:"},
+           Case{"resnetx", "unknown --model \"resnetx\": expected \"mlp:"},
+           Case{"resnet:0", "blocks per stage must be a whole number in [1, 16]"},
+           Case{"resnet:17", "blocks per stage must be a whole number in [1, 16]"},
+           Case{"resnet:two", "blocks per stage must be a whole number in [1, 16]"},
            Case{"MLP:784-10", "unknown --model \"MLP:784-10\""},
            Case{"mlp", "needs layer sizes after a colon"},
            Case{"mlp:", "need at least an input and a class count"},
@@ -124,6 +172,12 @@ TEST(ValidateModelSpecTest, NamesTheLayerThatDoesNotFit) {
        "input shape 65536x65536x1 exceeds 2^31-1 values"},
       {{{1 << 15, 1 << 15, 1}, {conv(1, 1, 2, Padding::kSame, "c"), LayerSpec::Flatten()}},
        "layer 0 (conv2d c/kernel): output 32768x32768x2 exceeds 2^31-1 values"},
+      {{{1, 1, 4}, {dense(4, 4, "d"), LayerSpec::Add(1), dense(4, 2, "e")}},
+       "layer 1 (add): skip_from must name an earlier layer, got 1"},
+      {{{1, 1, 4}, {LayerSpec::Add(-1), dense(4, 2, "e")}},
+       "layer 0 (add): skip_from must name an earlier layer, got -1"},
+      {{{1, 1, 4}, {dense(4, 4, "d"), dense(4, 3, "e"), LayerSpec::Add(0), dense(3, 2, "f")}},
+       "layer 2 (add): adds layer 0's output 1x1x4 to an input of 1x1x3"},
   };
   for (const Case& c : cases) {
     const absl::Status status = ValidateModelSpec(c.spec);

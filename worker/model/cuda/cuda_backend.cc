@@ -114,6 +114,7 @@ class CudaBackend : public ModelBackend {
     RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, batch, "batch", classes_));
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
     RETURN_IF_ERROR(BeginCall(batch));
+    skip_pending_.assign(plan_.size(), false);
     call_grads_.assign(grads.begin(), grads.end());
     grads_direct_ = Registered(pinned_grads_, grads);
     RETURN_IF_ERROR(Upload(params, x, labels, batch));
@@ -144,7 +145,16 @@ class CudaBackend : public ModelBackend {
       const float* result = nullptr;
       RETURN_IF_ERROR(Backward(l, batch, dout, din, &result));
       if (profile) RETURN_IF_ERROR(Record(backward_stop_[l], compute_, "cudaEventRecord"));
-      if (result == spare) std::swap(dout, spare);  // Flatten passes dout through
+      if (result == spare) std::swap(dout, spare);  // Flatten and Add pass dout through
+      // dout is now d(loss)/d(output of layer l - 1); add what Adds sent it past the layers
+      // between.
+      if (l > 0 && skip_pending_[l - 1]) {
+        const int64_t n = batch * plan_[l - 1].out.size();
+        RETURN_IF_ERROR(
+            CudaCheck(cuda::AddTensors(dout, skip_grads_[l - 1].get(), dout, n, compute_.get()),
+                      "AddTensors launch (skip gradient)"));
+        skip_pending_[l - 1] = false;
+      }
       // Its copy to the host is enqueued: hand the layer over without waiting for it.
       const LayerPlan& p = plan_[l];
       if (ready && p.num_params > 0) ready(p.first_param, static_cast<size_t>(p.num_params));
@@ -336,9 +346,11 @@ class CudaBackend : public ModelBackend {
     acts_.clear();
     cols_.clear();
     argmax_.clear();
+    skip_grads_.clear();
     acts_.resize(layers);
     cols_.resize(layers);
     argmax_.resize(layers);
+    skip_grads_.resize(layers);
     for (DeviceArray<float>* a : {&grad_a_, &grad_b_, &dcols_, &x_dev_, &loss_dev_}) {
       *a = DeviceArray<float>();
     }
@@ -364,6 +376,11 @@ class CudaBackend : public ModelBackend {
                                                                 "cudaMalloc(im2col)"));
       } else if (p.spec.kind == LayerKind::kMaxPool2D) {
         ASSIGN_OR_RETURN(argmax_[l], DeviceArray<int32_t>::Allocate(out, "cudaMalloc(argmax)"));
+      } else if (p.spec.kind == LayerKind::kAdd && skip_grads_[p.spec.skip_from].get() == nullptr) {
+        const size_t from = static_cast<size_t>(p.spec.skip_from);
+        ASSIGN_OR_RETURN(skip_grads_[from], DeviceArray<float>::Allocate(
+                                                b * static_cast<size_t>(plan_[from].out.size()),
+                                                "cudaMalloc(skip gradient)"));
       }
     }
     const size_t widest_in = b * static_cast<size_t>(widest);
@@ -482,6 +499,10 @@ class CudaBackend : public ModelBackend {
             "MaxPoolForward launch");
       case LayerKind::kFlatten:
         return absl::OkStatus();  // NHWC rows are already flat
+      case LayerKind::kAdd:
+        return CudaCheck(cuda::AddTensors(in, LayerOutput(static_cast<size_t>(p.spec.skip_from)),
+                                          out, batch * p.in.size(), s),
+                         "AddTensors launch");
     }
     return absl::OkStatus();
   }
@@ -535,6 +556,22 @@ class CudaBackend : public ModelBackend {
       case LayerKind::kFlatten:
         *result = dout;
         return absl::OkStatus();
+      case LayerKind::kAdd: {
+        // The identity's gradient passes through; a copy of it waits for the skipped-from layer.
+        *result = dout;
+        const size_t from = static_cast<size_t>(p.spec.skip_from);
+        const int64_t n = batch * p.out.size();
+        if (skip_pending_[from]) {
+          return CudaCheck(
+              cuda::AddTensors(skip_grads_[from].get(), dout, skip_grads_[from].get(), n, s),
+              "AddTensors launch (skip gradient)");
+        }
+        skip_pending_[from] = true;
+        return CudaCheck(
+            cudaMemcpyAsync(skip_grads_[from].get(), dout, static_cast<size_t>(n) * sizeof(float),
+                            cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpyAsync(skip gradient)");
+      }
     }
     return absl::OkStatus();
   }
@@ -619,6 +656,10 @@ class CudaBackend : public ModelBackend {
   std::vector<DeviceArray<float>> acts_;      // acts_[l]: (B, out size of l); empty for Flatten
   std::vector<DeviceArray<float>> cols_;      // Conv2D: (B*Ho*Wo, patch), kept for the backward
   std::vector<DeviceArray<int32_t>> argmax_;  // MaxPool2D: (B, out size)
+  // skip_grads_[l], for a layer an Add adds: (B, out size of l), the gradient the Adds send it
+  // during the backward pass, pending until the backward pass reaches it (skip_pending_[l]).
+  std::vector<DeviceArray<float>> skip_grads_;
+  std::vector<bool> skip_pending_;
   DeviceArray<float> grad_a_, grad_b_;  // (B, widest activation): d(loss)/d(activation) ping-pong
   DeviceArray<float> dcols_;            // (B*Ho*Wo, patch) of the widest Conv2D after layer 0
   DeviceArray<float> loss_dev_;         // (B) per-example loss

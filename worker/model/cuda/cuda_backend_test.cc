@@ -166,6 +166,15 @@ std::vector<NamedSpec> LayerCases() {
        {{1, 1, 3136}, {dense("d1", 3136, 128), LayerSpec::ReLU(), dense("d2", 128, 10)}}});
   cases.push_back(
       {"DenseReluDense", {{1, 1, 12}, {dense("d1", 12, 9), LayerSpec::ReLU(), dense("d2", 9, 4)}}});
+  // Residual connections: an Add whose gradient meets the branch's at the block's input, and two
+  // Adds in a row from neighbouring layers.
+  cases.push_back({"Residual",
+                   {{6, 6, 2},
+                    {conv("c0", 3, 3, 2, 3, Padding::kSame), LayerSpec::ReLU(),
+                     conv("r1a", 3, 3, 3, 3, Padding::kSame), LayerSpec::ReLU(),
+                     conv("r1b", 3, 3, 3, 3, Padding::kSame), LayerSpec::Add(1), LayerSpec::ReLU(),
+                     conv("r2a", 3, 3, 3, 3, Padding::kSame), LayerSpec::Add(6), LayerSpec::Add(5),
+                     LayerSpec::MaxPool2D(), LayerSpec::Flatten(), dense("d", 27, 4)}}});
   cases.push_back({"PoolFlattenDense",
                    {{4, 5, 3}, {LayerSpec::MaxPool2D(), LayerSpec::Flatten(), dense("d", 12, 6)}}});
   return cases;

@@ -90,6 +90,10 @@ __global__ void BiasGradientKernel(const float* dy, float* db, int64_t rows, int
   }
 }
 
+__global__ void AddTensorsKernel(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t idx = FirstIndex(); idx < n; idx += Stride()) y[idx] = a[idx] + b[idx];
+}
+
 __global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
   for (int64_t idx = FirstIndex(); idx < n; idx += Stride()) y[idx] = x[idx] > 0.0f ? x[idx] : 0.0f;
 }
@@ -211,6 +215,12 @@ cudaError_t BiasGradient(const float* dy, float* db, int64_t rows, int64_t cols,
   if (cols == 0) return cudaSuccess;
   const unsigned int blocks = static_cast<unsigned int>((cols + 31) / 32);
   BiasGradientKernel<<<blocks, dim3(32, 32), 0, stream>>>(dy, db, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t AddTensors(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  AddTensorsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(a, b, y, n);
   return cudaGetLastError();
 }
 

@@ -2,9 +2,9 @@
 // nvcc (layer_kernels.cu). Plain C++ without Abseil, like cuda_kernels.h: each launcher enqueues
 // its kernel on `stream` and returns cudaGetLastError() (cudaSuccess, or why the launch failed).
 //
-// Layouts match worker/model/layers.cc: activations are row-major (batch, h*w*c) with each example in
-// NHWC order; the im2col matrix is (batch*out_h*out_w, kh*kw*cin), row (n, oh, ow), column
-// (i, j, ci). All pointers are device pointers.
+// Layouts match worker/model/layers.cc: activations are row-major (batch, h*w*c) with each example
+// in NHWC order; the im2col matrix is (batch*out_h*out_w, kh*kw*cin), row (n, oh, ow), column (i,
+// j, ci). All pointers are device pointers.
 #ifndef RUBATO_WORKER_MODEL_CUDA_LAYER_KERNELS_H_
 #define RUBATO_WORKER_MODEL_CUDA_LAYER_KERNELS_H_
 
@@ -37,6 +37,9 @@ cudaError_t AddBias(float* y, const float* bias, int64_t rows, int64_t cols, cud
 // db (cols) <- the column sums of dy (rows, cols).
 cudaError_t BiasGradient(const float* dy, float* db, int64_t rows, int64_t cols,
                          cudaStream_t stream);
+
+// y <- a + b for n values (y may be a or b): a residual connection's sum, and its gradient's.
+cudaError_t AddTensors(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 
 // y <- max(x, 0) for n values (y may be x).
 cudaError_t ReluForward(const float* x, float* y, int64_t n, cudaStream_t stream);
