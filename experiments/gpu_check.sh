@@ -19,8 +19,13 @@
 #   3. runs model_benchmark: the CNN step and each layer on cpu (1 thread and all cores) and
 #      cuda, each GEMM layer beside cuBLAS on the same shape and cuBLAS's SGEMM peak;
 #   4. trains the CNN for one epoch with 1 server and 2 CUDA workers on this machine (Adam 1e-3,
-#      batch 64 per worker), then 1000 steps with --overlap=false and 1000 with overlap on, for the
-#      step time and the hidden fraction of communication.
+#      batch 64 per worker);
+#   5. overlap: experiments/step_overhead.py with the CUDA workers, for the CNN at batch 256 and
+#      the residual CNN (--model=resnet) at batch 256: the compute-only step (model_benchmark),
+#      then 1 server and 2 workers pushing four ways (no overlap; per layer from the compute
+#      thread; per layer from the communication thread; the defaults), each with its step time,
+#      compute, exposed push wait, time in flight, hidden fraction and step over compute-only.
+#      The per-layer times are step 3's tables.
 # `run SECTION...` runs only some of them: tests, bench, epoch, overlap, and epochs5 (five epochs,
 # for the accuracy the CNN reaches; not in the default run).
 # Everything is logged to $OUT/gpu_check.log (or ./gpu_check.log) and the runs' records to
@@ -37,6 +42,8 @@ bundle() {
   bazel build -c opt --dynamic_mode=off "${targets[@]}"
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin/worker" "$BUNDLE/bin/server" "$BUNDLE/lib" "$BUNDLE/data"
+  # Not rubato_worker_avx2 (the carry's 64 MiB has no room for it): the GPU workers run the
+  # baseline build, whose CPU work is small there, and say so in their logs.
   cp bazel-bin/worker/rubato_worker bazel-bin/worker/model/model_benchmark \
      bazel-bin/worker/model/cpu_backend_test "$BUNDLE/bin/worker/"
   cp bazel-bin/server/rubato_server "$BUNDLE/bin/server/"
@@ -153,11 +160,16 @@ run() {  # run [SECTION...]: tests bench epoch overlap (the default), epochs5
         step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=64 \
           --backends=cpu,cpu:0,cuda
         step "$BUNDLE/bin/worker/model_benchmark" --model=cnn --batch=256 \
-          --backends=cpu:0,cuda --reps=5 ;;
+          --backends=cpu:0,cuda --reps=5
+        step "$BUNDLE/bin/worker/model_benchmark" --model=resnet --batch=256 \
+          --backends=cuda --reps=5 ;;
       epoch) step train epoch --epochs 1 ;;
       overlap)
-        step train overlap_off --steps 1000 --log_every 50 --overlap false
-        step train overlap_on --steps 1000 --log_every 50 ;;
+        for model in cnn resnet; do
+          step python3 experiments/step_overhead.py --bin_dir "$BUNDLE/bin" \
+            --data_dir "$BUNDLE/data" --backend cuda --model "$model" --batch_size 256 \
+            --steps 600 --log_every 100
+        done ;;
       epochs5) step train epochs5 --epochs 5 --log_every 100 ;;
       *) echo "unknown section $section" ;;
     esac

@@ -66,8 +66,10 @@
 ABSL_FLAG(int, worker_id, -1, "This worker's rank in [0, num_workers). Required.");
 ABSL_FLAG(std::string, data_dir, rubato::kFashionMnistDefaultDir, "Fashion-MNIST IDX directory.");
 ABSL_FLAG(std::string, model, "mlp:784-256-10",
-          "The model: mlp:IN-HIDDEN...-CLASSES (dense layers with ReLU), or cnn (two 5x5 "
-          "convolutions with max-pooling, then two dense layers; 454,922 parameters).");
+          "The model: mlp:IN-HIDDEN...-CLASSES (dense layers with ReLU), cnn (two 5x5 "
+          "convolutions with max-pooling, then two dense layers; 454,922 parameters), or "
+          "resnet[:N] (a residual CNN, three stages of N blocks (default 3: ResNet-20-like, "
+          "345,642 parameters), without batch normalisation).");
 ABSL_FLAG(std::string, layers, "",
           "Old spelling of --model=mlp:LAYERS, e.g. 784-256-10; not together with --model.");
 ABSL_FLAG(int, compute_threads, 1,

@@ -439,8 +439,8 @@ def model_bytes(layers):
 
 
 def model_flag_bytes(model, layers):
-    """Bytes of the float32 model that --model (mlp:SIZES or cnn) or its old spelling --layers
-    names; ValueError for anything else."""
+    """Bytes of the float32 model that --model (mlp:SIZES, cnn or resnet[:BLOCKS]) or its old
+    spelling --layers names; ValueError for anything else."""
     if model is not None and layers is not None:
         raise ValueError("give --model or its old spelling --layers, not both")
     if model is None:
@@ -449,7 +449,20 @@ def model_flag_bytes(model, layers):
         return 4 * CNN_PARAMETERS
     if model.startswith("mlp:"):
         return model_bytes(model[len("mlp:"):])
-    raise ValueError("unknown model %r (expected mlp:IN-HIDDEN...-CLASSES or cnn)" % model)
+    match = re.match(r"^resnet(?::(\d+))?$", model)
+    if match and 1 <= int(match.group(1) or 3) <= 16:
+        return 4 * resnet_parameters(int(match.group(1) or 3))
+    raise ValueError("unknown model %r (expected mlp:IN-HIDDEN...-CLASSES, cnn, resnet or "
+                     "resnet:BLOCKS with 1-16 blocks per stage)" % model)
+
+
+def resnet_parameters(blocks):
+    """Parameters of --model=resnet:BLOCKS (worker/model/model_spec.h's ResNetModelSpec): a 3x3
+    stem to 16 channels, three stages of BLOCKS blocks of two 3x3 convolutions at 16, 32 and 64
+    channels, a 3x3 widening convolution before the second and third, and a 3136->10 dense layer."""
+    conv = lambda cin, cout: 9 * cin * cout + cout  # noqa: E731
+    stages = sum(2 * blocks * conv(c, c) for c in (16, 32, 64))
+    return conv(1, 16) + conv(16, 32) + conv(32, 64) + stages + 3136 * 10 + 10
 
 
 def max_message_mb(layers):

@@ -64,7 +64,7 @@ class ParseArgsTest(unittest.TestCase):
 
     def test_parse_args_rejects(self):
         with tempfile.NamedTemporaryFile() as secret:
-            for argv in (["--layers", "784"], ["--model", "mlp:784"], ["--model", "resnet"],
+            for argv in (["--layers", "784"], ["--model", "mlp:784"], ["--model", "resnet:0"],
                          ["--model", "cnn", "--layers", "784-10"],
                          ["--insecure", "--auth_secret_file", secret.name],
                          ["--auth_secret_file", secret.name + ".missing"],
@@ -81,7 +81,13 @@ class ParseArgsTest(unittest.TestCase):
         self.assertEqual(cli.model_flag_bytes("cnn", None), 4 * 454922)
         self.assertEqual(cli.model_flag_bytes("mlp:3-2", None), 4 * 8)
         self.assertEqual(cli.model_flag_bytes(None, "3-2"), 4 * 8)
-        for model, layers in (("cnn", "3-2"), ("resnet", None), ("mlp:3", None)):
+        # worker/model/model_spec_test.cc counts the same 345,642 parameters.
+        self.assertEqual(cli.model_flag_bytes("resnet", None), 4 * 345642)
+        self.assertEqual(cli.model_flag_bytes("resnet:3", None), 4 * 345642)
+        self.assertEqual(cli.model_flag_bytes("resnet:2", None), 4 * (345642 - 2 * (
+            (9 * 16 * 16 + 16) + (9 * 32 * 32 + 32) + (9 * 64 * 64 + 64))))
+        for model, layers in (("cnn", "3-2"), ("resnetx", None), ("resnet:0", None),
+                              ("resnet:17", None), ("resnet:", None), ("mlp:3", None)):
             with self.assertRaises(ValueError, msg=model):
                 cli.model_flag_bytes(model, layers)
 
