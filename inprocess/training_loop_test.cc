@@ -201,6 +201,10 @@ struct CopyCounts {
   int handed ABSL_GUARDED_BY(mu) = 0;
   int awaited ABSL_GUARDED_BY(mu) = 0;
   int awaited_on_compute_thread ABSL_GUARDED_BY(mu) = 0;
+  // UseHostBuffers: the calls, and whether each step's spans were the ones it was given.
+  int host_buffer_calls ABSL_GUARDED_BY(mu) = 0;
+  int steps_on_host_buffers ABSL_GUARDED_BY(mu) = 0;
+  int steps_elsewhere ABSL_GUARDED_BY(mu) = 0;
 };
 
 // A backend that hands each layer over as the CUDA backend does, before its host gradients are
@@ -216,6 +220,12 @@ class LateCopyBackend : public ModelBackend {
                                         absl::Span<const absl::Span<float>> grads,
                                         const GradientsReady& ready) override {
     compute_thread_ = std::this_thread::get_id();
+    {
+      absl::MutexLock lock(&counts_->mu);
+      const bool same = !host_grads_.empty() && host_grads_[0].data() == grads[0].data() &&
+                        host_params_[0].data() == params[0].data();
+      ++(same ? counts_->steps_on_host_buffers : counts_->steps_elsewhere);
+    }
     GradientsReady late = nullptr;
     if (ready) {
       late = [&](size_t first, size_t count) {
@@ -249,6 +259,14 @@ class LateCopyBackend : public ModelBackend {
     if (std::this_thread::get_id() == compute_thread_) ++counts_->awaited_on_compute_thread;
     return absl::OkStatus();
   }
+  absl::Status UseHostBuffers(absl::Span<const absl::Span<float>> params,
+                              absl::Span<const absl::Span<float>> grads) override {
+    host_params_.assign(params.begin(), params.end());
+    host_grads_.assign(grads.begin(), grads.end());
+    absl::MutexLock lock(&counts_->mu);
+    ++counts_->host_buffer_calls;
+    return absl::OkStatus();
+  }
   absl::StatusOr<EvalResult> Evaluate(absl::Span<const absl::Span<const float>> params,
                                       const float* x, const int32_t* labels, int64_t n) override {
     return inner_->Evaluate(params, x, labels, n);
@@ -258,6 +276,8 @@ class LateCopyBackend : public ModelBackend {
 
  private:
   const std::unique_ptr<ModelBackend> inner_;
+  std::vector<absl::Span<float>> host_params_, host_grads_;  // UseHostBuffers'
+
   CopyCounts* const counts_;
   std::thread::id compute_thread_;  // Written before any layer is handed over.
   absl::Mutex mu_;
@@ -294,6 +314,11 @@ TEST(TrainingLoopTest, TheCommunicationThreadPushesGradientsOnlyOnceTheirCopyHas
   EXPECT_EQ(threaded_counts.handed, kHanded);
   EXPECT_EQ(threaded_counts.awaited, kHanded);
   EXPECT_EQ(threaded_counts.awaited_on_compute_thread, 0);
+  // The loop gave the backend its buffers before the first step (and took them back at the end),
+  // and every step computed in them, so that a GPU copies to and from them directly.
+  EXPECT_EQ(threaded_counts.host_buffer_calls, 2 * 2);
+  EXPECT_EQ(threaded_counts.steps_on_host_buffers, 2 * 40);
+  EXPECT_EQ(threaded_counts.steps_elsewhere, 0);
   absl::MutexLock b(&inline_counts.mu);
   EXPECT_EQ(inline_counts.awaited, kHanded);
   EXPECT_EQ(inline_counts.awaited_on_compute_thread, kHanded);
