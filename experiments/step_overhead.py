@@ -51,6 +51,11 @@ def compute_only_ms(args):
         [binary, "--model=" + args.model,
          "--batch=%d" % args.batch_size, "--backends=" + args.backend, "--reps=%d" % args.reps],
         check=True, capture_output=True, text=True).stdout
+    return benchmark_step_ms(out)
+
+
+def benchmark_step_ms(out):
+    """The step time in model_benchmark's output (its first backend)."""
     match = re.search(r"^backend .*: step ([0-9.]+) ms", out, re.MULTILINE)
     if not match:
         sys.exit("step_overhead: no step time in model_benchmark's output:\n" + out)
