@@ -1,8 +1,9 @@
 // The CUDA ModelBackend. One step on the device, as streams:
-//   copy stream:    params, x, labels H2D -> [inputs_ready]      ... wait grad_done[l] -> grads D2H
-//                                                                    -> [grad_copied[l]]
-//   compute stream: wait inputs_ready -> forward -> loss -> backward L..0, [grad_done[l]] after
-//                   each parameterised layer's weight and bias gradients
+//   copy stream:    x, labels H2D -> [inputs_ready] -> layer l's weights H2D -> [weights_ready[l]]
+//                   for each l ...                      ... wait grad_done[l] -> grads D2H
+//                                                                           -> [grad_copied[l]]
+//   compute stream: wait inputs_ready -> forward, layer l after waiting weights_ready[l] -> loss
+//                   -> backward L..0, [grad_done[l]] after each parameterised layer's gradients
 // The host thread only enqueues: as soon as layer l's D2H copy is enqueued it calls `ready`, and
 // whoever pushes the layer (the training loop's communication thread) waits for grad_copied[l] in
 // AwaitGradients. The copies go straight to and from the caller's buffers where UseHostBuffers
@@ -82,8 +83,10 @@ class CudaBackend : public ModelBackend {
     const size_t layers = b->plan_.size();
     b->grad_done_.resize(layers);
     b->grad_copied_.resize(layers);
+    b->weights_ready_.resize(layers);
     for (size_t l = 0; l < layers; ++l) {
       if (b->plan_[l].num_params == 0) continue;
+      ASSIGN_OR_RETURN(b->weights_ready_[l], CudaEvent::Create(/*timing=*/false));
       ASSIGN_OR_RETURN(b->grad_done_[l], CudaEvent::Create(/*timing=*/false));
       ASSIGN_OR_RETURN(b->grad_copied_[l], CudaEvent::Create(/*timing=*/false));
     }
@@ -410,30 +413,14 @@ class CudaBackend : public ModelBackend {
   // Input of layer l: x for l = 0, else the output of layer l - 1.
   float* LayerInput(size_t l) const { return l == 0 ? x_dev_.get() : LayerOutput(l - 1); }
 
-  // Copies params (unless empty: directly where UseHostBuffers locked them, else staged in pinned
-  // memory), x and labels (staged) to the device on the copy stream; the compute stream waits for
-  // them.
+  // Copies x and labels (staged in pinned memory), then each layer's weights and bias (unless
+  // params is empty: directly from where UseHostBuffers locked them, else staged), to the device
+  // on the copy stream, recording inputs_ready_ after the inputs and weights_ready_[l] after each
+  // layer's tensors; the compute stream waits for the inputs now and for each layer's weights
+  // just before that layer (Forward), so the first layers compute while the last ones copy.
   absl::Status Upload(absl::Span<const absl::Span<const float>> params, const float* x,
                       const int32_t* labels, int64_t batch) {
     cudaStream_t copy = copy_.get();
-    if (Registered(pinned_params_, params)) {
-      // Page-locked by UseHostBuffers: each tensor straight from where the pull wrote it.
-      for (size_t t = 0; t < params.size(); ++t) {
-        RETURN_IF_ERROR(CudaCheck(
-            cudaMemcpyAsync(params_dev_.get() + ParamOffset(t), params[t].data(),
-                            params[t].size() * sizeof(float), cudaMemcpyHostToDevice, copy),
-            "cudaMemcpyAsync(params)"));
-      }
-    } else if (!params.empty()) {
-      for (size_t t = 0; t < params.size(); ++t) {
-        std::memcpy(params_host_.get() + ParamOffset(t), params[t].data(),
-                    params[t].size() * sizeof(float));
-      }
-      RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(params_dev_.get(), params_host_.get(),
-                                                static_cast<size_t>(total_params_) * sizeof(float),
-                                                cudaMemcpyHostToDevice, copy),
-                                "cudaMemcpyAsync(params)"));
-    }
     const size_t x_bytes = static_cast<size_t>(batch * spec_.input.size()) * sizeof(float);
     const size_t label_bytes = static_cast<size_t>(batch) * sizeof(int32_t);
     std::memcpy(x_host_.get(), x, x_bytes);
@@ -445,22 +432,39 @@ class CudaBackend : public ModelBackend {
                                               cudaMemcpyHostToDevice, copy),
                               "cudaMemcpyAsync(labels)"));
     RETURN_IF_ERROR(Record(inputs_ready_, copy_, "cudaEventRecord(inputs ready)"));
-    return CudaCheck(cudaStreamWaitEvent(compute_.get(), inputs_ready_.get(), 0),
-                     "cudaStreamWaitEvent(inputs ready)");
-  }
-
-  // Offset of ModelParamSpecs tensor t in the parameter and gradient buffers.
-  int64_t ParamOffset(size_t t) const {
-    for (const LayerPlan& p : plan_) {
+    RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(compute_.get(), inputs_ready_.get(), 0),
+                              "cudaStreamWaitEvent(inputs ready)"));
+    weights_copied_ = !params.empty();
+    if (params.empty()) return absl::OkStatus();  // the weights on the device are current
+    const bool direct = Registered(pinned_params_, params);
+    for (size_t l = 0; l < plan_.size(); ++l) {
+      const LayerPlan& p = plan_[l];
       if (p.num_params == 0) continue;
-      if (t == p.first_param) return p.weight_offset;
-      if (t == p.first_param + 1) return p.bias_offset;
+      for (int k = 0; k < 2; ++k) {
+        const absl::Span<const float> t = params[p.first_param + k];
+        const int64_t offset = k == 0 ? p.weight_offset : p.bias_offset;
+        const float* from = t.data();
+        if (!direct) {
+          // Staged: the pinned buffer's copy, so that the H2D copy runs asynchronously.
+          std::memcpy(params_host_.get() + offset, t.data(), t.size() * sizeof(float));
+          from = params_host_.get() + offset;
+        }
+        RETURN_IF_ERROR(
+            CudaCheck(cudaMemcpyAsync(params_dev_.get() + offset, from, t.size() * sizeof(float),
+                                      cudaMemcpyHostToDevice, copy),
+                      "cudaMemcpyAsync(params)"));
+      }
+      RETURN_IF_ERROR(Record(weights_ready_[l], copy_, "cudaEventRecord(weights ready)"));
     }
-    return 0;  // unreachable: t < ModelParamSpecs(spec_).size()
+    return absl::OkStatus();
   }
 
   absl::Status Forward(int64_t batch, bool profile) {
     for (size_t l = 0; l < plan_.size(); ++l) {
+      if (weights_copied_ && plan_[l].num_params > 0) {
+        RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(compute_.get(), weights_ready_[l].get(), 0),
+                                  "cudaStreamWaitEvent(weights ready)"));
+      }
       if (profile) RETURN_IF_ERROR(Record(forward_start_[l], compute_, "cudaEventRecord"));
       RETURN_IF_ERROR(LayerForward(l, batch));
       if (profile) RETURN_IF_ERROR(Record(forward_stop_[l], compute_, "cudaEventRecord"));
@@ -635,12 +639,13 @@ class CudaBackend : public ModelBackend {
 
   // Declared before what is made through them, so that they are destroyed last.
   std::unique_ptr<CublasApi> cublas_api_;
-  CudaStream compute_;                  // kernels and GEMMs
-  CudaStream copy_;                     // host <-> device copies
-  CublasHandle cublas_;                 // bound to compute_
-  CudaEvent inputs_ready_;              // params, x and labels are on the device
-  std::vector<CudaEvent> grad_done_;    // per parameterised layer: gradients computed
-  std::vector<CudaEvent> grad_copied_;  // ... and copied to grads_host_
+  CudaStream compute_;                    // kernels and GEMMs
+  CudaStream copy_;                       // host <-> device copies
+  CublasHandle cublas_;                   // bound to compute_
+  CudaEvent inputs_ready_;                // x and labels are on the device
+  std::vector<CudaEvent> weights_ready_;  // per parameterised layer: its weights are on the device
+  std::vector<CudaEvent> grad_done_;      // per parameterised layer: gradients computed
+  std::vector<CudaEvent> grad_copied_;    // ... and copied to grads_host_
   std::vector<CudaEvent> forward_start_, forward_stop_, backward_start_, backward_stop_;
 
   // (total_params_) each, laid out as ModelParamSpecs, weight then bias per layer.
@@ -674,6 +679,10 @@ class CudaBackend : public ModelBackend {
   // land there directly). Set before any layer is handed over, read by AwaitGradients.
   std::vector<absl::Span<float>> call_grads_;
   bool grads_direct_ = false;
+
+  // The last Upload copied weights (weights_ready_ was recorded; Evaluate's later chunks copy
+  // none, and their Forward then waits for no copy).
+  bool weights_copied_ = false;
 
   bool profiling_ = false;
   std::vector<LayerTime> times_;
