@@ -700,7 +700,12 @@ int Train(Setup* s) {
   rubato::TrainingOptions options = LoopOptions(s, *start_step);
   std::string no_overlap_reason;
   const bool overlap = rubato::OverlapEnabled(options, *client, &no_overlap_reason);
-  if (!overlap) RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
+  if (!overlap) {
+    RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
+  } else {
+    RUBATO_LOG(INFO) << "pushes overlapped with backprop, started from "
+                     << (options.comm_thread ? "a communication thread" : "the compute thread");
+  }
   const rubato::ProgressRecord start_record = rubato::StartProgress(
       s->worker_id, s->job, s->batch_size, s->model.text, rubato::ModelParamCount(s->model.spec),
       s->backend->name(), overlap, rubato::FormatConsistency(s->cluster.consistency()),
