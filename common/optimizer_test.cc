@@ -641,6 +641,65 @@ TEST(MultiversionTest, AdamKernelsDoTheSameIeeeOperationsAsAPlainLoop) {
   }
 }
 
+// LAMB likewise, with its norms summed as optimizer.cc sums them: per block of 4096, 32 float
+// lanes (lane j takes elements j, j + 32, ...), the lanes added in double, then the blocks.
+TEST(MultiversionTest, LambKernelsDoTheSameIeeeOperationsAsAPlainLoop) {
+  constexpr int64_t kN = 2 * 4096 + 1000;
+  constexpr int64_t kBlock = 4096;
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> normal;
+  OptimizerConfig config = Config("lamb", 0.01, 0.02);
+  config.set_beta1(0.9);
+  config.set_beta2(0.999);
+  config.set_epsilon(1e-6);
+  auto opt = Make(config);
+  std::vector<float> w(kN), m(kN, 0.0f), v(kN, 0.0f), u(kN);
+  for (float& x : w) x = normal(rng);
+  std::vector<float> want = w;
+  auto sum_squares = [](const float* x, int64_t count) {
+    float acc[32] = {};
+    int64_t i = 0;
+    for (; i + 32 <= count; i += 32) {
+      for (int j = 0; j < 32; ++j) acc[j] += x[i + j] * x[i + j];
+    }
+    for (int j = 0; i < count; ++i, ++j) acc[j] += x[i] * x[i];
+    double total = 0;
+    for (int j = 0; j < 32; ++j) total += acc[j];
+    return total;
+  };
+  TensorOptimizerState state;
+  for (int t = 1; t <= 3; ++t) {
+    std::vector<float> g(kN);
+    for (float& x : g) x = normal(rng);
+    const float lr = 0.01f;
+    opt->Update(lr, g, absl::MakeSpan(w), kFull, &state);
+    const float b1 = 0.9f, one_minus_b1 = static_cast<float>(1 - 0.9), b2 = 0.999f,
+                one_minus_b2 = static_cast<float>(1 - 0.999), eps = 1e-6f, wd = 0.02f;
+    const float inv_bc2_sqrt = static_cast<float>(1 / std::sqrt(1 - std::pow(0.999, t)));
+    const float inv_bc1 = static_cast<float>(1 / (1 - std::pow(0.9, t)));
+    for (int64_t i = 0; i < kN; ++i) {
+      const float mi = b1 * m[i] + one_minus_b1 * g[i];
+      const float vi = b2 * v[i] + one_minus_b2 * g[i] * g[i];
+      m[i] = mi;
+      v[i] = vi;
+      u[i] = mi / (std::sqrt(vi) * inv_bc2_sqrt + eps) * inv_bc1 + wd * want[i];
+    }
+    double a = 0, b = 0;
+    for (int64_t begin = 0; begin < kN; begin += kBlock) {
+      const int64_t count = std::min(kBlock, kN - begin);
+      a += sum_squares(want.data() + begin, count);
+      b += sum_squares(u.data() + begin, count);
+    }
+    const float scale = static_cast<float>(lr * (std::sqrt(a) / std::sqrt(b)));
+    for (int64_t i = 0; i < kN; ++i) want[i] = want[i] - scale * u[i];
+  }
+  int64_t differ = 0;
+  for (int64_t i = 0; i < kN; ++i) differ += std::memcmp(&w[i], &want[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0) << "of " << kN << " weights";
+  EXPECT_EQ(state.slot1, m);
+  EXPECT_EQ(state.slot2, v);
+}
+
 // The same update with no pool and with 1, 2 and 4 threads is bit-identical.
 
 TEST(ThreadCountTest, ResultsDoNotDependOnThePool) {
