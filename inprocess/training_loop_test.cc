@@ -35,6 +35,7 @@ struct JobResult {
   std::vector<TrainingResult> results;
   std::vector<std::string> progress;  // per worker: its JSON lines
   GetStatsResponse stats;
+  std::vector<std::string> errors;  // per worker: its run's error ("" if none)
 };
 
 // One job: `workers` threads, each with its own in-process client, over `shards` shards.
@@ -44,7 +45,7 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
                  int64_t push_bucket_bytes = 0, const char* layers = "8-16-3",
                  int64_t push_budget_bytes = ShardOptions().push_budget_bytes,
                  const std::function<void(int, TrainingOptions*)>& tweak = {},
-                 const BackendWrapper& wrap = {}) {
+                 const BackendWrapper& wrap = {}, bool expect_ok = true) {
   const Dataset train = SyntheticDataset(512, 1);
   const Dataset test = SyntheticDataset(256, 2);
   const ModelSpec spec = MlpModelSpec(*ParseMlpLayers(layers));
@@ -100,7 +101,10 @@ JobResult RunJob(ConsistencyMode mode, int workers, int shards, bool overlap, in
     });
   }
   for (auto& t : threads) t.join();
-  for (int w = 0; w < workers; ++w) EXPECT_EQ(errors[w], "") << "worker " << w;
+  if (expect_ok) {
+    for (int w = 0; w < workers; ++w) EXPECT_EQ(errors[w], "") << "worker " << w;
+  }
+  job.errors = errors;
   job.stats = owned[0]->Stats();
   if (shard_stats != nullptr) {
     for (const auto& shard : owned) shard_stats->push_back(shard->Stats());
@@ -205,6 +209,8 @@ struct CopyCounts {
   int host_buffer_calls ABSL_GUARDED_BY(mu) = 0;
   int steps_on_host_buffers ABSL_GUARDED_BY(mu) = 0;
   int steps_elsewhere ABSL_GUARDED_BY(mu) = 0;
+  // AwaitGradients fails (a device copy that failed) on this call, counted from 1 (0: never).
+  int fail_on_await = 0;
 };
 
 // A backend that hands each layer over as the CUDA backend does, before its host gradients are
@@ -257,6 +263,10 @@ class LateCopyBackend : public ModelBackend {
     absl::MutexLock lock(&counts_->mu);
     ++counts_->awaited;
     if (std::this_thread::get_id() == compute_thread_) ++counts_->awaited_on_compute_thread;
+    if (counts_->awaited == counts_->fail_on_await) {
+      return absl::InternalError(
+          "cudaEventSynchronize(gradients copied): an illegal memory access");
+    }
     return absl::OkStatus();
   }
   absl::Status UseHostBuffers(absl::Span<const absl::Span<float>> params,
@@ -322,6 +332,24 @@ TEST(TrainingLoopTest, TheCommunicationThreadPushesGradientsOnlyOnceTheirCopyHas
   absl::MutexLock b(&inline_counts.mu);
   EXPECT_EQ(inline_counts.awaited, kHanded);
   EXPECT_EQ(inline_counts.awaited_on_compute_thread, kHanded);
+}
+
+// A layer whose copy to the host fails ends the step with that error, naming the step, and no
+// push of that step starts after it (the shard applies no update of that step).
+TEST(TrainingLoopTest, AFailedGradientCopyEndsTheStepWithItsError) {
+  CopyCounts counts;
+  counts.fail_on_await = 2 * 7 + 1;  // step 7's first layer (two layers a step)
+  const JobResult job = RunJob(
+      BSP, 1, 1, /*overlap=*/true, 20, 64, {}, nullptr, 0, "8-16-3",
+      ShardOptions().push_budget_bytes, {},
+      [&counts](std::unique_ptr<ModelBackend> inner) -> std::unique_ptr<ModelBackend> {
+        return std::make_unique<LateCopyBackend>(std::move(inner), &counts);
+      },
+      /*expect_ok=*/false);
+  ASSERT_EQ(job.errors.size(), 1u);
+  EXPECT_NE(job.errors[0].find("step 7: cudaEventSynchronize(gradients copied)"), std::string::npos)
+      << job.errors[0];
+  for (const TensorStats& t : job.stats.tensors()) EXPECT_EQ(t.version(), 7) << t.name();
 }
 
 TEST(TrainingLoopTest, AsyncAndSspRunToTheEndWithStalenessInTheirBounds) {
