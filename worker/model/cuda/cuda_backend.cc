@@ -11,9 +11,11 @@
 #include "worker/model/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -238,16 +240,36 @@ class CudaBackend : public ModelBackend {
     if (params.empty() && grads.empty()) return absl::OkStatus();
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), params, "params"));
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
+    // The driver locks whole pages, and refuses a range that overlaps one already registered:
+    // small tensors (biases) share pages with their neighbours, so register the pages the
+    // tensors cover, overlapping and adjacent runs merged, once each.
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<std::pair<uintptr_t, uintptr_t>> runs;  // [begin, end), page-aligned
     for (absl::Span<const absl::Span<float>> spans : {params, grads}) {
       for (const absl::Span<float>& t : spans) {
         if (t.empty()) continue;
-        const cudaError_t e = cudaHostRegister(t.data(), t.size() * sizeof(float), 0);
-        if (e != cudaSuccess) {
-          Unregister();
-          return CudaCheck(e, "cudaHostRegister(host buffers)");
-        }
-        registered_.push_back(t.data());
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data());
+        const uintptr_t end = begin + t.size() * sizeof(float);
+        runs.emplace_back(begin / page * page, (end + page - 1) / page * page);
       }
+    }
+    std::sort(runs.begin(), runs.end());
+    std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+    for (const auto& r : runs) {
+      if (!merged.empty() && r.first <= merged.back().second) {
+        merged.back().second = std::max(merged.back().second, r.second);
+      } else {
+        merged.push_back(r);
+      }
+    }
+    for (const auto& [begin, end] : merged) {
+      void* p = reinterpret_cast<void*>(begin);
+      const cudaError_t e = cudaHostRegister(p, end - begin, cudaHostRegisterDefault);
+      if (e != cudaSuccess) {
+        Unregister();
+        return CudaCheck(e, "cudaHostRegister(host buffers)");
+      }
+      registered_.push_back(p);
     }
     pinned_params_.assign(params.begin(), params.end());
     pinned_grads_.assign(grads.begin(), grads.end());
