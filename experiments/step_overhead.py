@@ -18,7 +18,10 @@ and prints, per job, the mean over the workers' step records (the first interval
 up, left out) of the step time (1000 / steps_per_s), the compute, the wait for the pushes after
 it (push_ms), the time pushes were in flight (push_busy_ms) and the part of it hidden behind
 compute (hidden_fraction), with the step time over the compute-only step. Evaluation runs only
-at the end (--eval_every past the last step), so that no interval includes one.
+at the end (--eval_every past the last step), so that no interval includes one. Then, for each
+job that pushed in more than one piece, from its overlap records: how often the first layer's
+weights for the next step were the last to arrive, and how much sooner a forward pass waiting
+for its weights layer by layer could have started (first_layer_wait).
 
 The figures are a benchmark's: compare them within one run (this machine is shared and noisy).
 Under `experiments/gpu_check.sh run` the same script measures the GPU workers (--backend cuda).
@@ -81,6 +84,30 @@ def step_means(run_dir):
             "busy_ms": mean("push_busy_ms"), "hidden": mean("hidden_fraction")}
 
 
+def first_layer_wait(run_dir):
+    """From the workers' overlap records (one step's pushes each): in how many of them the push
+    that started last, the one holding the first layer (whose gradient the backward pass computes
+    last), was also the last whose pull of the next step's weights ended, and the mean time by
+    which another push's pull ended after it: at most what a forward pass that waited for its
+    weights layer by layer could start sooner than one that waits for all. Returns (records,
+    first layer last, mean ms); records with fewer than two pushes do not count."""
+    n = last = 0
+    gain = 0.0
+    for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.jsonl"))):
+        with open(path) as f:
+            recs = [json.loads(line) for line in f if line.startswith("{")]
+        for r in recs:
+            pushes = r.get("pushes", []) if r.get("event") == "overlap" else []
+            if len(pushes) < 2:
+                continue
+            first = max(range(len(pushes)), key=lambda i: pushes[i]["start_ms"])
+            others = max(p["pulled_ms"] for i, p in enumerate(pushes) if i != first)
+            n += 1
+            last += pushes[first]["pulled_ms"] >= others
+            gain += max(0.0, others - pushes[first]["pulled_ms"])
+    return n, last, gain / n if n else 0.0
+
+
 def run_job(args, flags):
     """One job; returns its run directory."""
     runs = os.path.join(ROOT, "runs")
@@ -124,12 +151,21 @@ def main():
     print("compute-only step (model_benchmark, median of %d): %.2f ms" % (args.reps, alone))
     print("%-12s %9s %11s %9s %9s %7s %14s" % ("way", "step ms", "compute ms", "push ms",
                                                "busy ms", "hidden", "step/compute"))
+    notes = []
     for way in ways:
-        m = step_means(run_job(args, WAYS[way]))
+        run = run_job(args, WAYS[way])
+        m = step_means(run)
         print("%-12s %9.2f %11.2f %9.2f %9.2f %7.2f %13.3fx" %
               (way, m["step_ms"], m["compute_ms"], m["push_ms"], m["busy_ms"], m["hidden"],
                m["step_ms"] / alone))
         sys.stdout.flush()
+        n, last, gain = first_layer_wait(run)
+        if n:
+            notes.append("%s: the first layer's weights came last in %d of %d sampled steps; a "
+                         "forward waiting layer by layer could have started %.3f ms sooner on "
+                         "average" % (way, last, n, gain))
+    for note in notes:
+        print(note)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,24 @@ class StepOverheadTest(unittest.TestCase):
                 step_overhead.step_means(run)
             self.assertIn(run, str(e.exception))
 
+    def test_first_layer_wait(self):
+        def overlap(*pushes):
+            return json.dumps({"event": "overlap", "worker": 0, "step": 1, "pushes": [
+                {"layer": name, "start_ms": s, "ack_ms": s, "pulled_ms": p}
+                for name, s, p in pushes]})
+        with tempfile.TemporaryDirectory() as run:
+            with open(os.path.join(run, "worker-0.jsonl"), "w") as f:
+                f.write("\n".join([
+                    overlap(("dense1", 20, 27), ("conv1", 60, 63)),    # conv1 last: no gain
+                    overlap(("dense1", 20, 70), ("conv1", 60, 66)),    # 4 ms sooner at most
+                    overlap(("all", 0, 5)),                            # one push: not counted
+                    step(1, 1, 1, 1, 0)]) + "\n")
+            with open(os.path.join(run, "worker-1.jsonl"), "w") as f:
+                f.write(overlap(("conv1", 50, 51), ("dense1", 10, 40)) + "\n")
+            n, last, gain = step_overhead.first_layer_wait(run)
+        self.assertEqual((n, last), (3, 2))
+        self.assertAlmostEqual(gain, 4.0 / 3)
+
     def test_benchmark_step_time(self):
         out = ("model cnn, 454922 parameters, batch 64\n\n"
                "backend cpu-eigen avx2+fma: step 58.312 ms (1098 examples/s)\n"
