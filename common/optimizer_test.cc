@@ -597,6 +597,34 @@ TEST(ReferenceTest, HundredRandomStepsMatchDoubleReference) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// Adam's moments at step t as a plain float loop updates them (beta1 0.9, beta2 0.999), with the
+// float scalars optimizer.cc derives in double.
+struct PlainMoments {
+  float b1 = 0.9f, one_minus_b1 = static_cast<float>(1 - 0.9), b2 = 0.999f,
+        one_minus_b2 = static_cast<float>(1 - 0.999);
+  float inv_bc2_sqrt;  // 1/sqrt(1 - b2^t)
+  explicit PlainMoments(int t)
+      : inv_bc2_sqrt(static_cast<float>(1 / std::sqrt(1 - std::pow(0.999, t)))) {}
+  // m, v <- the moments after gradient g; returns m / (sqrt(v_hat) + eps) * (1 - b1^t).
+  float Update(float g, float eps, float* m, float* v) const {
+    *m = b1 * *m + one_minus_b1 * g;
+    *v = b2 * *v + one_minus_b2 * g * g;
+    return *m / (std::sqrt(*v) * inv_bc2_sqrt + eps);
+  }
+};
+
+// The weights and both moments are the plain loop's, bit for bit (memcmp: -0 is not +0).
+void ExpectSameBits(const std::vector<float>& w, const std::vector<float>& want,
+                    const TensorOptimizerState& state, const std::vector<float>& m,
+                    const std::vector<float>& v) {
+  ASSERT_EQ(w.size(), want.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < w.size(); ++i) differ += std::memcmp(&w[i], &want[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0) << "of " << w.size() << " weights";
+  EXPECT_EQ(state.slot1, m);
+  EXPECT_EQ(state.slot2, v);
+}
+
 // Adam and AdamW give, bit for bit, what one plain float loop gives with the same operations in
 // the same order: so does whichever of the kernels' versions (SSE2, AVX2, AVX-512F) this
 // processor runs, none of which may fuse a multiply and an add or reorder a sum.
@@ -617,27 +645,17 @@ TEST(MultiversionTest, AdamKernelsDoTheSameIeeeOperationsAsAPlainLoop) {
       for (float& x : g) x = normal(rng);
       const float lr = 0.01f / static_cast<float>(t);
       opt->Update(lr, g, absl::MakeSpan(w), kFull, &state);
-      const float b1 = 0.9f, one_minus_b1 = static_cast<float>(1 - 0.9), b2 = 0.999f,
-                  one_minus_b2 = static_cast<float>(1 - 0.999), eps = 1e-8f, wd = 0.02f;
-      const float inv_bc2_sqrt = static_cast<float>(1 / std::sqrt(1 - std::pow(0.999, t)));
+      const PlainMoments moments(t);
+      const float wd = 0.02f;
       const float step = static_cast<float>(lr / (1 - std::pow(0.9, t)));
       const float lr_wd = static_cast<float>(static_cast<double>(lr) * wd);
       for (int64_t i = 0; i < kN; ++i) {
         const float wi = want[i];
-        const float gp = coupled ? g[i] + wd * wi : g[i];
-        const float mi = b1 * m[i] + one_minus_b1 * gp;
-        const float vi = b2 * v[i] + one_minus_b2 * gp * gp;
-        m[i] = mi;
-        v[i] = vi;
-        const float q = mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
+        const float q = moments.Update(coupled ? g[i] + wd * wi : g[i], 1e-8f, &m[i], &v[i]);
         want[i] = coupled ? wi - step * q : wi - (step * q + lr_wd * wi);
       }
     }
-    int64_t differ = 0;
-    for (int64_t i = 0; i < kN; ++i) differ += std::memcmp(&w[i], &want[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0) << "of " << kN << " weights";
-    EXPECT_EQ(state.slot1, m);
-    EXPECT_EQ(state.slot2, v);
+    ExpectSameBits(w, want, state, m, v);
   }
 }
 
@@ -673,16 +691,11 @@ TEST(MultiversionTest, LambKernelsDoTheSameIeeeOperationsAsAPlainLoop) {
     for (float& x : g) x = normal(rng);
     const float lr = 0.01f;
     opt->Update(lr, g, absl::MakeSpan(w), kFull, &state);
-    const float b1 = 0.9f, one_minus_b1 = static_cast<float>(1 - 0.9), b2 = 0.999f,
-                one_minus_b2 = static_cast<float>(1 - 0.999), eps = 1e-6f, wd = 0.02f;
-    const float inv_bc2_sqrt = static_cast<float>(1 / std::sqrt(1 - std::pow(0.999, t)));
+    const PlainMoments moments(t);
+    const float wd = 0.02f;
     const float inv_bc1 = static_cast<float>(1 / (1 - std::pow(0.9, t)));
     for (int64_t i = 0; i < kN; ++i) {
-      const float mi = b1 * m[i] + one_minus_b1 * g[i];
-      const float vi = b2 * v[i] + one_minus_b2 * g[i] * g[i];
-      m[i] = mi;
-      v[i] = vi;
-      u[i] = mi / (std::sqrt(vi) * inv_bc2_sqrt + eps) * inv_bc1 + wd * want[i];
+      u[i] = moments.Update(g[i], 1e-6f, &m[i], &v[i]) * inv_bc1 + wd * want[i];
     }
     double a = 0, b = 0;
     for (int64_t begin = 0; begin < kN; begin += kBlock) {
@@ -693,11 +706,7 @@ TEST(MultiversionTest, LambKernelsDoTheSameIeeeOperationsAsAPlainLoop) {
     const float scale = static_cast<float>(lr * (std::sqrt(a) / std::sqrt(b)));
     for (int64_t i = 0; i < kN; ++i) want[i] = want[i] - scale * u[i];
   }
-  int64_t differ = 0;
-  for (int64_t i = 0; i < kN; ++i) differ += std::memcmp(&w[i], &want[i], sizeof(float)) != 0;
-  EXPECT_EQ(differ, 0) << "of " << kN << " weights";
-  EXPECT_EQ(state.slot1, m);
-  EXPECT_EQ(state.slot2, v);
+  ExpectSameBits(w, want, state, m, v);
 }
 
 // The same update with no pool and with 1, 2 and 4 threads is bit-identical.
