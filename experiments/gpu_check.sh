@@ -104,22 +104,7 @@ train() {  # train NAME LAUNCH_FLAGS...
   mkdir -p "$RUNS/$name"
   cp "$last"/*.jsonl "$last"/summary.json "$last"/*.log "$RUNS/$name/" 2>/dev/null
   # Step time, compute, exposed push wait and hidden fraction, averaged over the step records.
-  python3 - "$last" <<'EOF'
-import json, sys, glob
-for path in sorted(glob.glob(sys.argv[1] + "/worker-*.jsonl")):
-    recs = [json.loads(l) for l in open(path) if l.startswith("{")]
-    steps = [r for r in recs if r.get("event") == "step"][1:]  # the first interval warms up
-    if not steps:
-        continue
-    mean = lambda k: sum(r.get(k, 0) for r in steps) / len(steps)
-    print("%s: %.1f steps/s, compute %.2f ms, pull %.2f ms, push wait %.2f ms, push busy %.2f ms, "
-          "hidden %.2f" % (path.split("/")[-1], mean("steps_per_s"), mean("compute_ms"),
-                           mean("pull_ms"), mean("push_ms"), mean("push_busy_ms"),
-                           mean("hidden_fraction")))
-    lat = steps[-1].get("push_latency_ms")
-    if lat:
-        print("  last interval, ready-to-acknowledged per layer (ms):", lat)
-EOF
+  python3 experiments/step_overhead.py --summarize "$last"
 }
 
 run() {  # run [SECTION...]: tests bench epoch overlap (the default), epochs5

@@ -24,7 +24,8 @@ weights for the next step were the last to arrive, and how much sooner a forward
 for its weights layer by layer could have started (first_layer_wait).
 
 The figures are a benchmark's: compare them within one run (this machine is shared and noisy).
-Under `experiments/gpu_check.sh run` the same script measures the GPU workers (--backend cuda).
+Under `experiments/gpu_check.sh run` the same script measures the GPU workers (--backend cuda),
+and `--summarize RUN_DIR` prints the same figures for a run made elsewhere (its training jobs).
 """
 
 import argparse
@@ -65,13 +66,18 @@ def benchmark_step_ms(out):
     return float(match.group(1))
 
 
+def worker_records(run_dir):
+    """Each worker's progress records (its JSON lines), worker by worker."""
+    for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.jsonl"))):
+        with open(path) as f:
+            yield [json.loads(line) for line in f if line.startswith("{")]
+
+
 def step_means(run_dir):
     """Means over both workers' step records after the first: step ms, compute, push wait, push
     busy, hidden fraction."""
     steps = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.jsonl"))):
-        with open(path) as f:
-            recs = [json.loads(line) for line in f if line.startswith("{")]
+    for recs in worker_records(run_dir):
         steps += [r for r in recs if r.get("event") == "step"][1:]
     if not steps:
         sys.exit("step_overhead: no step records in " + run_dir)
@@ -93,9 +99,7 @@ def first_layer_wait(run_dir):
     first layer last, mean ms); records with fewer than two pushes do not count."""
     n = last = 0
     gain = 0.0
-    for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.jsonl"))):
-        with open(path) as f:
-            recs = [json.loads(line) for line in f if line.startswith("{")]
+    for recs in worker_records(run_dir):
         for r in recs:
             pushes = r.get("pushes", []) if r.get("event") == "overlap" else []
             if len(pushes) < 2:
@@ -106,6 +110,25 @@ def first_layer_wait(run_dir):
             last += pushes[first]["pulled_ms"] >= others
             gain += max(0.0, others - pushes[first]["pulled_ms"])
     return n, last, gain / n if n else 0.0
+
+
+def first_layer_note(way, run_dir):
+    """first_layer_wait's line for a job ("" when it pushed in one piece)."""
+    n, last, gain = first_layer_wait(run_dir)
+    if not n:
+        return ""
+    return ("%s: the first layer's weights came last in %d of %d sampled steps; a forward waiting "
+            "layer by layer could have started %.3f ms sooner on average" % (way, last, n, gain))
+
+
+def summarize(run_dir):
+    """The figures of a run made elsewhere (experiments/gpu_check.sh's jobs)."""
+    m = step_means(run_dir)
+    print("step %.2f ms, compute %.2f ms, push wait %.2f ms, in flight %.2f ms, hidden %.2f" %
+          (m["step_ms"], m["compute_ms"], m["push_ms"], m["busy_ms"], m["hidden"]))
+    note = first_layer_note("this run", run_dir)
+    if note:
+        print(note)
 
 
 def run_job(args, flags):
@@ -137,7 +160,12 @@ def main():
     parser.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
     parser.add_argument("--data_dir", default="")
     parser.add_argument("--only", default="", help="comma-separated ways (default: all)")
+    parser.add_argument("--summarize", default="", metavar="RUN_DIR",
+                        help="only print the figures of a run made elsewhere")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     ways = [w for w in args.only.split(",") if w] or list(WAYS)
     unknown = [w for w in ways if w not in WAYS]
     if unknown:
@@ -159,12 +187,8 @@ def main():
               (way, m["step_ms"], m["compute_ms"], m["push_ms"], m["busy_ms"], m["hidden"],
                m["step_ms"] / alone))
         sys.stdout.flush()
-        n, last, gain = first_layer_wait(run)
-        if n:
-            notes.append("%s: the first layer's weights came last in %d of %d sampled steps; a "
-                         "forward waiting layer by layer could have started %.3f ms sooner on "
-                         "average" % (way, last, n, gain))
-    for note in notes:
+        notes.append(first_layer_note(way, run))
+    for note in filter(None, notes):
         print(note)
 
 

@@ -1,6 +1,8 @@
 """Tests of experiments/step_overhead.py's reading of the workers' step records and of
 model_benchmark's output, on hand-made files."""
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -59,6 +61,21 @@ class StepOverheadTest(unittest.TestCase):
             n, last, gain = step_overhead.first_layer_wait(run)
         self.assertEqual((n, last), (3, 2))
         self.assertAlmostEqual(gain, 4.0 / 3)
+
+    def test_summarize_prints_the_means_and_the_first_layer_line(self):
+        with tempfile.TemporaryDirectory() as run:
+            with open(os.path.join(run, "worker-0.jsonl"), "w") as f:
+                f.write("\n".join([step(1, 900, 900, 900, 0), step(20, 40, 5, 10, 0.5),
+                                   json.dumps({"event": "overlap", "pushes": [
+                                       {"start_ms": 1, "pulled_ms": 9},
+                                       {"start_ms": 5, "pulled_ms": 7}]})]) + "\n")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                step_overhead.summarize(run)
+        self.assertEqual(out.getvalue().splitlines(), [
+            "step 50.00 ms, compute 40.00 ms, push wait 5.00 ms, in flight 10.00 ms, hidden 0.50",
+            "this run: the first layer's weights came last in 0 of 1 sampled steps; a forward "
+            "waiting layer by layer could have started 2.000 ms sooner on average"])
 
     def test_benchmark_step_time(self):
         out = ("model cnn, 454922 parameters, batch 64\n\n"
