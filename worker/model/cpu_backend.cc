@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "worker/model/layers.h"
 #include "worker/model/mlp.h"
@@ -35,6 +36,16 @@ int64_t EvalChunk(const ModelSpec& spec) {
   }
   const int64_t fit = kEvalScratchBytes / std::max<int64_t>(1, floats * int64_t{sizeof(float)});
   return std::clamp<int64_t>(fit, 1, kEvalChunk);
+}
+
+// Eigen's GEMM thread count is one process-wide variable that every GEMM reads. Written only when
+// it changes, under a lock: backends of one count (the in-process workers of a test) then write it
+// once and afterwards only read it, where each call writing it raced with the others' GEMMs.
+// Backends of different counts in one process still share it.
+void UseEigenThreads(int threads) {
+  static absl::Mutex mu(absl::kConstInit);
+  absl::MutexLock lock(&mu);
+  if (Eigen::nbThreads() != threads) Eigen::setNbThreads(threads);
 }
 
 class CpuBackend : public ModelBackend {
@@ -65,7 +76,7 @@ class CpuBackend : public ModelBackend {
                                         const GradientsReady& ready) override {
     RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, batch, "batch", classes_));
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
-    Eigen::setNbThreads(threads_);
+    UseEigenThreads(threads_);
     const float loss = model_.ForwardBackward(params, x, labels, batch, grads, ready);
     if (!std::isfinite(loss)) return NonFiniteLoss(loss, batch);
     if (profiling_) RecordTimes(batch);
@@ -75,7 +86,7 @@ class CpuBackend : public ModelBackend {
   absl::StatusOr<EvalResult> Evaluate(absl::Span<const absl::Span<const float>> params,
                                       const float* x, const int32_t* labels, int64_t n) override {
     RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, n, "n", classes_));
-    Eigen::setNbThreads(threads_);
+    UseEigenThreads(threads_);
     double loss_sum = 0;
     int64_t correct = 0;
     const int64_t input = spec_.input.size();
