@@ -224,7 +224,8 @@ class LateCopyBackend : public ModelBackend {
   absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,
                                         const float* x, const int32_t* labels, int64_t batch,
                                         absl::Span<const absl::Span<float>> grads,
-                                        const GradientsReady& ready) override {
+                                        const GradientsReady& ready,
+                                        const WeightsNeeded& needed) override {
     compute_thread_ = std::this_thread::get_id();
     {
       absl::MutexLock lock(&counts_->mu);
@@ -250,7 +251,7 @@ class LateCopyBackend : public ModelBackend {
         ready(first, count);
       };
     }
-    return inner_->ForwardBackward(params, x, labels, batch, grads, late);
+    return inner_->ForwardBackward(params, x, labels, batch, grads, late, needed);
   }
   absl::Status AwaitGradients(size_t first, size_t count) override {
     absl::SleepFor(absl::Microseconds(200));

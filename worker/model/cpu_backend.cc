@@ -73,11 +73,21 @@ class CpuBackend : public ModelBackend {
   absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,
                                         const float* x, const int32_t* labels, int64_t batch,
                                         absl::Span<const absl::Span<float>> grads,
-                                        const GradientsReady& ready) override {
+                                        const GradientsReady& ready,
+                                        const WeightsNeeded& needed) override {
     RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, batch, "batch", classes_));
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
     UseEigenThreads(threads_);
-    const float loss = model_.ForwardBackward(params, x, labels, batch, grads, ready);
+    absl::Status stopped;
+    SequentialModel<float>::WeightsNeeded wait = nullptr;
+    if (needed) {
+      wait = [&needed, &stopped](size_t first, size_t count) {
+        stopped = needed(first, count);
+        return stopped.ok();
+      };
+    }
+    const float loss = model_.ForwardBackward(params, x, labels, batch, grads, ready, wait);
+    RETURN_IF_ERROR(stopped);
     if (!std::isfinite(loss)) return NonFiniteLoss(loss, batch);
     if (profiling_) RecordTimes(batch);
     return loss;

@@ -1,5 +1,5 @@
 // Tests for the CPU ModelBackend: agreement with SequentialModel<double>, Evaluate, argument
-// checks, threads, gradient callbacks and layer times.
+// checks, threads, gradient and weight callbacks and layer times.
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "worker/model/backend_checks.h"
 #include "worker/model/layers.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model_backend.h"
@@ -355,6 +356,15 @@ TEST(CpuBackendTest, CallbacksAndLayerTimes) {
     EXPECT_GE(t.backward_ms, 0) << t.name;
   }
   EXPECT_GT(times[0].forward_ms, 0);
+}
+
+// The forward pass waits for each layer's weights (the CNN: four layers with weights), and a
+// status returned there ends the pass.
+TEST(CpuBackendTest, WeightsArriveLayerByLayer) {
+  const ModelSpec spec = CnnModelSpec();
+  auto backend = CreateCpuBackend(spec, 1);
+  ASSERT_TRUE(backend.ok());
+  CheckWeightsArriveLayerByLayer(backend->get(), spec, /*lock_host_buffers=*/false);
 }
 
 }  // namespace

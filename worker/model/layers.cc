@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 namespace rubato {
@@ -356,24 +357,27 @@ typename SequentialModel<T>::ConstMatrixMap SequentialModel<T>::LayerInput(size_
 }
 
 template <typename T>
-void SequentialModel<T>::Forward(absl::Span<const absl::Span<const T>> params, const T* x,
-                                 int64_t batch) {
+bool SequentialModel<T>::Forward(absl::Span<const absl::Span<const T>> params, const T* x,
+                                 int64_t batch, const WeightsNeeded& needed) {
   if (timing_) forward_ms_.assign(layers_.size(), 0.0);
   for (size_t l = 0; l < layers_.size(); ++l) {
+    const size_t count = static_cast<size_t>(layers_[l]->num_params());
+    if (needed && count > 0 && !needed(first_param_[l], count)) return false;
     const auto t0 = std::chrono::steady_clock::now();
     layers_[l]->Forward(params.subspan(first_param_[l], layers_[l]->num_params()),
                         LayerInput(l, x, batch), &acts_[l]);
     if (skip_from_[l] >= 0) acts_[l] += acts_[skip_from_[l]];
     if (timing_) forward_ms_[l] = MillisecondsSince(t0);
   }
+  return true;
 }
 
 template <typename T>
 T SequentialModel<T>::ForwardBackward(absl::Span<const absl::Span<const T>> params, const T* x,
                                       const int32_t* labels, int64_t batch,
                                       absl::Span<const absl::Span<T>> grads,
-                                      const GradientsReady& ready) {
-  Forward(params, x, batch);
+                                      const GradientsReady& ready, const WeightsNeeded& needed) {
+  if (!Forward(params, x, batch, needed)) return std::numeric_limits<T>::quiet_NaN();
   if (timing_) backward_ms_.assign(layers_.size(), 0.0);
   auto t0 = std::chrono::steady_clock::now();
   const T loss = loss_.LossAndGradient(logits(), labels, &dacts_.back());

@@ -93,12 +93,17 @@ class SequentialModel {
   // Called during the backward pass as soon as the gradients of one layer are final, last layer
   // first, with the layer's tensors as a range of ModelParamSpecs indices [first, first + count).
   using GradientsReady = std::function<void(size_t first, size_t count)>;
+  // Called in the forward pass just before a layer's tensors [first, first + count) are first
+  // read, first layer first; false stops the pass there (see ForwardBackward).
+  using WeightsNeeded = std::function<bool(size_t first, size_t count)>;
 
   // `spec` must be valid (ValidateModelSpec).
   explicit SequentialModel(const ModelSpec& spec);
 
-  // Computes the logits of `batch` examples into logits(), keeping what the backward pass needs.
-  void Forward(absl::Span<const absl::Span<const T>> params, const T* x, int64_t batch);
+  // Computes the logits of `batch` examples into logits(), keeping what the backward pass needs;
+  // false if `needed` stopped it (the logits are then incomplete).
+  bool Forward(absl::Span<const absl::Span<const T>> params, const T* x, int64_t batch,
+               const WeightsNeeded& needed = nullptr);
 
   // (batch, num_classes) from the last Forward.
   const Matrix& logits() const { return acts_.back(); }
@@ -111,10 +116,11 @@ class SequentialModel {
 
   // Forward, then backward through the mean softmax cross-entropy. Overwrites grads with
   // d(mean loss)/d(param), calling `ready` (if set) after each layer's tensors are written, and
-  // returns the mean loss, which is NaN or infinite if the logits overflowed.
+  // returns the mean loss, which is NaN or infinite if the logits overflowed. If `needed` stops
+  // the forward pass, returns NaN at once, without a backward pass or a call to `ready`.
   T ForwardBackward(absl::Span<const absl::Span<const T>> params, const T* x, const int32_t* labels,
                     int64_t batch, absl::Span<const absl::Span<T>> grads,
-                    const GradientsReady& ready = nullptr);
+                    const GradientsReady& ready = nullptr, const WeightsNeeded& needed = nullptr);
 
   // Forward, then adds the summed cross-entropy to *loss_sum and the number of examples whose
   // argmax logit (the first, on ties) is the label to *correct.

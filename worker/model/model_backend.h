@@ -4,7 +4,8 @@
 // gradients on the device).
 //
 // One training step, as data:
-//   host params (pulled) --upload--> forward, layer by layer --> softmax cross-entropy
+//   host params (pulled; layer l's awaited through `needed` just before it) --upload--> forward,
+//   layer by layer --> softmax cross-entropy
 //   --> backward, last layer first; after layer l's backward, its gradients are copied to the
 //   host spans `grads` and `ready(first, count)` is called with layer l's tensors, while the
 //   backend goes on with layer l-1. The training loop pushes them from that callback, so the
@@ -49,6 +50,15 @@ struct LayerTime {
 // training loop's communication thread: worker/comm_thread.h).
 using GradientsReady = std::function<void(size_t first, size_t count)>;
 
+// Called during the forward pass just before the backend first reads one layer's weights, first
+// layer first, with the layer's tensors as a range of ModelParamSpecs indices [first, first +
+// count) (layers without weights are not announced). Until it returns, the host spans of those
+// tensors may still be being written (the training loop waits there for the layer's pull:
+// training_loop.h), so the layers before it compute while the later layers' weights arrive. A
+// status other than OK ends the pass there: no gradient is computed, `ready` is not called, and
+// ForwardBackward returns that status. Runs on the thread that called ForwardBackward.
+using WeightsNeeded = std::function<absl::Status(size_t first, size_t count)>;
+
 // Runs one ModelSpec's forward and backward passes. An instance keeps scratch (device memory for
 // CUDA) between calls, so it is not thread-safe: use one per thread.
 //
@@ -64,13 +74,15 @@ class ModelBackend {
   virtual std::string name() const = 0;
 
   // x: (batch, input size) NHWC per example; labels: (batch). Overwrites grads with
-  // d(mean loss)/d(param), calls `ready` (if set) as each layer's gradients are final, and returns
-  // the mean cross-entropy over the batch. On error grads may hold partial results.
+  // d(mean loss)/d(param), calls `needed` (if set) before each layer's weights are read and
+  // `ready` (if set) as each layer's gradients are final, and returns the mean cross-entropy over
+  // the batch. On error grads may hold partial results.
   virtual absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,
                                                 const float* x, const int32_t* labels,
                                                 int64_t batch,
                                                 absl::Span<const absl::Span<float>> grads,
-                                                const GradientsReady& ready = nullptr) = 0;
+                                                const GradientsReady& ready = nullptr,
+                                                const WeightsNeeded& needed = nullptr) = 0;
 
   // With a `ready` callback: waits until the host gradients of the layer handed over as (first,
   // count) are final, and returns the error of their copy, if any. Thread-safe against the

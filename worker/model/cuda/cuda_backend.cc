@@ -4,9 +4,11 @@
 //                                                                           -> [grad_copied[l]]
 //   compute stream: wait inputs_ready -> forward, layer l after waiting weights_ready[l] -> loss
 //                   -> backward L..0, [grad_done[l]] after each parameterised layer's gradients
-// The host thread only enqueues: as soon as layer l's D2H copy is enqueued it calls `ready`, and
-// whoever pushes the layer (the training loop's communication thread) waits for grad_copied[l] in
-// AwaitGradients. The copies go straight to and from the caller's buffers where UseHostBuffers
+// The host thread only enqueues, except where `needed` makes it wait for layer l's weights on the
+// host before enqueuing their copy (the training loop waiting for that layer's pull), while the
+// device computes the layers before. As soon as layer l's D2H copy is enqueued it calls `ready`,
+// and whoever pushes the layer (the training loop's communication thread) waits for grad_copied[l]
+// in AwaitGradients. The copies go straight to and from the caller's buffers where UseHostBuffers
 // page-locked them, else through pinned staging buffers (and a memcpy on the host).
 #include "worker/model/cuda/cuda_backend.h"
 
@@ -115,7 +117,8 @@ class CudaBackend : public ModelBackend {
   absl::StatusOr<float> ForwardBackward(absl::Span<const absl::Span<const float>> params,
                                         const float* x, const int32_t* labels, int64_t batch,
                                         absl::Span<const absl::Span<float>> grads,
-                                        const GradientsReady& ready) override {
+                                        const GradientsReady& ready,
+                                        const WeightsNeeded& needed) override {
     RETURN_IF_ERROR(CheckBackendInputs(param_specs_, params, x, labels, batch, "batch", classes_));
     RETURN_IF_ERROR(CheckTensorSpans(absl::MakeConstSpan(param_specs_), grads, "grads"));
     RETURN_IF_ERROR(BeginCall(batch));
@@ -125,7 +128,7 @@ class CudaBackend : public ModelBackend {
     RETURN_IF_ERROR(Upload(params, x, labels, batch));
     const bool profile = profiling_;
 
-    RETURN_IF_ERROR(Forward(batch, profile));
+    RETURN_IF_ERROR(Forward(batch, profile, needed));
 
     // Loss, then the backward pass; the last layer's backward time includes the loss.
     const size_t last = plan_.size() - 1;
@@ -435,11 +438,10 @@ class CudaBackend : public ModelBackend {
   // Input of layer l: x for l = 0, else the output of layer l - 1.
   float* LayerInput(size_t l) const { return l == 0 ? x_dev_.get() : LayerOutput(l - 1); }
 
-  // Copies x and labels (staged in pinned memory), then each layer's weights and bias (unless
-  // params is empty: directly from where UseHostBuffers locked them, else staged), to the device
-  // on the copy stream, recording inputs_ready_ after the inputs and weights_ready_[l] after each
-  // layer's tensors; the compute stream waits for the inputs now and for each layer's weights
-  // just before that layer (Forward), so the first layers compute while the last ones copy.
+  // Copies x and labels (staged in pinned memory) to the device on the copy stream, recording
+  // inputs_ready_ after them, for the compute stream to wait for now; unless params is empty,
+  // Forward then copies each layer's weights and bias (UploadLayer) just before that layer, so the
+  // first layers compute while the last ones copy.
   absl::Status Upload(absl::Span<const absl::Span<const float>> params, const float* x,
                       const int32_t* labels, int64_t batch) {
     cudaStream_t copy = copy_.get();
@@ -456,34 +458,47 @@ class CudaBackend : public ModelBackend {
     RETURN_IF_ERROR(Record(inputs_ready_, copy_, "cudaEventRecord(inputs ready)"));
     RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(compute_.get(), inputs_ready_.get(), 0),
                               "cudaStreamWaitEvent(inputs ready)"));
-    weights_copied_ = !params.empty();
-    if (params.empty()) return absl::OkStatus();  // the weights on the device are current
-    const bool direct = Registered(pinned_params_, params);
-    for (size_t l = 0; l < plan_.size(); ++l) {
-      const LayerPlan& p = plan_[l];
-      if (p.num_params == 0) continue;
-      for (int k = 0; k < 2; ++k) {
-        const absl::Span<const float> t = params[p.first_param + k];
-        const int64_t offset = k == 0 ? p.weight_offset : p.bias_offset;
-        const float* from = t.data();
-        if (!direct) {
-          // Staged: the pinned buffer's copy, so that the H2D copy runs asynchronously.
-          std::memcpy(params_host_.get() + offset, t.data(), t.size() * sizeof(float));
-          from = params_host_.get() + offset;
-        }
-        RETURN_IF_ERROR(
-            CudaCheck(cudaMemcpyAsync(params_dev_.get() + offset, from, t.size() * sizeof(float),
-                                      cudaMemcpyHostToDevice, copy),
-                      "cudaMemcpyAsync(params)"));
-      }
-      RETURN_IF_ERROR(Record(weights_ready_[l], copy_, "cudaEventRecord(weights ready)"));
-    }
+    weights_copied_ = !params.empty();  // else the weights on the device are current
+    upload_params_ = params;
+    upload_direct_ = weights_copied_ && Registered(pinned_params_, params);
     return absl::OkStatus();
   }
 
-  absl::Status Forward(int64_t batch, bool profile) {
+  // Copies layer l's weights and bias from the last Upload's params (directly from where
+  // UseHostBuffers locked them, else staged) on the copy stream and records weights_ready_[l].
+  absl::Status UploadLayer(size_t l) {
+    const LayerPlan& p = plan_[l];
+    for (int k = 0; k < 2; ++k) {
+      const absl::Span<const float> t = upload_params_[p.first_param + k];
+      const int64_t offset = k == 0 ? p.weight_offset : p.bias_offset;
+      const float* from = t.data();
+      if (!upload_direct_) {
+        // Staged: the pinned buffer's copy, so that the H2D copy runs asynchronously.
+        std::memcpy(params_host_.get() + offset, t.data(), t.size() * sizeof(float));
+        from = params_host_.get() + offset;
+      }
+      RETURN_IF_ERROR(
+          CudaCheck(cudaMemcpyAsync(params_dev_.get() + offset, from, t.size() * sizeof(float),
+                                    cudaMemcpyHostToDevice, copy_.get()),
+                    "cudaMemcpyAsync(params)"));
+    }
+    return Record(weights_ready_[l], copy_, "cudaEventRecord(weights ready)");
+  }
+
+  // The forward pass; with weights to copy, each layer's go up just before it, once `needed` (if
+  // set) has returned for it. A stop there leaves no copy running from the host buffers.
+  absl::Status Forward(int64_t batch, bool profile, const WeightsNeeded& needed = nullptr) {
     for (size_t l = 0; l < plan_.size(); ++l) {
-      if (weights_copied_ && plan_[l].num_params > 0) {
+      const LayerPlan& p = plan_[l];
+      if (weights_copied_ && p.num_params > 0) {
+        if (needed) {
+          if (absl::Status s = needed(p.first_param, static_cast<size_t>(p.num_params)); !s.ok()) {
+            (void)cudaStreamSynchronize(copy_.get());
+            (void)cudaStreamSynchronize(compute_.get());
+            return s;
+          }
+        }
+        RETURN_IF_ERROR(UploadLayer(l));
         RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(compute_.get(), weights_ready_[l].get(), 0),
                                   "cudaStreamWaitEvent(weights ready)"));
       }
@@ -702,9 +717,12 @@ class CudaBackend : public ModelBackend {
   std::vector<absl::Span<float>> call_grads_;
   bool grads_direct_ = false;
 
-  // The last Upload copied weights (weights_ready_ was recorded; Evaluate's later chunks copy
-  // none, and their Forward then waits for no copy).
+  // The last Upload has weights to copy (Forward copies them layer by layer and records
+  // weights_ready_; Evaluate's later chunks copy none, and their Forward then waits for no copy):
+  // the caller's spans, and whether they are pinned_params_ (copied from directly).
   bool weights_copied_ = false;
+  absl::Span<const absl::Span<const float>> upload_params_;
+  bool upload_direct_ = false;
 
   bool profiling_ = false;
   std::vector<LayerTime> times_;

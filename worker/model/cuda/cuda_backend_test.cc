@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "worker/model/backend_checks.h"
 #include "worker/model/layers.h"
 #include "worker/model/model_backend.h"
 #include "worker/model/model_spec.h"
@@ -290,6 +291,15 @@ TEST(CudaBackendTest, PageLockedHostBuffersGiveTheSameStep) {
   EXPECT_EQ(cuda->UseHostBuffers(Spans(p.params), Spans(short_grads)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(cuda->UseHostBuffers({}, {}).ok());
+}
+
+// Each layer's weights go up only once the loop says they have arrived (staged, and straight
+// from page-locked buffers), and a status returned there ends the pass with no copy left running.
+TEST(CudaBackendTest, WeightsArriveLayerByLayer) {
+  const ModelSpec spec = CnnModelSpec();
+  CUDA_BACKEND_OR_SKIP(cuda, spec);
+  CheckWeightsArriveLayerByLayer(cuda.get(), spec, /*lock_host_buffers=*/false);
+  CheckWeightsArriveLayerByLayer(cuda.get(), spec, /*lock_host_buffers=*/true);
 }
 
 TEST(CudaBackendTest, EvaluateMatchesTheCpuBackend) {
