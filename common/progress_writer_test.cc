@@ -89,7 +89,7 @@ TEST(ProgressLineTest, StringsStayStringsEvenWhenTheyHoldDigitsOrQuotes) {
             R"({"event":"done","worker":0,"steps":3,"computed_steps":0,"skipped_steps":0,)"
             R"("redone_steps":0,"rejoins":0,"wall_s":0,"params_fnv1a":"0123456789012345",)"
             R"("train_loss":"NaN","final_batch":0,"units":0,"reassigned_units":0,)"
-            R"("test_accuracy":0.8})");
+            R"("layerwise_steps":0,"test_accuracy":0.8})");
 
   ProgressRecord eval;
   eval.mutable_eval_model()->set_path(R"(a "quoted" \path","steps":"5)");

@@ -199,6 +199,24 @@ TEST(TrainingLoopTest, BspIsBitExactWithAndWithoutOverlapAndLearns) {
   }
 }
 
+// The next step's forward pass waiting for each layer's pull (the default) rather than for all of
+// them first changes when the weights are read, not which: the same weights, bit for bit, over
+// two shards and three workers, calls of one tensor each. Every step but the first waited so.
+TEST(TrainingLoopTest, TheLayerwiseForwardPassEndsOnTheSameWeights) {
+  auto whole = [](int, TrainingOptions* t) { t->layerwise_forward = false; };
+  const int64_t budget = ShardOptions().push_budget_bytes;
+  const JobResult layerwise = RunJob(BSP, 3, 2, /*overlap=*/true, 40, /*target_call_bytes=*/64);
+  const JobResult waiting =
+      RunJob(BSP, 3, 2, /*overlap=*/true, 40, 64, {}, nullptr, 0, "8-16-3", budget, whole);
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_EQ(layerwise.params[w].size(), 4u);
+    EXPECT_EQ(layerwise.params[w], waiting.params[0]) << "worker " << w;
+    EXPECT_EQ(layerwise.results[w].layerwise_steps, 39) << "worker " << w;
+    EXPECT_EQ(waiting.results[w].layerwise_steps, 0) << "worker " << w;
+    EXPECT_EQ(layerwise.results[w].computed_steps, 40) << "worker " << w;
+  }
+}
+
 // What LateCopyBackend saw, over every worker of a job.
 struct CopyCounts {
   absl::Mutex mu;

@@ -65,6 +65,14 @@ std::vector<double> StepField(absl::string_view worker_stdout, absl::string_view
   return values;
 }
 
+// A field of the worker's done record (NaN if there is none).
+double DoneField(absl::string_view worker_stdout, absl::string_view field) {
+  for (absl::string_view line : absl::StrSplit(worker_stdout, '\n')) {
+    if (absl::StrContains(line, "\"event\":\"done\"")) return NumberAfter(line, field);
+  }
+  return std::nan("");
+}
+
 // Runs `num_workers` CNN workers against one shard with Adam; returns each worker's stdout after
 // checking that every process exits 0.
 std::vector<std::string> RunCnnJob(int num_workers, const std::vector<std::string>& flags,
@@ -152,11 +160,23 @@ TEST(CnnIntegrationTest, WithOverlapTheLastLayersPushStartsBeforeTheBackwardPass
   for (const char* layer : {"conv2", "dense1", "dense2"}) {
     EXPECT_TRUE(absl::StrContains(latencies, absl::StrCat(",\"", layer, "\":"))) << latencies;
   }
-  // After the first step, the weights came with the pushes: no step pulls on its own.
-  const std::vector<double> pull_ms = StepField(outputs[0], "pull_ms");
+  // After the first step, the weights came with the pushes: no step pulls on its own. Each step
+  // after the first started its forward pass before they had all arrived (the last step's pulls
+  // are waited for after its backward pass: the job's final weights).
+  EXPECT_EQ(DoneField(outputs[0], "layerwise_steps"), 5) << outputs[0];
+  // Waiting for them all after the backward pass instead, no step pulls or waits in its forward
+  // pass: its pull_ms is 0.
+  const std::vector<std::string> whole =
+      RunCnnJob(1,
+                {"--batch_size=32", "--steps=6", "--log_every=2", "--train_limit=1000",
+                 "--test_limit=100", "--push_bucket_kb=0", "--layerwise_forward=false"},
+                absl::Seconds(120));
+  ASSERT_EQ(whole.size(), 1u);
+  const std::vector<double> pull_ms = StepField(whole[0], "pull_ms");
   ASSERT_EQ(pull_ms.size(), 3u);
-  EXPECT_EQ(pull_ms[1], 0) << outputs[0];
-  EXPECT_EQ(pull_ms[2], 0) << outputs[0];
+  EXPECT_EQ(pull_ms[1], 0) << whole[0];
+  EXPECT_EQ(pull_ms[2], 0) << whole[0];
+  EXPECT_EQ(DoneField(whole[0], "layerwise_steps"), 0) << whole[0];
 }
 
 TEST(CnnIntegrationTest, WithoutOverlapTheOnePushStartsAfterTheBackwardPass) {

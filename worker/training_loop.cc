@@ -228,23 +228,27 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
   if (options_.straggler != nullptr && options_.straggler->CrashAt(step)) return InjectCrash(step);
   StepTimes t;
   t.start = options_.clock->Now();
-  // Weights of version `step` (bsp: every worker's step-1 gradient applied), unless the last
-  // step's pushes pulled them already, layer by layer.
-  ASSIGN_OR_RETURN(const PullOutcome pulled, PullWeights(step));
-  if (pulled.resume >= 0) return pulled.resume;
-  t.pulled = pulled.pulled;
-  if (const std::optional<int64_t> last = client_->FinalStep(); last.has_value()) {
-    steps_ = std::min(steps_, std::max(*last, step));  // The client ended the job there.
-  }
-  if (options_.skip_to_current_version && pulled.version > step) {
-    // backup:b: this step was applied without us; go on from the servers' version.
-    const int64_t skipped = std::min(pulled.version, steps_) - step;
-    interval_.skipped += skipped;
-    result_.skipped_steps += skipped;
-    step = pulled.version;
+  // Layerwise forward: the weights arrive during the forward pass, each layer's as it needs them.
+  const bool layerwise = deferred_.has_value();
+  if (!layerwise) {
+    // Weights of version `step` (bsp: every worker's step-1 gradient applied), unless the last
+    // step's pushes pulled them already, layer by layer.
+    ASSIGN_OR_RETURN(const PullOutcome pulled, PullWeights(step));
+    if (pulled.resume >= 0) return pulled.resume;
+    t.pulled = pulled.pulled;
+    if (const std::optional<int64_t> last = client_->FinalStep(); last.has_value()) {
+      steps_ = std::min(steps_, std::max(*last, step));  // The client ended the job there.
+    }
+    if (options_.skip_to_current_version && pulled.version > step) {
+      // backup:b: this step was applied without us; go on from the servers' version.
+      const int64_t skipped = std::min(pulled.version, steps_) - step;
+      interval_.skipped += skipped;
+      result_.skipped_steps += skipped;
+      step = pulled.version;
+      if (step >= steps_) return step;
+    }
     if (step >= steps_) return step;
   }
-  if (step >= steps_) return step;
   UseBatchOf(step);
   t.drawn = options_.clock->Now();
   ASSIGN_OR_RETURN(rows_, Draw(step));
@@ -253,6 +257,29 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
     return step;
   }
   const absl::StatusOr<float> loss = ForwardBackward(step, &t);
+  if (layerwise) {
+    ASSIGN_OR_RETURN(const int64_t next, FinishDeferred(step, &t));
+    if (next >= 0) return next;
+    t.pulled = true;
+    ++result_.layerwise_steps;
+  }
+  RETURN_IF_ERROR(DrainPushes(step));
+  if (loss.ok() && MayDefer(step)) {
+    // Its pushes are waited for in the next step's forward pass, layer by layer.
+    t.pushed = options_.clock->Now();
+    t.deferred = true;
+    Deferred d;
+    d.step = step;
+    d.loss = *loss;
+    d.t = t;
+    d.pushes = std::move(pushes_);
+    d.waited.assign(d.pushes.size(), false);
+    d.left = d.pushes.size();
+    deferred_ = std::move(d);
+    pushes_.clear();
+    prefetched_step_ = -1;
+    return step + 1;
+  }
   PsClient::PushResult pushed;
   absl::Status push_status = WaitForPushes(step, loss.ok(), &pushed);
   RETURN_IF_ERROR(AtStep(step, loss.status()));
@@ -265,8 +292,91 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
   RETURN_IF_ERROR(AtStep(step, push_status));
   t.pushed = options_.clock->Now();
   ++result_.computed_steps;
-  RETURN_IF_ERROR(AtStep(step, Account(step, *loss, t, pushed)));
+  RETURN_IF_ERROR(AtStep(step, Account(step, *loss, t, pushed, pushes_)));
   return step + 1;
+}
+
+bool TrainingLoop::MayDefer(int64_t step) const {
+  if (!options_.layerwise_forward || !overlap_ || !start_error_.ok()) return false;
+  // What the step's answers decide for the next one must be known before it starts.
+  if (options_.adaptive_batch || options_.skip_to_current_version || options_.work != nullptr ||
+      options_.straggler != nullptr) {
+    return false;
+  }
+  // The last step's weights are pulled by the loop's end; an evaluation needs them all, and the
+  // backend between two passes.
+  if (step + 1 >= steps_ || EvalDue(step + 1)) return false;
+  size_t tensors = 0;
+  for (const LayerPush& p : pushes_) tensors += p.tensors;
+  return tensors == specs_.size();  // Every tensor's pull follows its push.
+}
+
+absl::Status TrainingLoop::AwaitWeights(size_t first, size_t count) {
+  Deferred& d = *deferred_;
+  if (d.left == 0) return absl::OkStatus();
+  const absl::Time start = options_.clock->Now();
+  for (size_t i = 0; i < d.pushes.size(); ++i) {
+    LayerPush& p = d.pushes[i];
+    if (d.waited[i] || p.first_tensor >= first + count || p.first_tensor + p.tensors <= first) {
+      continue;
+    }
+    const absl::Status s = client_->WaitPush(p.ticket, &d.pushed, &p.timing);
+    d.waited[i] = true;
+    --d.left;
+    if (d.status.ok()) d.status = s;
+  }
+  d.t.next_forward_wait += options_.clock->Now() - start;
+  if (!d.status.ok()) return d.status;  // The pass stops; FinishDeferred deals with it.
+  if (d.left > 0) return absl::OkStatus();
+  d.completed = true;
+  d.status = Complete(&d);
+  if (!d.status.ok()) return d.status;
+  if (steps_ <= d.step + 1) return absl::CancelledError("the job ended");
+  return absl::OkStatus();
+}
+
+absl::Status TrainingLoop::Complete(Deferred* d) {
+  ++result_.computed_steps;
+  RETURN_IF_ERROR(AtStep(d->step, Account(d->step, d->loss, d->t, d->pushed, d->pushes)));
+  if (const std::optional<int64_t> last = client_->FinalStep(); last.has_value()) {
+    steps_ = std::min(steps_, std::max(*last, d->step + 1));  // The client ended the job there.
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> TrainingLoop::FinishDeferred(int64_t step, StepTimes* t) {
+  Deferred d = std::move(*deferred_);
+  deferred_.reset();
+  // The pushes the pass did not wait for (it stopped before their layers): none outlives the
+  // step it belongs to.
+  for (size_t i = 0; i < d.pushes.size(); ++i) {
+    if (d.waited[i]) continue;
+    const absl::Status s = client_->WaitPush(d.pushes[i].ticket, &d.pushed, &d.pushes[i].timing);
+    if (d.status.ok()) d.status = s;
+  }
+  t->weights_wait = d.t.next_forward_wait;
+  if (d.status.ok() && !d.completed) {
+    d.completed = true;
+    d.status = Complete(&d);
+  }
+  if (d.status.ok()) return step < steps_ ? -1 : step;  // Go on, or the job ended there.
+  if (d.completed) return d.status;  // The accounting's error, which names the step.
+  // A push of the step before failed; this step's pass stopped before it pushed anything.
+  if (!absl::IsAborted(d.status)) return AtStep(d.step, d.status);
+  ASSIGN_OR_RETURN(const int64_t next, Rejoin(d.step, d.status, /*drawn=*/true));
+  // This step's batch was drawn for nothing: draw on from where the step to run next begins (a
+  // batcher's position follows from the step; a work feed never defers a step).
+  if (next < steps_) Seek(next);
+  return next;
+}
+
+bool TrainingLoop::EvalDue(int64_t done) const {
+  // Every eval_every steps' worth of examples at the starting batch (every eval_every steps
+  // when the batch does not change).
+  if (test_.size == 0 || options_.eval_every <= 0 || done == steps_) return false;
+  const int64_t eval_examples = options_.eval_every * batch0_ * workers_;
+  return plan_.ExamplesBefore(done) / eval_examples >
+         plan_.ExamplesBefore(done - 1) / eval_examples;
 }
 
 absl::Status TrainingLoop::InjectCrash(int64_t step) {
@@ -349,8 +459,12 @@ absl::StatusOr<float> TrainingLoop::ForwardBackward(int64_t step, StepTimes* t) 
                   });
     };
   }
+  WeightsNeeded needed = nullptr;
+  if (deferred_.has_value()) {
+    needed = [this](size_t first, size_t count) { return AwaitWeights(first, count); };
+  }
   absl::StatusOr<float> loss = backend_->ForwardBackward(ConstSpans(*params_), x_.data(), y_.data(),
-                                                         rows_, grad_spans_, ready);
+                                                         rows_, grad_spans_, ready, needed);
   if (overlap_) {
     // The layers still in the bucket; none after a failed pass (its gradients are not final).
     std::vector<PushBuckets::Range> rest = buckets_.Flush();
@@ -386,13 +500,15 @@ void TrainingLoop::StartPushes(int64_t step, const std::vector<PushBuckets::Rang
   }
 }
 
-absl::Status TrainingLoop::WaitForPushes(int64_t step, bool computed,
-                                         PsClient::PushResult* pushed) {
+absl::Status TrainingLoop::DrainPushes(int64_t step) {
   // Every push has started once the communication thread is idle (a bounded wait: it only
   // encodes, writes what the sockets take and waits for the device's copies).
-  if (comm_ != nullptr) {
-    RETURN_IF_ERROR(AtStep(step, comm_->Drain(kCommDrainTimeout)));
-  }
+  if (comm_ == nullptr) return absl::OkStatus();
+  return AtStep(step, comm_->Drain(kCommDrainTimeout));
+}
+
+absl::Status TrainingLoop::WaitForPushes(int64_t step, bool computed,
+                                         PsClient::PushResult* pushed) {
   // Wait for every push that started, even after an error, so none outlives its step.
   absl::Status status = start_error_;
   size_t pulled_tensors = 0;
@@ -428,20 +544,28 @@ absl::Status TrainingLoop::PushAll(int64_t step, absl::Time computed,
 }
 
 absl::Status TrainingLoop::Account(int64_t step, float loss, const StepTimes& t,
-                                   const PsClient::PushResult& pushed) {
+                                   const PsClient::PushResult& pushed,
+                                   const std::vector<LayerPush>& pushes) {
   Interval& i = interval_;
   if (pushed.applied_examples >= 0) applied_examples_ = pushed.applied_examples;
   i.loss += loss;
-  i.compute_s += absl::ToDoubleSeconds(t.computed - t.drawn);
+  i.compute_s += absl::ToDoubleSeconds(t.computed - t.drawn - t.weights_wait);
   i.delay_s += absl::ToDoubleSeconds(t.computed_delayed - t.computed);
-  // Includes waiting at the barrier; a step whose weights came with the last pushes pulled
-  // nothing (not even the microseconds of bookkeeping counted as pulling).
-  if (t.pulled) i.pull_s += absl::ToDoubleSeconds(t.drawn - t.start);
+  // Includes waiting at the barrier (and, layerwise, in the forward pass); a step whose weights
+  // came with the last pushes pulled nothing (not even the microseconds of bookkeeping counted as
+  // pulling).
+  if (t.pulled) i.pull_s += absl::ToDoubleSeconds(t.drawn - t.start + t.weights_wait);
   i.push_s += absl::ToDoubleSeconds(t.pushed - t.computed_delayed);
-  const PushOverlap o = MeasureOverlap(pushes_, t.drawn, t.computed);
+  PushOverlap o = MeasureOverlap(pushes, t.drawn, t.computed);
+  if (t.deferred) {
+    // Hidden: all but what the compute thread waited for, after the backward pass and in the
+    // next step's forward pass.
+    o.hidden_s = std::max(
+        0.0, o.busy_s - absl::ToDoubleSeconds(t.pushed - t.computed + t.next_forward_wait));
+  }
   i.push_busy_s += o.busy_s;
   i.push_hidden_s += o.hidden_s;
-  for (const LayerPush& p : pushes_) {
+  for (const LayerPush& p : pushes) {
     i.ready_to_ack_s[p.first_tensor] +=
         absl::ToDoubleSeconds(p.timing.acknowledged - p.timing.started);
   }
@@ -458,18 +582,12 @@ absl::Status TrainingLoop::Account(int64_t step, float loss, const StepTimes& t,
   i.dropped += pushed.dropped;
   ++i.steps;
   const int64_t done = step + 1;
-  if (done % options_.log_every == 0 || done == steps_) Report(done, t);
-  // Every eval_every steps' worth of examples at the starting batch (every eval_every steps
-  // when the batch does not change).
-  const int64_t eval_examples = options_.eval_every * batch0_ * workers_;
-  if (test_.size > 0 && options_.eval_every > 0 && done != steps_ &&
-      plan_.ExamplesBefore(done) / eval_examples > plan_.ExamplesBefore(step) / eval_examples) {
-    RETURN_IF_ERROR(Evaluate(done).status());
-  }
+  if (done % options_.log_every == 0 || done == steps_) Report(done, t, pushes);
+  if (EvalDue(done)) RETURN_IF_ERROR(Evaluate(done).status());
   return absl::OkStatus();
 }
 
-void TrainingLoop::Report(int64_t done, const StepTimes& t) {
+void TrainingLoop::Report(int64_t done, const StepTimes& t, const std::vector<LayerPush>& pushes) {
   Interval& i = interval_;
   const double n = static_cast<double>(i.steps);
   result_.final_loss = i.loss / n;
@@ -487,8 +605,7 @@ void TrainingLoop::Report(int64_t done, const StepTimes& t) {
   if (overlap_) AddLatencies(specs_, i.ready_to_ack_s, i.steps, s);
   if (options_.clip_global_norm > 0) s->set_grad_norm(RoundDecimals(i.grad_norm / n, 5));
   WriteProgress(*progress_, r);
-  WriteProgress(*progress_,
-                Overlap(options_.worker_id, done, specs_, pushes_, t.drawn, t.computed));
+  WriteProgress(*progress_, Overlap(options_.worker_id, done, specs_, pushes, t.drawn, t.computed));
   std::vector<double> ready_to_ack = std::move(i.ready_to_ack_s);
   std::fill(ready_to_ack.begin(), ready_to_ack.end(), 0.0);
   i = Interval();
@@ -523,7 +640,7 @@ absl::StatusOr<EvalResult> TrainingLoop::Evaluate(int64_t step) {
 
 absl::Status TrainingLoop::AdoptConsistency(int64_t step, const StepTimes& t,
                                             const PsClient::PushResult& pushed) {
-  const double ms = 1e3 * absl::ToDoubleSeconds(t.computed_delayed - t.drawn);
+  const double ms = 1e3 * absl::ToDoubleSeconds(t.computed_delayed - t.drawn - t.weights_wait);
   compute_ms_ema_ = NextComputeMsMean(compute_ms_ema_, ms);
   client_->SetComputeMs(compute_ms_ema_, step, ms);
   std::vector<ConsistencyChange> learned;

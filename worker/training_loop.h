@@ -12,9 +12,18 @@
 // computing and the compute thread never waits for it until the backward pass is over. Each layer's
 // push is followed at once by the pull of that layer's weights for the next step, which the shard
 // answers as soon as that tensor's update is applied (in BSP: once every worker's gradient of it
-// has arrived); the step waits for all of them, and the next step then starts without a pull of its
-// own (its pull_ms is 0, and push_ms is the wait for the pushes and their pulls after the backward
-// pass). Each "step" record then gives per layer the mean time from its gradient being ready to its
+// has arrived). With options.layerwise_forward, the next step does not wait for all of them: it
+// draws its batch and starts its forward pass at once, and the pass waits before each layer for the
+// pushes (and pulls) of that layer only (ModelBackend's WeightsNeeded), so the first layers compute
+// while the pulls of the later ones are still in flight; the step before is accounted for (its
+// records, its decisions) once the last of them has arrived, before any of the new step's
+// gradients is pushed. Its push_ms is then the time to start its pushes, and the next step's
+// pull_ms the time its forward pass waited for weights (not counted as compute_ms). Where the step
+// before could change what the next one computes (an adaptive batch, backup workers or adaptive
+// consistency, a work feed, an evaluation due, the job's last step), the step waits for all of them
+// after its backward pass instead, and the next step starts without a pull of its own (its pull_ms
+// is 0, and push_ms is the wait for the pushes and their pulls after the backward pass). Each
+// "step" record then gives per layer the mean time from its gradient being ready to its
 // push being acknowledged, and the fraction of the time spent pushing that was hidden behind
 // compute; an "overlap" record gives one step's raw timestamps. Overlap is off when gradients are
 // clipped by their global norm (which needs every layer's gradient first) and when a straggler
@@ -29,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -90,6 +100,10 @@ struct TrainingOptions {
   // compute thread goes straight on with the next layer's backward pass; false starts them from
   // the compute thread inside the backward pass (for comparison).
   bool comm_thread = true;
+  // With overlap: the next step's forward pass waits for each layer's weights as it reaches that
+  // layer, not for all of them before it starts (see above); false waits for every pull after the
+  // backward pass (for comparison).
+  bool layerwise_forward = true;
   // With overlap: consecutive layers are gathered into one push until it holds at least this many
   // bytes (worker/push_buckets.h); 0 pushes every layer alone.
   int64_t push_bucket_bytes = 0;
@@ -125,6 +139,8 @@ struct TrainingResult {
   // Work reassignment: units drawn, and of those, units of other workers' shares.
   int64_t units = 0;
   int64_t reassigned_units = 0;
+  // Steps whose forward pass started before their weights had all arrived (layerwise_forward).
+  int64_t layerwise_steps = 0;
 };
 
 // What a step record reports of a log interval: sums over its steps, times in seconds.
@@ -170,8 +186,28 @@ class TrainingLoop {
     absl::Time drawn;             // Before the batch is drawn (the pull is over).
     absl::Time computed;          // Backward pass over (overlapped pushes started).
     absl::Time computed_delayed;  // ... plus an injected straggler delay.
-    absl::Time pushed;            // Every push acknowledged.
+    absl::Time pushed;            // Every push acknowledged (deferred: every push started).
     bool pulled = false;          // It pulled (rather than using the last step's prefetch).
+    // Layerwise forward: the time this step's forward pass waited for weights.
+    absl::Duration weights_wait = absl::ZeroDuration();
+    // A deferred step (its pushes waited for in the next step's forward pass): the part of that
+    // wait spent on its pulls, which was not hidden behind compute.
+    bool deferred = false;
+    absl::Duration next_forward_wait = absl::ZeroDuration();
+  };
+  // A step whose pushes (and the pulls of the next step's weights behind them) are still in
+  // flight while the next step computes: the next step's forward pass waits for them layer by
+  // layer (AwaitWeights), and the step is accounted for once all have arrived (Complete).
+  struct Deferred {
+    int64_t step = 0;
+    float loss = 0;
+    StepTimes t;
+    std::vector<LayerPush> pushes;
+    std::vector<bool> waited;  // per push
+    size_t left = 0;           // pushes not yet waited for
+    PsClient::PushResult pushed;
+    absl::Status status;  // the first push that failed, or the accounting's error
+    bool completed = false;
   };
   // The weights a step pulled: their version, or where a rejoin lands (resume >= 0).
   struct PullOutcome {
@@ -207,13 +243,28 @@ class TrainingLoop {
   void StartPushes(int64_t step, const std::vector<PushBuckets::Range>& ranges);
   // Runs `task` on the communication thread (in the order posted), or at once without one.
   void Communicate(std::string what, std::function<void()> task);
+  // Waits until every push of the step has started (the communication thread is idle).
+  absl::Status DrainPushes(int64_t step);
   absl::Status WaitForPushes(int64_t step, bool computed, PsClient::PushResult* pushed);
+  // Whether the step's pushes may be waited for in the next step's forward pass (see above).
+  bool MayDefer(int64_t step) const;
+  // Layerwise forward: waits for the deferred pushes of tensors [first, first + count), and
+  // completes the deferred step once none is left.
+  absl::Status AwaitWeights(size_t first, size_t count);
+  // Accounts for the deferred step (all its pushes arrived): as the end of Step would have.
+  absl::Status Complete(Deferred* d);
+  // After the forward/backward pass of `step`: waits for what the pass did not, completes the
+  // deferred step and sets t->weights_wait; returns -1 to go on with `step`, else the step to run
+  // next (where a rejoin lands, or the job's end; the pass then stopped before pushing anything).
+  absl::StatusOr<int64_t> FinishDeferred(int64_t step, StepTimes* t);
+  // Whether an evaluation falls due after step done - 1.
+  bool EvalDue(int64_t done) const;
   void Straggle(int64_t step, StepTimes* t);
   absl::Status PushAll(int64_t step, absl::Time computed, PsClient::PushResult* pushed);
   // The step's figures into the interval; records, batch changes and evaluations that fall due.
   absl::Status Account(int64_t step, float loss, const StepTimes& t,
-                       const PsClient::PushResult& pushed);
-  void Report(int64_t done, const StepTimes& t);
+                       const PsClient::PushResult& pushed, const std::vector<LayerPush>& pushes);
+  void Report(int64_t done, const StepTimes& t, const std::vector<LayerPush>& pushes);
   absl::StatusOr<EvalResult> Evaluate(int64_t step);
   // Adaptive batch: takes the changes the shards announced. `computed` is the last step this
   // worker has computed (-1 at registration, when they are the job's history): a change for a
@@ -263,6 +314,7 @@ class TrainingLoop {
   // was pulled that way, the next step skips its pull.
   int64_t prefetched_step_ = -1;
   int64_t prefetched_version_ = 0;
+  std::optional<Deferred> deferred_;  // Layerwise forward: the step before, still in flight.
   // The newest PushResult::applied_examples (-1: none): what the eval records' epochs count.
   int64_t applied_examples_ = -1;
   // Adaptive consistency: the moving average of this worker's compute time per step (injected

@@ -90,6 +90,9 @@ ABSL_FLAG(bool, comm_thread, true,
           "With --overlap: start each push (and on a GPU wait for its gradients' copy to the "
           "host) on a communication thread, so the compute thread never encodes a push or waits "
           "on the network during the backward pass (false: from the compute thread).");
+ABSL_FLAG(bool, layerwise_forward, true,
+          "With --overlap: start the next step's forward pass before its weights have all "
+          "arrived, each layer waiting for its own pull (false: wait for every pull first).");
 ABSL_FLAG(int64_t, push_bucket_kb, rubato::kDefaultPushBucketKb,
           "With --overlap: gather consecutive layers' gradients into one push until it holds at "
           "least this many KiB, as DDP's buckets do (0: push every layer alone; a layer larger "
@@ -666,6 +669,7 @@ rubato::TrainingOptions LoopOptions(Setup* s, int64_t start_step) {
   options.on_injected_crash = InjectedCrash;
   options.overlap = absl::GetFlag(FLAGS_overlap);
   options.comm_thread = absl::GetFlag(FLAGS_comm_thread);
+  options.layerwise_forward = absl::GetFlag(FLAGS_layerwise_forward);
   options.push_bucket_bytes = absl::GetFlag(FLAGS_push_bucket_kb) << 10;
   options.adaptive_batch = s->cluster.adaptive_batch().max_global_batch() > 0;
   options.num_workers = s->cluster.num_workers();
@@ -704,7 +708,8 @@ int Train(Setup* s) {
     RUBATO_LOG(INFO) << "pushes not overlapped with backprop: " << no_overlap_reason;
   } else {
     RUBATO_LOG(INFO) << "pushes overlapped with backprop, started from "
-                     << (options.comm_thread ? "a communication thread" : "the compute thread");
+                     << (options.comm_thread ? "a communication thread" : "the compute thread")
+                     << (options.layerwise_forward ? ", forward pass waiting layer by layer" : "");
   }
   const rubato::ProgressRecord start_record = rubato::StartProgress(
       s->worker_id, s->job, s->batch_size, s->model.text, rubato::ModelParamCount(s->model.spec),

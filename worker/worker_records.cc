@@ -66,6 +66,7 @@ ProgressRecord DoneProgress(int worker, const TrainingResult& result,
   d->set_final_batch(result.final_batch);
   d->set_units(result.units);
   d->set_reassigned_units(result.reassigned_units);
+  d->set_layerwise_steps(result.layerwise_steps);
   if (std::isfinite(result.noise_scale)) {
     d->set_noise_scale(RoundSignificant(result.noise_scale, 6));
   }

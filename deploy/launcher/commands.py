@@ -24,8 +24,8 @@ SERVER_FLAGS = ("update_threads", "apply_threads", "noise_ema_decay", "memory_bu
                 "restore_step")
 # Flags given to workers only.
 WORKER_FLAGS = ("model", "layers", "compute_threads", "cuda_device", "overlap", "comm_thread",
-                "push_bucket_kb", "ps_transport", "ring_spin_us", "batch_size", "epochs", "steps",
-                "eval_every",
+                "layerwise_forward", "push_bucket_kb", "ps_transport", "ring_spin_us", "batch_size",
+                "epochs", "steps", "eval_every",
                 "log_every", "train_limit", "test_limit", "seed", "data_dir", "backend",
                 "connect_timeout_ms", "retry_timeout_ms", "server_restart_timeout_s",
                 # Straggler injection, for every worker; --slow_workers slows chosen ones.
