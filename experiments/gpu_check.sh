@@ -22,9 +22,11 @@
 #      batch 64 per worker);
 #   5. overlap: experiments/step_overhead.py with the CUDA workers, for the CNN at batch 256 and
 #      the residual CNN (--model=resnet) at batch 256: the compute-only step (model_benchmark),
-#      then 1 server and 2 workers pushing four ways (no overlap; per layer from the compute
-#      thread; per layer from the communication thread; the defaults), each with its step time,
-#      compute, exposed push wait, time in flight, hidden fraction and step over compute-only.
+#      then 1 server and 2 workers pushing five ways (no overlap; per layer from the compute
+#      thread; per layer from the communication thread; the defaults with the forward pass
+#      waiting for every pull; the defaults, waiting layer by layer), each with its step time,
+#      compute, exposed pull and push waits, time in flight, hidden fraction and step over
+#      compute-only.
 #      The per-layer times are step 3's tables.
 # `run SECTION...` runs only some of them: tests, bench, epoch, overlap, and epochs5 (five epochs,
 # for the accuracy the CNN reaches; not in the default run).
@@ -103,7 +105,7 @@ train() {  # train NAME LAUNCH_FLAGS...
   last=$(ls -td runs/*/ | head -1)
   mkdir -p "$RUNS/$name"
   cp "$last"/*.jsonl "$last"/summary.json "$last"/*.log "$RUNS/$name/" 2>/dev/null
-  # Step time, compute, exposed push wait and hidden fraction, averaged over the step records.
+  # Step time, compute, exposed pull and push waits and hidden fraction, over the step records.
   python3 experiments/step_overhead.py --summarize "$last"
 }
 

@@ -9,19 +9,26 @@ the median of its timed steps) on the backend (cpu: one thread, as each worker r
 job of 1 server and 2 workers on this host for each of these ways to push:
 
     no_overlap   --overlap=false: one push after the backward pass, then one pull
-    per_layer    --push_bucket_kb=0 --comm_thread=false: each layer's push started from the
-                 compute thread inside the backward pass (the worker before issue 36)
-    comm_thread  --push_bucket_kb=0: each layer's push started on the communication thread
-    default      the worker's defaults (4 MiB buckets, communication thread)
+    per_layer    --push_bucket_kb=0 --comm_thread=false --layerwise_forward=false: each layer's
+                 push started from the compute thread inside the backward pass, and every pull
+                 waited for after it (the worker before issue 36)
+    comm_thread  --push_bucket_kb=0 --layerwise_forward=false: each layer's push started on the
+                 communication thread
+    whole_pull   --layerwise_forward=false: the defaults (4 MiB buckets, communication thread),
+                 but the next step's forward pass waits for every pull before it starts
+    default      the worker's defaults: that forward pass waits for each layer's pull as it
+                 reaches the layer
 
 and prints, per job, the mean over the workers' step records (the first interval, which warms
-up, left out) of the step time (1000 / steps_per_s), the compute, the wait for the pushes after
-it (push_ms), the time pushes were in flight (push_busy_ms) and the part of it hidden behind
-compute (hidden_fraction), with the step time over the compute-only step. Evaluation runs only
-at the end (--eval_every past the last step), so that no interval includes one. Then, for each
-job that pushed in more than one piece, from its overlap records: how often the first layer's
-weights for the next step were the last to arrive, and how much sooner a forward pass waiting
-for its weights layer by layer could have started (first_layer_wait).
+up, left out) of the step time (1000 / steps_per_s), the compute, the waits for weights
+(pull_ms: before the step or, layer by layer, inside its forward pass) and for the pushes after
+the backward pass (push_ms), the time pushes were in flight (push_busy_ms) and the part of it
+hidden behind compute (hidden_fraction), with the step time over the compute-only step.
+Evaluation runs only at the end (--eval_every past the last step), so that no interval includes
+one. Then, for each job that pushed in more than one piece, from its overlap records: how often
+the first layer's weights for the next step were the last to arrive, and how much sooner a
+forward pass waiting for its weights layer by layer could start than one waiting for all of them
+(first_layer_wait: the most the default way can gain over whole_pull).
 
 The figures are a benchmark's: compare them within one run (this machine is shared and noisy).
 Under `experiments/gpu_check.sh run` the same script measures the GPU workers (--backend cuda),
@@ -40,8 +47,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WAYS = {
     "no_overlap": ["--overlap", "false"],
-    "per_layer": ["--push_bucket_kb", "0", "--comm_thread", "false"],
-    "comm_thread": ["--push_bucket_kb", "0"],
+    "per_layer": ["--push_bucket_kb", "0", "--comm_thread", "false", "--layerwise_forward",
+                  "false"],
+    "comm_thread": ["--push_bucket_kb", "0", "--layerwise_forward", "false"],
+    "whole_pull": ["--layerwise_forward", "false"],
     "default": [],
 }
 
@@ -74,8 +83,8 @@ def worker_records(run_dir):
 
 
 def step_means(run_dir):
-    """Means over both workers' step records after the first: step ms, compute, push wait, push
-    busy, hidden fraction."""
+    """Means over both workers' step records after the first: step ms, compute, pull and push
+    waits, push busy, hidden fraction."""
     steps = []
     for recs in worker_records(run_dir):
         steps += [r for r in recs if r.get("event") == "step"][1:]
@@ -86,7 +95,8 @@ def step_means(run_dir):
         return sum(r.get(key, 0) for r in steps) / len(steps)
 
     return {"step_ms": sum(1000.0 / r["steps_per_s"] for r in steps) / len(steps),
-            "compute_ms": mean("compute_ms"), "push_ms": mean("push_ms"),
+            "compute_ms": mean("compute_ms"), "pull_ms": mean("pull_ms"),
+            "push_ms": mean("push_ms"),
             "busy_ms": mean("push_busy_ms"), "hidden": mean("hidden_fraction")}
 
 
@@ -124,8 +134,9 @@ def first_layer_note(way, run_dir):
 def summarize(run_dir):
     """The figures of a run made elsewhere (experiments/gpu_check.sh's jobs)."""
     m = step_means(run_dir)
-    print("step %.2f ms, compute %.2f ms, push wait %.2f ms, in flight %.2f ms, hidden %.2f" %
-          (m["step_ms"], m["compute_ms"], m["push_ms"], m["busy_ms"], m["hidden"]))
+    print("step %.2f ms, compute %.2f ms, pull wait %.2f ms, push wait %.2f ms, in flight %.2f ms, "
+          "hidden %.2f" % (m["step_ms"], m["compute_ms"], m["pull_ms"], m["push_ms"], m["busy_ms"],
+                           m["hidden"]))
     note = first_layer_note("this run", run_dir)
     if note:
         print(note)
@@ -177,15 +188,16 @@ def main():
     print("model %s, backend %s, batch %d per worker, 1 server, 2 workers, %d steps" %
           (args.model, args.backend, args.batch_size, args.steps))
     print("compute-only step (model_benchmark, median of %d): %.2f ms" % (args.reps, alone))
-    print("%-12s %9s %11s %9s %9s %7s %14s" % ("way", "step ms", "compute ms", "push ms",
-                                               "busy ms", "hidden", "step/compute"))
+    print("%-12s %9s %11s %9s %9s %9s %7s %14s" % ("way", "step ms", "compute ms", "pull ms",
+                                                    "push ms", "busy ms", "hidden",
+                                                    "step/compute"))
     notes = []
     for way in ways:
         run = run_job(args, WAYS[way])
         m = step_means(run)
-        print("%-12s %9.2f %11.2f %9.2f %9.2f %7.2f %13.3fx" %
-              (way, m["step_ms"], m["compute_ms"], m["push_ms"], m["busy_ms"], m["hidden"],
-               m["step_ms"] / alone))
+        print("%-12s %9.2f %11.2f %9.2f %9.2f %9.2f %7.2f %13.3fx" %
+              (way, m["step_ms"], m["compute_ms"], m["pull_ms"], m["push_ms"], m["busy_ms"],
+               m["hidden"], m["step_ms"] / alone))
         sys.stdout.flush()
         notes.append(first_layer_note(way, run))
     for note in filter(None, notes):

@@ -13,10 +13,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import step_overhead  # noqa: E402
 
 
-def step(steps_per_s, compute, push, busy, hidden):
+def step(steps_per_s, compute, push, busy, hidden, pull=0):
     return json.dumps({"event": "step", "worker": 0, "steps_per_s": steps_per_s,
-                       "compute_ms": compute, "push_ms": push, "push_busy_ms": busy,
-                       "hidden_fraction": hidden})
+                       "compute_ms": compute, "pull_ms": pull, "push_ms": push,
+                       "push_busy_ms": busy, "hidden_fraction": hidden})
 
 
 class StepOverheadTest(unittest.TestCase):
@@ -24,14 +24,16 @@ class StepOverheadTest(unittest.TestCase):
     def test_means_leave_out_each_workers_first_interval(self):
         with tempfile.TemporaryDirectory() as run:
             for w, lines in enumerate([
-                    [step(1, 900, 900, 900, 0), step(20, 40, 5, 10, 0.5), step(25, 38, 1, 6, 0.9)],
-                    [step(2, 900, 900, 900, 0), step(10, 80, 9, 12, 0.1)]]):
+                    [step(1, 900, 900, 900, 0), step(20, 40, 5, 10, 0.5, pull=3),
+                     step(25, 38, 1, 6, 0.9)],
+                    [step(2, 900, 900, 900, 0, pull=50), step(10, 80, 9, 12, 0.1, pull=6)]]):
                 with open(os.path.join(run, "worker-%d.jsonl" % w), "w") as f:
                     f.write("\n".join(lines + ['{"event":"done"}', "not json"]) + "\n")
             m = step_overhead.step_means(run)
         # Steps of 50, 40 and 100 ms; the rest are plain means of the three records.
         self.assertAlmostEqual(m["step_ms"], (50 + 40 + 100) / 3)
         self.assertAlmostEqual(m["compute_ms"], (40 + 38 + 80) / 3)
+        self.assertAlmostEqual(m["pull_ms"], 3.0)
         self.assertAlmostEqual(m["push_ms"], 5.0)
         self.assertAlmostEqual(m["busy_ms"], (10 + 6 + 12) / 3)
         self.assertAlmostEqual(m["hidden"], 0.5)
@@ -65,7 +67,7 @@ class StepOverheadTest(unittest.TestCase):
     def test_summarize_prints_the_means_and_the_first_layer_line(self):
         with tempfile.TemporaryDirectory() as run:
             with open(os.path.join(run, "worker-0.jsonl"), "w") as f:
-                f.write("\n".join([step(1, 900, 900, 900, 0), step(20, 40, 5, 10, 0.5),
+                f.write("\n".join([step(1, 900, 900, 900, 0), step(20, 40, 5, 10, 0.5, pull=2.5),
                                    json.dumps({"event": "overlap", "pushes": [
                                        {"start_ms": 1, "pulled_ms": 9},
                                        {"start_ms": 5, "pulled_ms": 7}]})]) + "\n")
@@ -73,7 +75,8 @@ class StepOverheadTest(unittest.TestCase):
             with contextlib.redirect_stdout(out):
                 step_overhead.summarize(run)
         self.assertEqual(out.getvalue().splitlines(), [
-            "step 50.00 ms, compute 40.00 ms, push wait 5.00 ms, in flight 10.00 ms, hidden 0.50",
+            "step 50.00 ms, compute 40.00 ms, pull wait 2.50 ms, push wait 5.00 ms, in flight "
+            "10.00 ms, hidden 0.50",
             "this run: the first layer's weights came last in 0 of 1 sampled steps; a forward "
             "waiting layer by layer could have started 2.000 ms sooner on average"])
 
