@@ -55,7 +55,7 @@ class EventLog {
 // whole pull at once, a ticket's only when WaitPush is called for it. The ticket that pushed
 // `fail_tensor` at `fail_step` fails once with `failure`; a registration after it answers
 // `resume_step` (the servers' step).
-class LayerwiseClient : public PsClient {
+class LayerwiseClient : public FakeClient {
  public:
   LayerwiseClient(EventLog* log, int64_t fail_step = -1, size_t fail_tensor = 0,
                   absl::Status failure = absl::OkStatus(), int64_t resume_step = 0)
@@ -112,10 +112,6 @@ class LayerwiseClient : public PsClient {
     }
     return absl::OkStatus();
   }
-  absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
-  absl::Status Finish(int64_t) override { return absl::OkStatus(); }
-  const std::vector<int>& shard_of() const override { return shard_of_; }
-  const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
 
  private:
   struct Ticket {
@@ -137,8 +133,6 @@ class LayerwiseClient : public PsClient {
   bool failed_ = false;  // Read and written on the compute thread only.
   absl::Mutex mu_;
   std::vector<Ticket> tickets_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> shard_of_ = {0, 0, 0, 0};
-  std::vector<int64_t> shard_bytes_ = {1};
 };
 
 // The CPU backend, logging each layer the forward pass reaches (once the loop has let it) and

@@ -35,6 +35,28 @@ struct WorkerRun {
   std::string progress;  // Its JSON lines.
 };
 
+// A client of one shard for a 4-tensor model (the 8-16-3 MLP) whose pulls leave the weights as
+// they are and whose other calls succeed, for tests of the loop alone: a fake overrides Push and
+// what it tests.
+class FakeClient : public PsClient {
+ public:
+  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>>, int32_t,
+                                   int64_t) override {
+    return 0;
+  }
+  absl::Status Pull(int64_t, absl::Span<std::vector<float>>, int64_t*) override {
+    return absl::OkStatus();
+  }
+  absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
+  absl::Status Finish(int64_t) override { return absl::OkStatus(); }
+  const std::vector<int>& shard_of() const override { return shard_of_; }
+  const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
+
+ private:
+  std::vector<int> shard_of_ = {0, 0, 0, 0};
+  std::vector<int64_t> shard_bytes_ = {1};
+};
+
 // What a test puts around a worker's backend (a decorator that stands for another device).
 using BackendWrapper =
     std::function<std::unique_ptr<ModelBackend>(std::unique_ptr<ModelBackend> backend)>;

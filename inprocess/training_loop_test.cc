@@ -484,27 +484,6 @@ TEST(TrainingLoopTest, AdaptiveBatchChangesAtTheSameStepOnEveryWorker) {
   EXPECT_EQ(shards[0].noise_scale().batch_small(), plan.BatchAt(shards[0].noise_scale().step()));
 }
 
-// A client of one shard for the 4-tensor model whose pulls leave the weights as they are and
-// whose other calls succeed; the fakes below override what they test.
-class FakeClient : public PsClient {
- public:
-  absl::StatusOr<int64_t> Register(absl::Span<const std::vector<float>>, int32_t,
-                                   int64_t) override {
-    return 0;
-  }
-  absl::Status Pull(int64_t, absl::Span<std::vector<float>>, int64_t*) override {
-    return absl::OkStatus();
-  }
-  absl::Status Heartbeat(int64_t) override { return absl::OkStatus(); }
-  absl::Status Finish(int64_t) override { return absl::OkStatus(); }
-  const std::vector<int>& shard_of() const override { return shard_of_; }
-  const std::vector<int64_t>& shard_bytes() const override { return shard_bytes_; }
-
- private:
-  std::vector<int> shard_of_ = {0, 0, 0, 0};
-  std::vector<int64_t> shard_bytes_ = {1};
-};
-
 // A client whose every push answers with the given batch change, for the worker's checks of
 // what the servers announce.
 class AnnouncingClient : public FakeClient {

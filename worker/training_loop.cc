@@ -274,7 +274,6 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
     d.t = t;
     d.pushes = std::move(pushes_);
     d.waited.assign(d.pushes.size(), false);
-    d.left = d.pushes.size();
     deferred_ = std::move(d);
     pushes_.clear();
     prefetched_step_ = -1;
@@ -297,10 +296,11 @@ absl::StatusOr<int64_t> TrainingLoop::Step(int64_t step) {
 }
 
 bool TrainingLoop::MayDefer(int64_t step) const {
+  // Overlap (partial pushes, each with its pull) is off for straggler injection and for the one
+  // client that may end the job early (the partial all-reduce: FinalStep).
   if (!options_.layerwise_forward || !overlap_ || !start_error_.ok()) return false;
   // What the step's answers decide for the next one must be known before it starts.
-  if (options_.adaptive_batch || options_.skip_to_current_version || options_.work != nullptr ||
-      options_.straggler != nullptr) {
+  if (options_.adaptive_batch || options_.skip_to_current_version || options_.work != nullptr) {
     return false;
   }
   // The last step's weights are pulled by the loop's end; an evaluation needs them all, and the
@@ -311,55 +311,54 @@ bool TrainingLoop::MayDefer(int64_t step) const {
   return tensors == specs_.size();  // Every tensor's pull follows its push.
 }
 
-absl::Status TrainingLoop::AwaitWeights(size_t first, size_t count) {
+void TrainingLoop::WaitDeferred(size_t i) {
   Deferred& d = *deferred_;
-  if (d.left == 0) return absl::OkStatus();
-  const absl::Time start = options_.clock->Now();
-  for (size_t i = 0; i < d.pushes.size(); ++i) {
-    LayerPush& p = d.pushes[i];
-    if (d.waited[i] || p.first_tensor >= first + count || p.first_tensor + p.tensors <= first) {
-      continue;
-    }
-    const absl::Status s = client_->WaitPush(p.ticket, &d.pushed, &p.timing);
-    d.waited[i] = true;
-    --d.left;
-    if (d.status.ok()) d.status = s;
-  }
-  d.t.next_forward_wait += options_.clock->Now() - start;
-  if (!d.status.ok()) return d.status;  // The pass stops; FinishDeferred deals with it.
-  if (d.left > 0) return absl::OkStatus();
-  d.completed = true;
-  d.status = Complete(&d);
-  if (!d.status.ok()) return d.status;
-  if (steps_ <= d.step + 1) return absl::CancelledError("the job ended");
-  return absl::OkStatus();
+  LayerPush& p = d.pushes[i];
+  const absl::Status s = client_->WaitPush(p.ticket, &d.pushed, &p.timing);
+  d.waited[i] = true;
+  if (d.status.ok()) d.status = s;
 }
 
-absl::Status TrainingLoop::Complete(Deferred* d) {
-  ++result_.computed_steps;
-  RETURN_IF_ERROR(AtStep(d->step, Account(d->step, d->loss, d->t, d->pushed, d->pushes)));
-  if (const std::optional<int64_t> last = client_->FinalStep(); last.has_value()) {
-    steps_ = std::min(steps_, std::max(*last, d->step + 1));  // The client ended the job there.
+absl::Status TrainingLoop::AwaitWeights(size_t first, size_t count) {
+  Deferred& d = *deferred_;
+  if (d.completed) return absl::OkStatus();
+  const absl::Time start = options_.clock->Now();
+  for (size_t i = 0; i < d.pushes.size(); ++i) {
+    const LayerPush& p = d.pushes[i];
+    if (!d.waited[i] && p.first_tensor < first + count && first < p.first_tensor + p.tensors) {
+      WaitDeferred(i);
+    }
   }
-  return absl::OkStatus();
+  d.t.next_forward_wait += options_.clock->Now() - start;
+  // A failure stops the pass; FinishDeferred deals with it.
+  if (!d.status.ok()) return d.status;
+  if (std::find(d.waited.begin(), d.waited.end(), false) != d.waited.end()) {
+    return absl::OkStatus();
+  }
+  d.completed = true;
+  d.status = Complete(d);
+  return d.status;
+}
+
+absl::Status TrainingLoop::Complete(const Deferred& d) {
+  ++result_.computed_steps;
+  return AtStep(d.step, Account(d.step, d.loss, d.t, d.pushed, d.pushes));
 }
 
 absl::StatusOr<int64_t> TrainingLoop::FinishDeferred(int64_t step, StepTimes* t) {
-  Deferred d = std::move(*deferred_);
-  deferred_.reset();
   // The pushes the pass did not wait for (it stopped before their layers): none outlives the
   // step it belongs to.
-  for (size_t i = 0; i < d.pushes.size(); ++i) {
-    if (d.waited[i]) continue;
-    const absl::Status s = client_->WaitPush(d.pushes[i].ticket, &d.pushed, &d.pushes[i].timing);
-    if (d.status.ok()) d.status = s;
+  for (size_t i = 0; i < deferred_->pushes.size(); ++i) {
+    if (!deferred_->waited[i]) WaitDeferred(i);
   }
+  Deferred d = std::move(*deferred_);
+  deferred_.reset();
   t->weights_wait = d.t.next_forward_wait;
   if (d.status.ok() && !d.completed) {
     d.completed = true;
-    d.status = Complete(&d);
+    d.status = Complete(d);
   }
-  if (d.status.ok()) return step < steps_ ? -1 : step;  // Go on, or the job ended there.
+  if (d.status.ok()) return -1;
   if (d.completed) return d.status;  // The accounting's error, which names the step.
   // A push of the step before failed; this step's pass stopped before it pushed anything.
   if (!absl::IsAborted(d.status)) return AtStep(d.step, d.status);

@@ -204,10 +204,9 @@ class TrainingLoop {
     StepTimes t;
     std::vector<LayerPush> pushes;
     std::vector<bool> waited;  // per push
-    size_t left = 0;           // pushes not yet waited for
     PsClient::PushResult pushed;
-    absl::Status status;  // the first push that failed, or the accounting's error
-    bool completed = false;
+    absl::Status status;     // the first push that failed, or the accounting's error
+    bool completed = false;  // accounted for (Complete)
   };
   // The weights a step pulled: their version, or where a rejoin lands (resume >= 0).
   struct PullOutcome {
@@ -248,14 +247,16 @@ class TrainingLoop {
   absl::Status WaitForPushes(int64_t step, bool computed, PsClient::PushResult* pushed);
   // Whether the step's pushes may be waited for in the next step's forward pass (see above).
   bool MayDefer(int64_t step) const;
+  // Waits for the deferred step's push i, keeping the first error.
+  void WaitDeferred(size_t i);
   // Layerwise forward: waits for the deferred pushes of tensors [first, first + count), and
   // completes the deferred step once none is left.
   absl::Status AwaitWeights(size_t first, size_t count);
   // Accounts for the deferred step (all its pushes arrived): as the end of Step would have.
-  absl::Status Complete(Deferred* d);
+  absl::Status Complete(const Deferred& d);
   // After the forward/backward pass of `step`: waits for what the pass did not, completes the
   // deferred step and sets t->weights_wait; returns -1 to go on with `step`, else the step to run
-  // next (where a rejoin lands, or the job's end; the pass then stopped before pushing anything).
+  // next (where a rejoin lands; the pass then stopped before pushing anything).
   absl::StatusOr<int64_t> FinishDeferred(int64_t step, StepTimes* t);
   // Whether an evaluation falls due after step done - 1.
   bool EvalDue(int64_t done) const;

@@ -125,10 +125,10 @@ class CudaBackend : public ModelBackend {
     skip_pending_.assign(plan_.size(), false);
     call_grads_.assign(grads.begin(), grads.end());
     grads_direct_ = Registered(pinned_grads_, grads);
-    RETURN_IF_ERROR(Upload(params, x, labels, batch));
+    RETURN_IF_ERROR(UploadInputs(x, labels, batch));
     const bool profile = profiling_;
 
-    RETURN_IF_ERROR(Forward(batch, profile, needed));
+    RETURN_IF_ERROR(Forward(batch, profile, params, needed));
 
     // Loss, then the backward pass; the last layer's backward time includes the loss.
     const size_t last = plan_.size() - 1;
@@ -193,9 +193,9 @@ class CudaBackend : public ModelBackend {
     for (int64_t start = 0; start < n; start += kEvalChunk) {
       const int64_t chunk = std::min(kEvalChunk, n - start);
       // The parameters go up with the first chunk only.
-      RETURN_IF_ERROR(Upload(start == 0 ? params : absl::Span<const absl::Span<const float>>(),
-                             x + start * input, labels + start, chunk));
-      RETURN_IF_ERROR(Forward(chunk, /*profile=*/false));
+      RETURN_IF_ERROR(UploadInputs(x + start * input, labels + start, chunk));
+      RETURN_IF_ERROR(Forward(chunk, /*profile=*/false,
+                              start == 0 ? params : absl::Span<const absl::Span<const float>>()));
       RETURN_IF_ERROR(CudaCheck(
           cuda::SoftmaxCrossEntropy(LayerOutput(plan_.size() - 1), labels_dev_.get(), chunk,
                                     classes_, 0.0f, loss_dev_.get(), /*dlogits=*/nullptr,
@@ -439,11 +439,8 @@ class CudaBackend : public ModelBackend {
   float* LayerInput(size_t l) const { return l == 0 ? x_dev_.get() : LayerOutput(l - 1); }
 
   // Copies x and labels (staged in pinned memory) to the device on the copy stream, recording
-  // inputs_ready_ after them, for the compute stream to wait for now; unless params is empty,
-  // Forward then copies each layer's weights and bias (UploadLayer) just before that layer, so the
-  // first layers compute while the last ones copy.
-  absl::Status Upload(absl::Span<const absl::Span<const float>> params, const float* x,
-                      const int32_t* labels, int64_t batch) {
+  // inputs_ready_ after them, for the compute stream to wait for now.
+  absl::Status UploadInputs(const float* x, const int32_t* labels, int64_t batch) {
     cudaStream_t copy = copy_.get();
     const size_t x_bytes = static_cast<size_t>(batch * spec_.input.size()) * sizeof(float);
     const size_t label_bytes = static_cast<size_t>(batch) * sizeof(int32_t);
@@ -456,23 +453,20 @@ class CudaBackend : public ModelBackend {
                                               cudaMemcpyHostToDevice, copy),
                               "cudaMemcpyAsync(labels)"));
     RETURN_IF_ERROR(Record(inputs_ready_, copy_, "cudaEventRecord(inputs ready)"));
-    RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(compute_.get(), inputs_ready_.get(), 0),
-                              "cudaStreamWaitEvent(inputs ready)"));
-    weights_copied_ = !params.empty();  // else the weights on the device are current
-    upload_params_ = params;
-    upload_direct_ = weights_copied_ && Registered(pinned_params_, params);
-    return absl::OkStatus();
+    return CudaCheck(cudaStreamWaitEvent(compute_.get(), inputs_ready_.get(), 0),
+                     "cudaStreamWaitEvent(inputs ready)");
   }
 
-  // Copies layer l's weights and bias from the last Upload's params (directly from where
-  // UseHostBuffers locked them, else staged) on the copy stream and records weights_ready_[l].
-  absl::Status UploadLayer(size_t l) {
+  // Copies layer l's weights and bias from `params` (directly where UseHostBuffers locked them,
+  // else staged) on the copy stream and records weights_ready_[l].
+  absl::Status UploadLayer(size_t l, absl::Span<const absl::Span<const float>> params,
+                           bool direct) {
     const LayerPlan& p = plan_[l];
     for (int k = 0; k < 2; ++k) {
-      const absl::Span<const float> t = upload_params_[p.first_param + k];
+      const absl::Span<const float> t = params[p.first_param + k];
       const int64_t offset = k == 0 ? p.weight_offset : p.bias_offset;
       const float* from = t.data();
-      if (!upload_direct_) {
+      if (!direct) {
         // Staged: the pinned buffer's copy, so that the H2D copy runs asynchronously.
         std::memcpy(params_host_.get() + offset, t.data(), t.size() * sizeof(float));
         from = params_host_.get() + offset;
@@ -485,12 +479,17 @@ class CudaBackend : public ModelBackend {
     return Record(weights_ready_[l], copy_, "cudaEventRecord(weights ready)");
   }
 
-  // The forward pass; with weights to copy, each layer's go up just before it, once `needed` (if
-  // set) has returned for it. A stop there leaves no copy running from the host buffers.
-  absl::Status Forward(int64_t batch, bool profile, const WeightsNeeded& needed = nullptr) {
+  // The forward pass. Unless `params` is empty (the weights on the device are current), each
+  // layer's weights go up just before it, once `needed` (if set) has returned for it, so the
+  // first layers compute while the last ones copy. A stop there leaves no copy running from the
+  // host buffers.
+  absl::Status Forward(int64_t batch, bool profile,
+                       absl::Span<const absl::Span<const float>> params,
+                       const WeightsNeeded& needed = nullptr) {
+    const bool direct = !params.empty() && Registered(pinned_params_, params);
     for (size_t l = 0; l < plan_.size(); ++l) {
       const LayerPlan& p = plan_[l];
-      if (weights_copied_ && p.num_params > 0) {
+      if (!params.empty() && p.num_params > 0) {
         if (needed) {
           if (absl::Status s = needed(p.first_param, static_cast<size_t>(p.num_params)); !s.ok()) {
             (void)cudaStreamSynchronize(copy_.get());
@@ -498,7 +497,7 @@ class CudaBackend : public ModelBackend {
             return s;
           }
         }
-        RETURN_IF_ERROR(UploadLayer(l));
+        RETURN_IF_ERROR(UploadLayer(l, params, direct));
         RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(compute_.get(), weights_ready_[l].get(), 0),
                                   "cudaStreamWaitEvent(weights ready)"));
       }
@@ -716,13 +715,6 @@ class CudaBackend : public ModelBackend {
   // land there directly). Set before any layer is handed over, read by AwaitGradients.
   std::vector<absl::Span<float>> call_grads_;
   bool grads_direct_ = false;
-
-  // The last Upload has weights to copy (Forward copies them layer by layer and records
-  // weights_ready_; Evaluate's later chunks copy none, and their Forward then waits for no copy):
-  // the caller's spans, and whether they are pinned_params_ (copied from directly).
-  bool weights_copied_ = false;
-  absl::Span<const absl::Span<const float>> upload_params_;
-  bool upload_direct_ = false;
 
   bool profiling_ = false;
   std::vector<LayerTime> times_;
